@@ -1,0 +1,200 @@
+"""The adapter protocol: the values an engine receives and returns.
+
+These types are the whole contract between pytest-prefixcache and an engine. They depend on
+numpy and (lazily) Pillow only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, runtime_checkable
+
+import numpy as np
+
+from .decode import decode_source, pil_to_rgb
+from .errors import ImageError, RequestError
+
+if TYPE_CHECKING:
+    from PIL import Image as PILImage
+
+__all__ = ["ROLES", "Engine", "Image", "Message", "Outcome", "Part", "Request"]
+
+ROLES = ("system", "user", "assistant")
+
+
+def _pixel_digest(pixels: np.ndarray) -> str:
+    h = hashlib.sha256()
+    h.update(b"rgb8:" + ",".join(str(d) for d in pixels.shape).encode() + b":")
+    h.update(np.ascontiguousarray(pixels).tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class Image:
+    """An RGB image: ``pixels`` is a read-only uint8 array of shape (H, W, 3).
+
+    ``digest`` is the sha256 over the shape and the pixel bytes, so the same pixels give the
+    same digest whatever container (PNG, BMP, ...) they came from. Two images are equal when
+    their digests are.
+    """
+
+    pixels: np.ndarray
+    digest: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        px = self.pixels
+        if not isinstance(px, np.ndarray):
+            raise ImageError(f"Image pixels must be a numpy array, got {type(px).__name__}")
+        if px.dtype != np.uint8:
+            raise ImageError(f"Image pixels must be uint8, got dtype {px.dtype}")
+        if px.ndim != 3 or px.shape[2] != 3:
+            raise ImageError(f"Image pixels must have shape (H, W, 3), got {px.shape}")
+        if px.shape[0] == 0 or px.shape[1] == 0:
+            raise ImageError(f"Image has zero size: shape {px.shape}")
+        if px.flags.writeable or not px.flags.c_contiguous:
+            px = np.array(px, dtype=np.uint8, order="C")
+            px.setflags(write=False)
+            object.__setattr__(self, "pixels", px)
+        object.__setattr__(self, "digest", _pixel_digest(px))
+
+    @classmethod
+    def from_pil(cls, img: PILImage.Image) -> Image:
+        """Build from a Pillow image (EXIF orientation applied, converted to RGB)."""
+        return cls(pil_to_rgb(img))
+
+    @classmethod
+    def open(cls, source: str | os.PathLike[str] | bytes | bytearray | memoryview) -> Image:
+        """Decode a file path or encoded bytes with Pillow; raise ImageError naming the source."""
+        return cls(decode_source(source))
+
+    def to_pil(self) -> PILImage.Image:
+        """A Pillow RGB image with the same pixels."""
+        from PIL import Image as PILImage
+
+        return PILImage.fromarray(np.array(self.pixels), mode="RGB")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(width, height), as Pillow reports it."""
+        return (int(self.pixels.shape[1]), int(self.pixels.shape[0]))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Image) and other.digest == self.digest
+
+    def __hash__(self) -> int:
+        return hash(self.digest)
+
+    def __repr__(self) -> str:
+        w, h = self.size
+        return f"Image({w}x{h}, digest={self.digest[:12]})"
+
+
+Part = Union[str, Image]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message: a role and an ordered tuple of text and image parts."""
+
+    role: Literal["system", "user", "assistant"]
+    content: tuple[Part, ...]
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise RequestError(f"Message role {self.role!r} is not one of {', '.join(ROLES)}")
+        content: Any = self.content
+        if isinstance(content, (str, Image)):
+            content = (content,)
+        try:
+            content = tuple(content)
+        except TypeError:
+            raise RequestError(
+                f"Message content must be a tuple of str and Image parts, got "
+                f"{type(self.content).__name__}"
+            ) from None
+        for i, part in enumerate(content):
+            if not isinstance(part, (str, Image)):
+                raise RequestError(
+                    f"Message content[{i}] is a {type(part).__name__}; parts must be str or Image"
+                )
+        object.__setattr__(self, "content", content)
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        return tuple(p for p in self.content if isinstance(p, Image))
+
+
+@dataclass(frozen=True)
+class Request:
+    """A chat request. Requests in different namespaces must never share cache entries."""
+
+    messages: tuple[Message, ...]
+    namespace: str = ""
+    max_new_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        messages = tuple(self.messages)
+        if not messages:
+            raise RequestError("Request.messages is empty; a request needs at least one message")
+        for i, m in enumerate(messages):
+            if not isinstance(m, Message):
+                raise RequestError(f"Request.messages[{i}] is a {type(m).__name__}, not a Message")
+        if not isinstance(self.namespace, str):
+            raise RequestError(f"Request.namespace must be a str, got {self.namespace!r}")
+        n = self.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise RequestError(f"Request.max_new_tokens must be an int >= 0, got {n!r}")
+        object.__setattr__(self, "messages", messages)
+
+    @property
+    def images(self) -> tuple[Image, ...]:
+        """Every image in the request, in order of appearance."""
+        return tuple(img for m in self.messages for img in m.images)
+
+
+@dataclass(frozen=True, eq=False)
+class Outcome:
+    """What an engine returns for one request.
+
+    Attributes:
+        logits: float32 array over the vocabulary at the last prompt position, or None.
+        top_logprobs: token id -> logprob (k >= 5), for engines that expose only these.
+        tokens: the greedy continuation (``max_new_tokens`` long, or shorter on EOS).
+        step_logits: the logits before each continuation token (``step_logits[0]`` is
+            ``logits``); empty when the engine does not expose them.
+        cached_tokens: prompt tokens reused from the cache, or None if not reported.
+        prompt_tokens: prompt length in tokens, or None.
+        token_ids: the full prompt's token ids, or None.
+        image_spans: (start, end, image digest) for each image's placeholder run in token_ids.
+        merges: (placeholder slots filled, embedding rows merged) per vision merge done.
+    """
+
+    logits: np.ndarray | None = None
+    top_logprobs: Mapping[int, float] | None = None
+    tokens: tuple[int, ...] = ()
+    step_logits: tuple[np.ndarray, ...] = ()
+    cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+    token_ids: tuple[int, ...] | None = None
+    image_spans: tuple[tuple[int, int, str], ...] | None = None
+    merges: tuple[tuple[int, int], ...] | None = None
+
+    def __repr__(self) -> str:
+        shape = None if self.logits is None else self.logits.shape
+        return (
+            f"Outcome(logits={shape}, tokens={self.tokens}, cached_tokens={self.cached_tokens}, "
+            f"prompt_tokens={self.prompt_tokens}, images={len(self.image_spans or ())}, "
+            f"merges={self.merges})"
+        )
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the plugin drives. ``use_cache=False`` neither reads nor writes the cache."""
+
+    def run(self, request: Request, *, use_cache: bool) -> Outcome: ...
+
+    def reset(self) -> None: ...
