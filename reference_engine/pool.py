@@ -1,0 +1,167 @@
+"""The block pool: stored KV blocks by chained key, reference counts, LRU under a byte budget.
+
+The pool knows nothing of MLX: a block's payload is opaque and its size is given by the
+caller. A block that is referenced (acquired by a running request) is never evicted. A hit
+is confirmed against the stored parent, token ids and extra keys, never the hash alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .blocks import BlockKey
+
+__all__ = ["Block", "BlockPool", "PoolStats"]
+
+
+@dataclass(eq=False)
+class Block:
+    """One stored block: its key, its payload (the KV rows) and its bookkeeping."""
+
+    key: BlockKey
+    payload: Any
+    nbytes: int
+    refcount: int = 0
+
+    def matches(self, key: BlockKey) -> bool:
+        return (
+            self.key.parent == key.parent
+            and self.key.tokens == key.tokens
+            and self.key.extras == key.extras
+        )
+
+
+@dataclass
+class PoolStats:
+    """Counters since the last reset."""
+
+    lookups: int = 0
+    hit_blocks: int = 0
+    stored_blocks: int = 0
+    evictions: int = 0
+    collisions: int = 0
+    rejected: int = 0
+    resident_bytes: int = 0
+    resident_blocks: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class BlockPool:
+    """Blocks keyed by chained digest, evicted least recently used first under ``max_bytes``."""
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self._blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.RLock()
+        self.stats = PoolStats()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._blocks
+
+    @property
+    def resident_bytes(self) -> int:
+        return self._bytes
+
+    def blocks(self) -> list[Block]:
+        """A snapshot of the stored blocks, least recently used first."""
+        with self._lock:
+            return list(self._blocks.values())
+
+    def lookup(self, keys: Sequence[BlockKey]) -> list[Block]:
+        """Acquire the longest chain of stored blocks matching ``keys`` from the first one."""
+        with self._lock:
+            self.stats.lookups += 1
+            found: list[Block] = []
+            for key in keys:
+                block = self._blocks.get(key.digest)
+                if block is None:
+                    break
+                if not block.matches(key):
+                    self.stats.collisions += 1
+                    break
+                found.append(block)
+            for block in found:
+                block.refcount += 1
+            self.stats.hit_blocks += len(found)
+            return found
+
+    def release(self, blocks: Iterable[Block]) -> None:
+        """Drop one reference from each block."""
+        with self._lock:
+            for block in blocks:
+                if block.refcount <= 0:
+                    raise RuntimeError(f"block {block.key.index} released more often than acquired")
+                block.refcount -= 1
+
+    def touch(self, blocks: Sequence[Block]) -> None:
+        """Mark blocks recently used, the first of them most recently: a chain's root outlives
+        its leaves, so eviction trims chains from the end instead of orphaning them."""
+        with self._lock:
+            for block in reversed(blocks):
+                if self._blocks.get(block.key.digest) is block:
+                    self._blocks.move_to_end(block.key.digest)
+
+    def insert(self, key: BlockKey, payload: Any, nbytes: int) -> Block | None:
+        """Store a block (acquired once for the caller), or return the one already stored.
+
+        Returns None when the block cannot fit: larger than ``max_bytes``, or everything
+        that could be evicted is in use. The caller then stops storing its chain.
+        """
+        with self._lock:
+            existing = self._blocks.get(key.digest)
+            if existing is not None:
+                if not existing.matches(key):
+                    self.stats.collisions += 1
+                    return None
+                existing.refcount += 1
+                return existing
+            if nbytes > self.max_bytes or not self._make_room(nbytes):
+                self.stats.rejected += 1
+                return None
+            block = Block(key, payload, nbytes, refcount=1)
+            self._blocks[key.digest] = block
+            self._bytes += nbytes
+            self.stats.stored_blocks += 1
+            self._sync_stats()
+            return block
+
+    def _make_room(self, nbytes: int) -> bool:
+        if self._bytes + nbytes <= self.max_bytes:
+            return True
+        victims: list[bytes] = []
+        freed = 0
+        for digest, block in self._blocks.items():
+            if block.refcount == 0:
+                victims.append(digest)
+                freed += block.nbytes
+                if self._bytes - freed + nbytes <= self.max_bytes:
+                    break
+        if self._bytes - freed + nbytes > self.max_bytes:
+            return False
+        for digest in victims:
+            self._bytes -= self._blocks.pop(digest).nbytes
+            self.stats.evictions += 1
+        return True
+
+    def clear(self) -> None:
+        """Drop every unreferenced block and reset the counters."""
+        with self._lock:
+            kept = OrderedDict((d, b) for d, b in self._blocks.items() if b.refcount > 0)
+            self._blocks = kept
+            self._bytes = sum(b.nbytes for b in kept.values())
+            self.stats = PoolStats()
+            self._sync_stats()
+
+    def _sync_stats(self) -> None:
+        self.stats.resident_bytes = self._bytes
+        self.stats.resident_blocks = len(self._blocks)
