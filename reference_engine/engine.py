@@ -1,0 +1,264 @@
+"""The reference engine: a segmented multimodal prefix cache that is bit-exact against cold runs.
+
+``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
+leading blocks come from the pool:
+
+    render -> block keys -> lookup (cap: at least one token is computed) -> restore KV
+    -> embeddings of the suffix (vision rows only for uncached placeholders, sliced exactly)
+    -> prefill the suffix with the full prompt's position ids -> store new full blocks (copies)
+    -> release -> greedy decode
+
+Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from pytest_prefixcache.types import Outcome, Request
+
+from .blocks import BlockKey, block_keys, namespace_root
+from .model import LoadedModel, load_model
+from .pool import Block, BlockPool
+from .render import Rendered, render
+from .vision import Prepared, VisionCache, slice_rows
+
+__all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats"]
+
+#: Default byte budget of the block pool: 1 GiB of KV rows.
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Cache counters since the last reset."""
+
+    requests: int
+    lookups: int
+    hit_tokens: int
+    prompt_tokens: int
+    stored_blocks: int
+    evictions: int
+    resident_bytes: int
+    resident_blocks: int
+    vision_encoded: int
+    vision_hits: int
+
+
+class Engine:
+    """A reference MLX engine with a chained-hash, image-aware block prefix cache.
+
+    Args:
+        model: a loaded model (see ``Engine.from_pretrained``).
+        block_size: tokens per block. Default: ``16``.
+        max_bytes: byte budget of stored KV blocks. Default: ``DEFAULT_MAX_BYTES``.
+        vision_entries: images whose embeddings are kept. Default: ``64``.
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        block_size: int = 16,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        vision_entries: int = 64,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        self.model = model
+        self.block_size = block_size
+        self.pool = BlockPool(max_bytes)
+        self.vision = VisionCache(model, vision_entries)
+        self._lock = threading.RLock()
+        self._requests = 0
+        self._hit_tokens = 0
+        self._prompt_tokens = 0
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        block_size: int = 16,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        vision_entries: int = 64,
+    ) -> Engine:
+        """Load an mlx-vlm model directory (offline) and wrap it in an engine."""
+        return cls(
+            load_model(path),
+            block_size=block_size,
+            max_bytes=max_bytes,
+            vision_entries=vision_entries,
+        )
+
+    @property
+    def stats(self) -> EngineStats:
+        ps = self.pool.stats
+        return EngineStats(
+            requests=self._requests,
+            lookups=ps.lookups,
+            hit_tokens=self._hit_tokens,
+            prompt_tokens=self._prompt_tokens,
+            stored_blocks=ps.stored_blocks,
+            evictions=ps.evictions,
+            resident_bytes=self.pool.resident_bytes,
+            resident_blocks=len(self.pool),
+            vision_encoded=self.vision.encoded,
+            vision_hits=self.vision.hits,
+        )
+
+    def reset(self) -> None:
+        """Drop every cached block and image, and zero the counters."""
+        with self._lock:
+            self.pool.clear()
+            self.vision.clear()
+            self._requests = self._hit_tokens = self._prompt_tokens = 0
+
+    # -- the request path -------------------------------------------------------------------
+    def run(self, request: Request, *, use_cache: bool = True) -> Outcome:
+        """Serve ``request``; with ``use_cache=False`` the caches are neither read nor written."""
+        with self._lock:
+            prepared = {
+                img.digest: self.vision.prepare(img, use_cache=use_cache) for img in request.images
+            }
+            rendered = self.render(request, prepared)
+            keys = self.keys(rendered, request) if use_cache else []
+            hits = self.lookup(keys, len(rendered.token_ids)) if use_cache else []
+            try:
+                return self._serve(request, rendered, prepared, keys, hits, use_cache)
+            finally:
+                self.pool.release(hits)
+
+    def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
+        return render(
+            request,
+            processor=self.model.processor,
+            image_token_id=self.model.image_token_id,
+            placeholder_count=lambda img: prepared[img.digest].count,
+        )
+
+    def keys(self, rendered: Rendered, request: Request) -> list[BlockKey]:
+        root = namespace_root(self.model.fingerprint, request.namespace)
+        return block_keys(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
+
+    def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> list[Block]:
+        """Acquire the longest stored chain, capped so that at least one token is computed."""
+        hits = self.pool.lookup(keys)
+        while hits and len(hits) * self.block_size >= prompt_len:
+            self.pool.release([hits.pop()])
+        return hits
+
+    def _serve(
+        self,
+        request: Request,
+        rendered: Rendered,
+        prepared: dict[str, Prepared],
+        keys: Sequence[BlockKey],
+        hits: list[Block],
+        use_cache: bool,
+    ) -> Outcome:
+        ids = rendered.token_ids
+        start = len(hits) * self.block_size
+        cache = self.model.restore([b.payload for b in hits])
+        embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
+        grids = [prepared[img.digest].grid for img in rendered.images]
+        positions, delta = self.model.positions(ids, grids)
+        logits = self.model.forward(ids[start:], embeds, cache, positions[:, :, start:])
+        if use_cache:
+            self.store(cache, keys, len(hits))
+            self.pool.touch(hits)
+            self._requests += 1
+            self._hit_tokens += start
+            self._prompt_tokens += len(ids)
+        tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
+        return Outcome(
+            logits=steps[0],
+            tokens=tokens,
+            step_logits=tuple(steps[: len(tokens)]),
+            cached_tokens=start,
+            prompt_tokens=len(ids),
+            token_ids=ids,
+            image_spans=rendered.spans,
+            merges=tuple(merges),
+        )
+
+    def suffix_embeddings(
+        self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool
+    ) -> tuple[mx.array, list[tuple[int, int]]]:
+        """Input embeddings of positions [start, L): token embeddings with the rows of every
+        image placeholder still to compute merged in; returns them and (slots, rows) per merge."""
+        ids = rendered.token_ids
+        text = self.model.embed(ids[start:])
+        pieces: list[mx.array] = []
+        merges: list[tuple[int, int]] = []
+        cursor = start
+        for (span_start, span_end, _digest), image in zip(rendered.spans, rendered.images):
+            if span_end <= start:
+                continue
+            entry = prepared[image.digest]
+            all_rows = self.vision.rows(image, entry, use_cache=use_cache)
+            rows = slice_rows(all_rows, span_start, span_end, start)
+            first = max(span_start, start)
+            slots = span_end - first
+            merges.append((slots, int(rows.shape[0])))
+            if slots != rows.shape[0]:
+                raise RuntimeError(
+                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
+                )
+            pieces.append(text[cursor - start : first - start])
+            pieces.append(rows.astype(text.dtype))
+            cursor = span_end
+        pieces.append(text[cursor - start :])
+        return mx.concatenate(pieces, axis=0), merges
+
+    def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
+        """Store the full blocks from index ``first`` on: copies of the KV after prefill."""
+        stored: list[Block] = []
+        try:
+            for key in keys[first:]:
+                start = key.index * self.block_size
+                rows = self.model.kv_rows(cache, start, start + self.block_size)
+                nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
+                block = self.pool.insert(key, rows, nbytes)
+                if block is None:
+                    break
+                stored.append(block)
+        finally:
+            self.pool.touch(stored)
+            self.pool.release(stored)
+
+    def decode(
+        self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
+    ) -> tuple[tuple[int, ...], list[np.ndarray]]:
+        """Greedy continuation; returns the tokens and the logits before each of them."""
+        steps = [np.array(logits)]
+        tokens: list[int] = []
+        for i in range(max_new):
+            token = int(np.argmax(steps[-1]))
+            tokens.append(token)
+            if token in self.model.eos_token_ids or i == max_new - 1:
+                break
+            pos = mx.full((3, 1, 1), prompt_len + i + delta, dtype=mx.int32)
+            logits = self.model.forward([token], self.model.embed([token]), cache, pos)
+            steps.append(np.array(logits))
+        return tuple(tokens), steps
+
+
+def default_model_path() -> Path:
+    """The tiny Qwen2-VL fixture: the repository's copy, or one built into a temp dir."""
+    repo_copy = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
+    if (repo_copy / "config.json").is_file():
+        return repo_copy
+    import tempfile
+
+    from .fixtures import build_qwen2_vl
+
+    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-fixture-")))

@@ -1,0 +1,162 @@
+"""Loading an mlx-vlm model directory, and the forward passes the engine needs.
+
+Everything model-specific lives here: the engine above only sees token ids, embedding rows,
+position ids and KV rows. Supported: the Qwen2-VL family as implemented by mlx-vlm (M-RoPE
+position ids computed once over the whole prompt by the model's own ``get_rope_index``, so a
+suffix prefilled after a cached prefix gets exactly the position ids the full prompt gets).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from pytest_prefixcache.errors import EngineError
+
+__all__ = ["LoadedModel", "load_model"]
+
+
+class LoadedModel:
+    """An mlx-vlm model and its processor, with the primitive operations of a prefill."""
+
+    def __init__(self, model: Any, processor: Any, path: Path) -> None:
+        self.model = model
+        self.processor = processor
+        self.path = path
+        config = model.config
+        self.image_token_id = int(config.image_token_id)
+        self.merge_size = int(config.vision_config.spatial_merge_size)
+        eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids = frozenset(
+            [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+        )
+        lm = model.language_model
+        self.num_layers = len(lm.model.layers)
+        self.fingerprint = _fingerprint(path)
+
+    @property
+    def tokenizer(self) -> Any:
+        return getattr(self.processor, "tokenizer", self.processor)
+
+    # -- images ---------------------------------------------------------------------------
+    def preprocess(self, pil_image: Any) -> tuple[mx.array, tuple[int, int, int]]:
+        """Pixel patches and (t, h, w) patch grid for one image, by the model's processor."""
+        out = self.processor.image_processor(images=[pil_image])
+        pixels = mx.array(np.asarray(out["pixel_values"]))
+        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
+        return pixels, (grid[0], grid[1], grid[2])
+
+    def placeholder_count(self, grid: tuple[int, int, int]) -> int:
+        t, h, w = grid
+        return (t * h * w) // (self.merge_size**2)
+
+    def vision_rows(self, pixels: mx.array, grid: tuple[int, int, int]) -> mx.array:
+        """The embedding rows of one image: (placeholder_count(grid), hidden)."""
+        tower = self.model.vision_tower
+        dtype = tower.patch_embed.proj.weight.dtype
+        rows = tower(pixels.astype(dtype), mx.array([list(grid)]), output_hidden_states=False)
+        mx.eval(rows)
+        return rows
+
+    # -- text -----------------------------------------------------------------------------
+    def embed(self, token_ids: Sequence[int]) -> mx.array:
+        """Token embeddings, shape (len, hidden)."""
+        return self.model.language_model.model.embed_tokens(mx.array(list(token_ids)))
+
+    def positions(
+        self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
+    ) -> tuple[mx.array, int]:
+        """M-RoPE position ids of the whole prompt, shape (3, 1, L), and the rope delta."""
+        ids = mx.array([list(token_ids)])
+        lm = self.model.language_model
+        if grids:
+            pos, delta = lm.get_rope_index(ids, mx.array([list(g) for g in grids]))
+            return pos.astype(mx.int32), int(np.asarray(delta).reshape(-1)[0])
+        n = len(token_ids)
+        return mx.broadcast_to(mx.arange(n, dtype=mx.int32)[None, None, :], (3, 1, n)), 0
+
+    # -- KV -------------------------------------------------------------------------------
+    def make_cache(self) -> list[Any]:
+        from mlx_vlm.models.cache import KVCache
+
+        return [KVCache() for _ in range(self.num_layers)]
+
+    def forward(
+        self,
+        token_ids: Sequence[int],
+        embeds: mx.array,
+        cache: list[Any],
+        position_ids: mx.array,
+    ) -> mx.array:
+        """Run the language model over ``embeds`` (n, hidden) for ``token_ids`` on top of
+        ``cache``; return the float32 logits of the last position, shape (vocab,). The cache
+        advances by n."""
+        ids = mx.array([list(token_ids)])
+        out = self.model.language_model(
+            ids, inputs_embeds=embeds[None], cache=cache, position_ids=position_ids
+        )
+        logits = out.logits[0, -1].astype(mx.float32)
+        mx.eval(logits, *[c.keys for c in cache], *[c.values for c in cache])
+        return logits
+
+    @staticmethod
+    def kv_rows(cache: list[Any], start: int, end: int) -> list[tuple[mx.array, mx.array]]:
+        """Copies of the KV rows [start, end) of every layer (never views of live buffers)."""
+        rows = [
+            (mx.array(c.keys[:, :, start:end, :]), mx.array(c.values[:, :, start:end, :]))
+            for c in cache
+        ]
+        mx.eval(rows)
+        return rows
+
+    def restore(self, blocks: Sequence[list[tuple[mx.array, mx.array]]]) -> list[Any]:
+        """A fresh cache holding the concatenation of the given blocks' KV rows."""
+        cache = self.make_cache()
+        if blocks:
+            for layer, c in enumerate(cache):
+                keys = mx.concatenate([b[layer][0] for b in blocks], axis=2)
+                values = mx.concatenate([b[layer][1] for b in blocks], axis=2)
+                c.state = (keys, values)
+        return cache
+
+
+def _fingerprint(path: Path) -> str:
+    """Identity of a model directory: its config and the names and sizes of its weights."""
+    h = hashlib.sha256()
+    h.update((path / "config.json").read_bytes())
+    for weights in sorted(path.glob("*.safetensors")):
+        h.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return h.hexdigest()
+
+
+def load_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load an mlx-vlm model directory offline; raise EngineError naming the path."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise EngineError(f"model directory {str(p)!r} has no config.json")
+    try:
+        config = json.loads((p / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"model directory {str(p)!r}: config.json is unreadable: {exc}") from exc
+    if "image_token_id" not in config or "vision_config" not in config:
+        raise EngineError(
+            f"model directory {str(p)!r} is not a vision-language model mlx-vlm can run "
+            f"(config.json has no image_token_id or vision_config)"
+        )
+    from mlx_vlm import load
+
+    try:
+        model, processor = load(str(p))
+    except Exception as exc:
+        raise EngineError(
+            f"mlx_vlm could not load {str(p)!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return LoadedModel(model, processor, p)

@@ -1,0 +1,103 @@
+"""Rendering a Request into token ids and image spans with the processor's chat template.
+
+The chat template renders each image as one image-pad token; each pad is then expanded to the
+image's placeholder count (from its patch grid) and the whole text is tokenised at once, as
+the model's own processor does. The image spans are read back from the token ids and checked
+against the images, so a template that drops or duplicates an image is an error, not a
+silent mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_prefixcache.errors import EngineError
+from pytest_prefixcache.types import Image, Request
+
+from .blocks import ImageSpan
+
+__all__ = ["Rendered", "find_spans", "render", "to_chat_messages"]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """A request as the model sees it."""
+
+    token_ids: tuple[int, ...]
+    spans: tuple[ImageSpan, ...]
+    images: tuple[Image, ...]
+
+
+def to_chat_messages(request: Request) -> list[dict[str, Any]]:
+    """The request as Hugging Face chat messages with typed content parts."""
+    messages = []
+    for m in request.messages:
+        parts: list[dict[str, Any]] = [
+            {"type": "image"} if isinstance(p, Image) else {"type": "text", "text": p}
+            for p in m.content
+        ]
+        messages.append({"role": m.role, "content": parts})
+    return messages
+
+
+def find_spans(token_ids: Sequence[int], image_token_id: int) -> list[tuple[int, int]]:
+    """Maximal runs [start, end) of ``image_token_id`` in ``token_ids``."""
+    spans: list[tuple[int, int]] = []
+    start = None
+    for i, t in enumerate(token_ids):
+        if t == image_token_id and start is None:
+            start = i
+        elif t != image_token_id and start is not None:
+            spans.append((start, i))
+            start = None
+    if start is not None:
+        spans.append((start, len(token_ids)))
+    return spans
+
+
+def render(
+    request: Request,
+    *,
+    processor: Any,
+    image_token_id: int,
+    placeholder_count: Callable[[Image], int],
+) -> Rendered:
+    """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    pad = tokenizer.convert_ids_to_tokens(image_token_id)
+    add_generation_prompt = request.messages[-1].role != "assistant"
+    template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
+    text = template_owner.apply_chat_template(
+        to_chat_messages(request), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    images = request.images
+    if text.count(pad) != len(images):
+        raise EngineError(
+            f"the chat template rendered {text.count(pad)} image tokens {pad!r} for "
+            f"{len(images)} images"
+        )
+    pieces = text.split(pad)
+    expanded = [pieces[0]]
+    for image, piece in zip(images, pieces[1:]):
+        expanded.append(pad * placeholder_count(image))
+        expanded.append(piece)
+    token_ids = tuple(
+        int(t) for t in tokenizer("".join(expanded), add_special_tokens=False)["input_ids"]
+    )
+    runs = find_spans(token_ids, image_token_id)
+    if len(runs) != len(images):
+        raise EngineError(
+            f"found {len(runs)} image placeholder runs in the token ids for {len(images)} images "
+            f"(are two images rendered without a separator?)"
+        )
+    spans = []
+    for i, ((start, end), image) in enumerate(zip(runs, images)):
+        want = placeholder_count(image)
+        if end - start != want:
+            raise EngineError(
+                f"image {i} ({image!r}) has {end - start} placeholder tokens, expected {want}"
+            )
+        spans.append((start, end, image.digest))
+    return Rendered(token_ids, tuple(spans), images)

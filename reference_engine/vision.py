@@ -1,0 +1,93 @@
+"""The vision-embedding cache: preprocessing and vision-tower rows keyed by image digest.
+
+An image's rows depend only on its pixels, so they are cached by digest and computed at most
+once while cached, and only for images that still have uncached placeholders. ``slice_rows``
+is the one place where a partly cached image is cut: it returns exactly the rows of the
+placeholders that are still to be computed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from pytest_prefixcache.types import Image
+
+__all__ = ["Prepared", "VisionCache", "slice_rows"]
+
+
+@dataclass
+class Prepared:
+    """One image, preprocessed: pixel patches, patch grid, placeholder count, and rows."""
+
+    pixels: mx.array
+    grid: tuple[int, int, int]
+    count: int
+    rows: mx.array | None = None
+
+
+class VisionCache:
+    """A bounded LRU of Prepared images by digest."""
+
+    def __init__(self, model: Any, max_entries: int = 64) -> None:
+        if max_entries < 0:
+            raise ValueError(f"max_entries must be >= 0, got {max_entries}")
+        self.model = model
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, Prepared] = OrderedDict()
+        self._lock = threading.Lock()
+        self.encoded = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def prepare(self, image: Image, *, use_cache: bool = True) -> Prepared:
+        """The Prepared entry of ``image`` (from the cache when allowed, else fresh)."""
+        if use_cache:
+            with self._lock:
+                entry = self._entries.get(image.digest)
+                if entry is not None:
+                    self._entries.move_to_end(image.digest)
+                    return entry
+        pixels, grid = self.model.preprocess(image.to_pil())
+        entry = Prepared(pixels, grid, self.model.placeholder_count(grid))
+        if use_cache and self.max_entries:
+            with self._lock:
+                self._entries[image.digest] = entry
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+        return entry
+
+    def rows(self, image: Image, entry: Prepared, *, use_cache: bool = True) -> mx.array:
+        """All embedding rows of ``image`` (prepared as ``entry``); runs the vision tower only
+        when they are not cached."""
+        if entry.rows is not None and use_cache:
+            self.hits += 1
+            return entry.rows
+        rows = self.model.vision_rows(entry.pixels, entry.grid)
+        self.encoded += 1
+        if rows.shape[0] != entry.count:
+            raise RuntimeError(
+                f"vision tower gave {rows.shape[0]} rows for {entry.count} placeholders of "
+                f"{image!r}"
+            )
+        if use_cache:
+            entry.rows = rows
+        return rows
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+        self.encoded = 0
+        self.hits = 0
+
+
+def slice_rows(rows: mx.array, span_start: int, span_end: int, start: int) -> mx.array:
+    """The rows of the placeholders of [span_start, span_end) at positions >= ``start``."""
+    first = max(0, start - span_start)
+    return rows[first : span_end - span_start]

@@ -1,0 +1,254 @@
+"""The reference engine: cached runs are bit-identical to cold runs, and reuse is segmented.
+
+Every scenario runs a history through the cache, then the final request cached and cold, and
+asserts max |diff| == 0.0 for the logits of the last prompt position and every decode step.
+The negative controls run the same scenarios on an engine whose block keys drop the image
+digests, and assert that the comparison then fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+from pytest_prefixcache import Image, Message, Outcome, Request  # noqa: E402
+from reference_engine import Engine, default_model_path  # noqa: E402
+from reference_engine import blocks as blocks_mod  # noqa: E402
+from reference_engine import engine as engine_mod  # noqa: E402
+
+BS = 16
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu():
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    return Engine.from_pretrained(default_model_path(), block_size=BS)
+
+
+def img(seed: int, w: int = 64, h: int = 64) -> Image:
+    rng = np.random.default_rng(seed)
+    return Image(rng.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
+
+
+def user(*parts) -> Message:
+    return Message("user", tuple(parts))
+
+
+def assistant(text: str) -> Message:
+    return Message("assistant", (text,))
+
+
+SYSTEM = Message("system", ("You are a careful assistant. Describe images precisely.",))
+
+
+def req(*messages: Message, max_new_tokens: int = 3, namespace: str = "") -> Request:
+    return Request(tuple(messages), namespace=namespace, max_new_tokens=max_new_tokens)
+
+
+def compare(engine: Engine, history: list[Request], final: Request) -> Outcome:
+    """Run history cached, then final cached and cold; assert bit-identical results."""
+    engine.reset()
+    for r in history:
+        engine.run(r, use_cache=True)
+    warm = engine.run(final, use_cache=True)
+    cold = engine.run(final, use_cache=False)
+    assert warm.logits is not None and cold.logits is not None
+    assert warm.logits.dtype == np.float32 and warm.logits.shape == cold.logits.shape
+    diff = float(np.max(np.abs(warm.logits - cold.logits)))
+    assert diff == 0.0, f"last-position logits differ: max |diff| = {diff}"
+    assert warm.tokens == cold.tokens
+    assert len(warm.step_logits) == len(cold.step_logits) == len(warm.tokens)
+    for i, (a, b) in enumerate(zip(warm.step_logits, cold.step_logits)):
+        assert np.array_equal(a, b), f"step {i} logits differ"
+    for slots, rows in warm.merges or ():
+        assert slots == rows
+    assert cold.cached_tokens == 0
+    return warm
+
+
+I1, I2, I3 = img(1), img(2), img(3)
+
+SCENARIOS: dict[str, tuple[list[Request], Request]] = {
+    "exact_repeat": (
+        [req(SYSTEM, user("What is in this picture?", I1))],
+        req(SYSTEM, user("What is in this picture?", I1)),
+    ),
+    "multi_turn_extension": (
+        [req(SYSTEM, user("Look at this.", I1, "Describe it."))],
+        req(
+            SYSTEM,
+            user("Look at this.", I1, "Describe it."),
+            assistant("A noisy square."),
+            user("And the colours?"),
+        ),
+    ),
+    "new_image_after_cached_text": (
+        [req(SYSTEM, user("Here is some long text about the weather and the sea, to be cached."))],
+        req(
+            SYSTEM,
+            user("Here is some long text about the weather and the sea, to be cached."),
+            assistant("Noted."),
+            user("Now this image:", I2),
+        ),
+    ),
+    "same_image_in_later_turn": (
+        [req(SYSTEM, user("First:", I1))],
+        req(SYSTEM, user("First:", I1), assistant("Seen."), user("Again:", I1, "same?")),
+    ),
+    "two_images_swapped": (
+        [req(SYSTEM, user("Compare", I1, "with", I2))],
+        req(SYSTEM, user("Compare", I2, "with", I1)),
+    ),
+    "different_image_same_size_same_slot": (
+        [req(SYSTEM, user("What is this?", I1, "Answer briefly."))],
+        req(SYSTEM, user("What is this?", I2, "Answer briefly.")),
+    ),
+    "different_image_size": (
+        [req(SYSTEM, user("What is this?", img(4, 64, 64)))],
+        req(SYSTEM, user("What is this?", img(4, 96, 48))),
+    ),
+    "boundary_inside_image_span": (
+        # the history ends partway into the image span of the final request's first image
+        [req(SYSTEM, user("Two pictures:", I1, I3), max_new_tokens=0)],
+        req(SYSTEM, user("Two pictures:", I1, I2)),
+    ),
+}
+
+IMAGE_SENSITIVE = [
+    "two_images_swapped",
+    "different_image_same_size_same_slot",
+    "boundary_inside_image_span",
+]
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_cached_equals_cold(engine: Engine, name: str) -> None:
+    history, final = SCENARIOS[name]
+    warm = compare(engine, history, final)
+    if name in ("exact_repeat", "multi_turn_extension", "same_image_in_later_turn"):
+        assert warm.cached_tokens and warm.cached_tokens > 0, "expected a cache hit"
+
+
+def test_exact_repeat_recomputes_only_the_tail(engine: Engine) -> None:
+    history, final = SCENARIOS["exact_repeat"]
+    warm = compare(engine, history, final)
+    assert warm.prompt_tokens is not None and warm.cached_tokens is not None
+    assert 0 < warm.prompt_tokens - warm.cached_tokens <= BS
+
+
+def test_boundary_inside_image_span_merges_exact_rows(engine: Engine) -> None:
+    history, final = SCENARIOS["boundary_inside_image_span"]
+    warm = compare(engine, history, final)
+    spans = warm.image_spans
+    assert spans is not None and warm.cached_tokens is not None
+    first = spans[0]
+    # the test is meaningful only if the reuse boundary really falls inside image 1's span
+    assert first[0] < warm.cached_tokens < first[1], (warm.cached_tokens, spans)
+    assert warm.merges is not None
+    assert warm.merges[0] == (first[1] - warm.cached_tokens,) * 2
+    assert all(s == r for s, r in warm.merges)
+
+
+def test_eviction_under_tiny_budget_stays_exact() -> None:
+    engine = Engine.from_pretrained(default_model_path(), block_size=BS, max_bytes=40_000)
+    text = " ".join(f"word{i}" for i in range(120))
+    history = [req(SYSTEM, user(f"{k}: {text}", img(k))) for k in range(3)]
+    final = req(SYSTEM, user(f"0: {text}", img(0)))
+    compare(engine, history, final)
+    stats = engine.stats
+    assert stats.evictions > 0
+    assert stats.resident_bytes <= 40_000
+
+
+def test_segmented_reuse_stops_at_the_changed_image(engine: Engine) -> None:
+    a, b, c, d, e = (
+        "Text A about a trip.",
+        "Image one:",
+        "Text C, more words here.",
+        ("Text D follows with even more words to fill blocks."),
+        "Image two:",
+    )
+    im1, im2, im2b = img(11), img(12, 80, 48), img(13, 80, 48)
+    first = req(
+        SYSTEM,
+        user(a),
+        assistant("ok"),
+        user(b, im1),
+        assistant("ok"),
+        user(c),
+        assistant("ok"),
+        user(d),
+        assistant("ok"),
+        user(e, im2),
+    )
+    second = req(*first.messages[:-1], user(e, im2b))
+    warm = compare(engine, [first], second)
+    assert warm.image_spans is not None and warm.cached_tokens is not None
+    image2_start = warm.image_spans[-1][0]
+    assert warm.cached_tokens == (image2_start // BS) * BS
+    assert warm.cached_tokens <= image2_start
+    # and image 1's placeholders were reused, not re-merged
+    assert len(warm.merges or ()) == 1
+
+
+def test_forced_hash_collision_never_returns_wrong_kv(engine, monkeypatch) -> None:
+    monkeypatch.setattr(blocks_mod, "hash_block", lambda parent, tokens, extras: b"\0" * 32)
+    for name in [*IMAGE_SENSITIVE, "multi_turn_extension"]:
+        history, final = SCENARIOS[name]
+        compare(engine, history, final)
+    assert engine.pool.stats.collisions > 0
+
+
+def _drop_image_digests(original: Callable) -> Callable:
+    def keys(token_ids, spans, *, block_size, root):
+        return original(token_ids, [], block_size=block_size, root=root)
+
+    return keys
+
+
+@pytest.mark.parametrize("name", IMAGE_SENSITIVE)
+def test_negative_control_key_without_image_digest_fails(engine, monkeypatch, name) -> None:
+    monkeypatch.setattr(engine_mod, "block_keys", _drop_image_digests(blocks_mod.block_keys))
+    history, final = SCENARIOS[name]
+    with pytest.raises(AssertionError, match="logits differ"):
+        compare(engine, history, final)
+
+
+def test_namespaces_never_share_blocks(engine: Engine) -> None:
+    engine.reset()
+    r = req(SYSTEM, user("Shared prompt text that fills more than one block of tokens.", I1))
+    engine.run(r, use_cache=True)
+    other = engine.run(Request(r.messages, namespace="tenant-b"), use_cache=True)
+    same = engine.run(r, use_cache=True)
+    assert other.cached_tokens == 0
+    assert same.cached_tokens and same.cached_tokens > 0  # positive control
+
+
+def test_stats_and_reset(engine: Engine) -> None:
+    engine.reset()
+    r = req(SYSTEM, user("Count me.", I1))
+    engine.run(r, use_cache=True)
+    engine.run(r, use_cache=True)
+    s = engine.stats
+    assert s.requests == 2 and s.lookups == 2 and s.stored_blocks > 0
+    assert s.hit_tokens > 0 and s.resident_bytes > 0 and s.vision_encoded == 1
+    engine.reset()
+    assert engine.stats.resident_blocks == 0 and engine.stats.requests == 0
+
+
+def test_uncached_run_neither_reads_nor_writes(engine: Engine) -> None:
+    engine.reset()
+    r = req(SYSTEM, user("Nothing stored.", I1))
+    out = engine.run(r, use_cache=False)
+    assert out.cached_tokens == 0 and len(engine.pool) == 0 and len(engine.vision) == 0
