@@ -252,3 +252,29 @@ def test_uncached_run_neither_reads_nor_writes(engine: Engine) -> None:
     r = req(SYSTEM, user("Nothing stored.", I1))
     out = engine.run(r, use_cache=False)
     assert out.cached_tokens == 0 and len(engine.pool) == 0 and len(engine.vision) == 0
+
+
+def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
+    """The engine computes the real model: its uncached logits, at the prompt's end and at
+    every decode step, equal mlx-vlm's own one-shot forward over the processor's inputs."""
+    from reference_engine.render import to_chat_messages
+
+    r = req(SYSTEM, user("Look", I1, "and", img(5, 96, 48), "now"), max_new_tokens=4)
+    out = engine.run(r, use_cache=False)
+    proc = engine.model.processor
+    text = proc.apply_chat_template(
+        to_chat_messages(r), tokenize=False, add_generation_prompt=True
+    )
+    inputs = proc(text=[text], images=[i.to_pil() for i in r.images], return_tensors="mlx")
+    assert tuple(int(t) for t in np.array(inputs["input_ids"][0])) == out.token_ids
+    full = mx.array([list(out.token_ids) + list(out.tokens[:-1])])
+    native = engine.model.model(
+        full, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
+    ).logits[0].astype(mx.float32)
+    n = len(out.token_ids)
+    assert len(out.step_logits) == len(out.tokens) == 4
+    for i, step in enumerate(out.step_logits):
+        expected = np.array(native[n - 1 + i])
+        diff = float(np.max(np.abs(expected - step)))
+        assert diff == 0.0, f"step {i}: max |diff| vs native forward = {diff}"
+    assert out.merges == ((16, 16), (18, 18))
