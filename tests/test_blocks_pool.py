@@ -106,3 +106,26 @@ def test_hit_is_confirmed_not_just_hashed():
     pool.release([pool.insert(k, "real", 10)])
     assert pool.lookup([forged]) == []
     assert pool.stats.collisions == 1
+
+
+def test_keys_are_stable_across_processes():
+    import subprocess
+    import sys
+
+    code = (
+        "from reference_engine.blocks import block_keys, namespace_root;"
+        "ks = block_keys([5, 6, 7, 8, 9, 10, 11, 12], [(2, 6, 'ab' * 32)], block_size=4,"
+        " root=namespace_root('m', 't'));"
+        "print(ks[-1].digest.hex())"
+    )
+    env = {"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
+    here = block_keys(
+        [5, 6, 7, 8, 9, 10, 11, 12],
+        [(2, 6, "ab" * 32)],
+        block_size=4,
+        root=namespace_root("m", "t"),
+    )
+    assert out == here[-1].digest.hex()
