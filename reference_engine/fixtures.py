@@ -20,9 +20,10 @@ Image-token rule of ``tiny-qwen2-vl`` (mlx-vlm's port of Qwen2-VL's ``smart_resi
 ``factor = PATCH_SIZE * MERGE_SIZE = 16``, an image of W x H pixels is resized to w x h, where w
 and h are W and H rounded to the nearest multiple of 16 (Python's ``round``: ties go to the even
 multiple); if w*h > MAX_PIXELS (128*128), they are instead W and H divided by
-sqrt(W*H / MAX_PIXELS) and floored to multiples of 16; if w*h < MIN_PIXELS (32*32), W and H
-multiplied by sqrt(MIN_PIXELS / (W*H)) and ceiled to multiples of 16. The image then expands to
-``(w / 16) * (h / 16)`` ``<|image_pad|>`` tokens, at least 4 and at most 64. Measured:
+sqrt(W*H / MAX_PIXELS) and floored to multiples of 16 (but at least 16); if w*h < MIN_PIXELS
+(32*32), W and H multiplied by sqrt(MIN_PIXELS / (W*H)) and ceiled to multiples of 16. The image
+then expands to ``(w / 16) * (h / 16)`` ``<|image_pad|>`` tokens: at least 4, and at most 64
+unless the aspect ratio is extreme (3000x16 -> 109, its short side held at 16). Measured:
 16x16 -> 4, 32x32 -> 4, 64x64 -> 16, 48x80 -> 15, 100x100 -> 36, 128x128 -> 64,
 200x100 -> 55 (resized to 176x80), 256x256 -> 64.
 """
@@ -33,7 +34,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -178,7 +179,8 @@ def save_weights(path: Path, model: Any, seed: int) -> None:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    shapes = {name: tuple(value.shape) for name, value in tree_flatten(model.parameters())}
+    flat = cast("list[tuple[str, Any]]", tree_flatten(model.parameters()))
+    shapes = {name: tuple(value.shape) for name, value in flat}
     weights = random_weights(shapes, seed)
     arrays = {name: mx.array(weights[name]) for name in sorted(weights)}
     mx.save_safetensors(str(path), arrays, metadata={"format": "mlx"})

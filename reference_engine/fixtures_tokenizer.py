@@ -186,7 +186,13 @@ def save_tokenizer(out_dir: Path) -> dict[str, int]:
     config["chat_template"] = CHAT_TEMPLATE
     write_json(config_path, dict(sorted(config.items())))
     write_json(out_dir / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    return {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            raise RuntimeError(f"special token {token!r} is missing from the trained tokenizer")
+        ids[token] = token_id
+    return ids
 
 
 def vocab_size() -> int:

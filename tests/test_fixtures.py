@@ -158,6 +158,7 @@ def test_qwen2_vl_forward_and_greedy_generation(qwen2_vl: tuple[Any, Any]) -> No
     model, processor = qwen2_vl
     image = noise_image(64, 64)
     prompt = apply_chat_template(processor, model.config, "What is in the image?", num_images=1)
+    assert isinstance(prompt, str)
     inputs = processor(text=[prompt], images=[image])
     image_pad = processor.tokenizer.convert_tokens_to_ids(IMAGE_PAD)
     assert int((inputs["input_ids"] == image_pad).sum().item()) == 16
