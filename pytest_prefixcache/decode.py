@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -93,7 +94,11 @@ def decode_source(source: str | os.PathLike[str] | bytes | bytearray | memoryvie
     if not data:
         raise ImageError(f"image {name} is empty (0 bytes)")
     try:
-        with PILImage.open(io.BytesIO(data)) as img:
+        with warnings.catch_warnings():
+            # our own MAX_PIXELS check below is stricter than Pillow's bomb warning
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+            img = PILImage.open(io.BytesIO(data))
+        with img:
             _check_size(img.width, img.height, name)
             img.load()
             return pil_to_rgb(img, name)
