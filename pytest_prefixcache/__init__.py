@@ -1,24 +1,62 @@
 """pytest-prefixcache: fuzz an inference engine's KV prefix cache against cold runs.
 
-Importing this package is cheap: it never imports MLX or the reference engine.
+Importing this package is cheap: it never imports MLX, Hypothesis or the reference engine.
+Strategies live in :mod:`pytest_prefixcache.strategies`, the state machine in
+:mod:`pytest_prefixcache.stateful`.
 """
 
 from __future__ import annotations
 
-from .errors import EngineError, ImageError, PrefixCacheError, RequestError
+from .compare import Tolerance
+from .errors import (
+    EfficiencyFailure,
+    EngineError,
+    EngineFault,
+    EngineTimeout,
+    EquivalenceFailure,
+    ImageError,
+    PositiveControlFailure,
+    PrefixCacheError,
+    RequestError,
+    ReuseBoundFailure,
+    ShapeFailure,
+    VerificationFailure,
+)
+from .images import ImageFactory, make_image, reencode
+from .oracle import ReuseOracle
+from .replay import load_stream, save_stream
 from .types import Engine, Image, Message, Outcome, Request
+from .verify import Step, Verifier, VerifyOptions
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EfficiencyFailure",
     "Engine",
     "EngineError",
+    "EngineFault",
+    "EngineTimeout",
+    "EquivalenceFailure",
     "Image",
     "ImageError",
+    "ImageFactory",
     "Message",
     "Outcome",
+    "PositiveControlFailure",
     "PrefixCacheError",
     "Request",
     "RequestError",
+    "ReuseBoundFailure",
+    "ReuseOracle",
+    "ShapeFailure",
+    "Step",
+    "Tolerance",
+    "VerificationFailure",
+    "Verifier",
+    "VerifyOptions",
     "__version__",
+    "load_stream",
+    "make_image",
+    "reencode",
+    "save_stream",
 ]

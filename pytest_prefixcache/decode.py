@@ -56,7 +56,7 @@ def pil_to_rgb(img: PILImage.Image, name: str = "<PIL image>") -> np.ndarray:
     try:
         img = ImageOps.exif_transpose(img)
         if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
-            arr = np.asarray(img, dtype=np.uint32)
+            arr: np.ndarray = np.asarray(img, dtype=np.uint32)
             if img.mode == "I" and arr.max(initial=0) > 0xFFFF:
                 arr = arr >> 16
             img = PILImage.fromarray((arr >> 8).astype(np.uint8), mode="L")

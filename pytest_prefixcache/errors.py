@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["EngineError", "ImageError", "PrefixCacheError", "RequestError"]
+__all__ = [
+    "EfficiencyFailure",
+    "EngineError",
+    "EngineFault",
+    "EngineTimeout",
+    "EquivalenceFailure",
+    "ImageError",
+    "PositiveControlFailure",
+    "PrefixCacheError",
+    "RequestError",
+    "ReuseBoundFailure",
+    "ShapeFailure",
+    "VerificationFailure",
+]
 
 
 class PrefixCacheError(Exception):
@@ -19,3 +32,74 @@ class RequestError(PrefixCacheError, ValueError):
 
 class EngineError(PrefixCacheError):
     """An engine could not be loaded, or returned something outside the protocol."""
+
+
+class VerificationFailure(PrefixCacheError, AssertionError):
+    """The engine's cache broke a check; the message reads like a bug report.
+
+    Attributes:
+        check: the name of the check that failed (``"equivalence"``, ``"shapes"``, ...).
+        stream: the request stream up to and including the failing request.
+        request_index: the failing request's index in ``stream`` (None for stream-level checks).
+        replay_path: where the stream is (or will be) saved for ``--prefixcache-replay``.
+    """
+
+    check = "verification"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stream: tuple[object, ...] = (),
+        request_index: int | None = None,
+        replay_path: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.stream = stream
+        self.request_index = request_index
+        self.replay_path = replay_path
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class EquivalenceFailure(VerificationFailure):
+    """A cached outcome differs from the uncached one beyond the tolerance."""
+
+    check = "equivalence"
+
+
+class ShapeFailure(VerificationFailure):
+    """A vision merge filled a different number of placeholder slots than embedding rows."""
+
+    check = "shapes"
+
+
+class ReuseBoundFailure(VerificationFailure):
+    """``cached_tokens`` exceeds the longest prefix that could validly be reused."""
+
+    check = "reuse bound"
+
+
+class PositiveControlFailure(VerificationFailure):
+    """An identical repeat or an append-only next turn reused nothing."""
+
+    check = "positive control"
+
+
+class EfficiencyFailure(VerificationFailure):
+    """Total reuse fell below ``--prefixcache-min-efficiency`` of the oracle's maximum."""
+
+    check = "min efficiency"
+
+
+class EngineFault(VerificationFailure):
+    """An engine call raised, or returned NaN, a wrong shape or dtype, or inconsistent counts."""
+
+    check = "fault"
+
+
+class EngineTimeout(EngineFault):
+    """An engine call did not answer within ``--prefixcache-timeout`` seconds."""
+
+    check = "timeout"

@@ -10,7 +10,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -91,8 +91,12 @@ class Image:
         w, h = self.size
         return f"Image({w}x{h}, digest={self.digest[:12]})"
 
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        """Hypothesis and IPython pretty-print an Image by its short repr, not its pixels."""
+        p.text(repr(self))
 
-Part = Union[str, Image]
+
+Part = str | Image
 
 
 @dataclass(frozen=True)

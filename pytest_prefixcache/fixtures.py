@@ -1,0 +1,153 @@
+"""Fixtures for engine authors and the built-in suite, and loading the engine.
+
+``prefixcache_engine`` (session) builds the engine named by ``--prefixcache-engine``, the
+``prefixcache_engine`` ini key, or the default reference engine; override it in conftest.py
+to build yours. ``prefixcache_verify`` (session) runs a stream, or one request after a history,
+through every check. ``prefixcache_images`` (session) is a deterministic image factory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .compare import Tolerance
+from .errors import EngineError
+from .images import ImageFactory
+from .settings import DEFAULT_ENGINE
+from .state import report_of, settings_of, worker_of
+from .types import Engine, Request
+from .verify import Step, Verifier, VerifyOptions
+
+__all__ = [
+    "VerifyFunction",
+    "load_engine",
+    "prefixcache_engine",
+    "prefixcache_images",
+    "prefixcache_verifier",
+    "prefixcache_verify",
+]
+
+#: How long building the engine may take (loading weights is slower than one request).
+BUILD_TIMEOUT_MIN = 600.0
+
+
+def _is_engine(obj: object) -> bool:
+    return (
+        not isinstance(obj, type)
+        and callable(getattr(obj, "run", None))
+        and callable(getattr(obj, "reset", None))
+    )
+
+
+def load_engine(spec: str, search_dir: Path | None = None) -> Engine:
+    """Import ``MODULE:ATTR`` and return the engine (ATTR is one, or builds one when called)."""
+    module_name, _, attr = spec.partition(":")
+    if search_dir is not None and str(search_dir) not in sys.path:
+        sys.path.insert(0, str(search_dir))
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = ""
+        if spec == DEFAULT_ENGINE:
+            hint = (
+                "; the default reference engine needs the mlx extra "
+                "(pip install 'pytest-prefixcache[mlx]'), or name yours with "
+                "--prefixcache-engine=MODULE:ATTR"
+            )
+        raise EngineError(
+            f"cannot import {module_name!r} for engine {spec!r}: {exc}{hint}"
+        ) from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise EngineError(f"engine {spec!r}: {obj!r} has no attribute {part!r}") from None
+    if not _is_engine(obj):
+        if not callable(obj):
+            raise EngineError(
+                f"engine {spec!r} is a {type(obj).__name__}: expected an object with run() and "
+                "reset(), or a zero-argument callable returning one"
+            )
+        made = obj()
+        if not _is_engine(made):
+            raise EngineError(
+                f"engine {spec!r}() returned a {type(made).__name__}, which has no run() and "
+                "reset() methods"
+            )
+        obj = made
+    return obj  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
+    """The engine under test (override this fixture in conftest.py to build your own)."""
+    s = settings_of(pytestconfig)
+    res = worker_of(pytestconfig).call(
+        lambda: load_engine(s.engine, s.invocation_dir),
+        timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
+        what=f"building the engine {s.engine}",
+    )
+    if res.error is not None:
+        if isinstance(res.error, EngineError):
+            raise EngineError(str(res.error)) from res.error
+        raise EngineError(
+            f"building the engine {s.engine!r} raised {type(res.error).__name__}: {res.error}"
+        ) from res.error
+    return res.value  # type: ignore[no-any-return]
+
+
+def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
+    s = settings_of(config)
+    options = VerifyOptions(
+        tolerance=Tolerance(s.atol, s.rtol, s.kl),
+        timeout=s.timeout,
+        min_efficiency=s.min_efficiency,
+        failures_dir=s.failures_dir,
+        replay_command=s.replay_command,
+    )
+    return Verifier(engine, worker_of(config), options, report_of(config))
+
+
+@pytest.fixture(scope="session")
+def prefixcache_verifier(pytestconfig: pytest.Config, prefixcache_engine: Engine) -> Verifier:
+    """The session's :class:`~pytest_prefixcache.verify.Verifier` for ``prefixcache_engine``."""
+    return make_verifier(pytestconfig, prefixcache_engine)
+
+
+@dataclass
+class VerifyFunction:
+    """``verify(stream)`` or ``verify(request, history=[...])``: reset the engine, run every
+    request cached and uncached in order, and raise a readable failure if a check breaks.
+    Returns the :class:`~pytest_prefixcache.verify.Step` of each request."""
+
+    verifier: Verifier
+
+    def __call__(
+        self,
+        requests: Request | Sequence[Request],
+        *,
+        history: Sequence[Request] = (),
+        reset: bool = True,
+    ) -> list[Step]:
+        stream = [requests] if isinstance(requests, Request) else list(requests)
+        steps = self.verifier.run([*history, *stream], reset=reset)
+        return steps[len(history) :]
+
+
+@pytest.fixture(scope="session")
+def prefixcache_verify(prefixcache_verifier: Verifier) -> VerifyFunction:
+    """Run a request stream (or one request after a history) through all the checks."""
+    return VerifyFunction(prefixcache_verifier)
+
+
+@pytest.fixture(scope="session")
+def prefixcache_images() -> ImageFactory:
+    """A deterministic image factory: solid, gradient, noise and text-like patterns."""
+    return ImageFactory()

@@ -1,0 +1,195 @@
+"""The moves request streams are made of, shared by the strategies and the state machine.
+
+Each move takes a ``draw`` function (from ``st.composite`` or ``st.data()``) and returns a new
+Request derived from earlier ones: a new conversation, an exact repeat, an append-only next
+turn, an edit of an earlier turn (a branch), swapped images, the same pixels from another
+container, or the same conversation in another namespace. Draws shrink toward short text,
+no images, the first namespace and ``max_new_tokens=0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import strategies as st
+
+from .images import reencode
+from .types import Image, Message, Request
+
+__all__ = ["MOVES", "WORDS", "StreamSpec", "apply_move", "new_conversation"]
+
+Draw = Callable[[st.SearchStrategy[Any]], Any]
+
+WORDS = (
+    "describe the image",
+    "what colour is it",
+    "compare them",
+    "and now",
+    "list every object you see in detail",
+    "extract the text",
+    "thanks",
+    "make it brighter",
+    "which one is larger",
+    "summarise our conversation so far",
+)
+
+#: Shared system prompts, long enough (hundreds of characters) that a correct cache reuses
+#: whole blocks of them across conversations.
+SYSTEM_PROMPTS = (
+    "You are a careful visual assistant. Look at every image the user sends, describe what "
+    "you see precisely, answer questions about colours, shapes, text and layout, and say so "
+    "when you are not sure. Keep answers short and factual. Never invent details that are "
+    "not visible in the images, and refer to images by their order in the conversation.",
+    "You extract structured data from photos of documents and receipts. For each photo, "
+    "return the merchant, the date, every line item with its price, the tax and the total "
+    "as JSON. If a field is unreadable, use null. Photos may be rotated, cropped, or of "
+    "different sizes; handle each one independently and never mix up two photos.",
+)
+
+#: Move names; the first ones are the simplest, so streams shrink toward them.
+MOVES = ("repeat", "append", "new", "edit", "swap", "reencode", "namespace")
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """The knobs of generated requests (validated by the public strategies)."""
+
+    namespaces: tuple[str, ...] = ("", "tenant-b")
+    max_new_tokens: int = 2
+    max_images_per_message: int = 2
+    system_prompts: tuple[str, ...] = SYSTEM_PROMPTS
+
+
+def _text(draw: Draw) -> str:
+    words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=3))
+    return ", ".join(words)
+
+
+def user_message(
+    draw: Draw, pool: Sequence[Image], spec: StreamSpec, images: int | None = None
+) -> Message:
+    """A user turn: text with up to ``max_images_per_message`` pool images, in drawn order."""
+    if images is None:
+        k = min(spec.max_images_per_message, len(pool))
+        images = draw(st.integers(0, k)) if k else 0
+    parts: list[str | Image] = [_text(draw)]
+    for _ in range(images):
+        img = pool[draw(st.integers(0, len(pool) - 1))]
+        where = draw(st.integers(0, len(parts)))
+        parts.insert(where, img)
+    return Message("user", tuple(parts))
+
+
+def new_conversation(
+    draw: Draw, pool: Sequence[Image], spec: StreamSpec, turns: int = 1
+) -> tuple[Message, ...]:
+    """An optional shared system prompt, then ``turns`` user turns with assistant replies."""
+    msgs: list[Message] = []
+    sys_i = draw(st.integers(-1, len(spec.system_prompts) - 1))
+    if sys_i >= 0:
+        msgs.append(Message("system", (spec.system_prompts[sys_i],)))
+    for t in range(turns):
+        if t:
+            msgs.append(Message("assistant", (_text(draw),)))
+        msgs.append(user_message(draw, pool, spec))
+    return tuple(msgs)
+
+
+def _pick(draw: Draw, stream: Sequence[Request]) -> Request:
+    back = draw(st.integers(0, len(stream) - 1))
+    return stream[len(stream) - 1 - back]
+
+
+def _replace_images(req: Request, fn: Callable[[int, Image], Image]) -> tuple[Message, ...]:
+    count = -1
+    out = []
+    for m in req.messages:
+        parts: list[str | Image] = []
+        for p in m.content:
+            if isinstance(p, Image):
+                count += 1
+                parts.append(fn(count, p))
+            else:
+                parts.append(p)
+        out.append(Message(m.role, tuple(parts)))
+    return tuple(out)
+
+
+def _edit(
+    draw: Draw, base: Request, pool: Sequence[Image], spec: StreamSpec
+) -> tuple[Message, ...]:
+    users = [i for i, m in enumerate(base.messages) if m.role == "user"]
+    k = users[draw(st.integers(0, len(users) - 1))]
+    old = base.messages[k]
+    imgs = [p for p in old.content if isinstance(p, Image)]
+    if imgs and draw(st.booleans()):
+        # Another image of the same size where possible: identical placeholder counts.
+        target = imgs[draw(st.integers(0, len(imgs) - 1))]
+        same = [p for p in pool if p.size == target.size and p != target]
+        others = same or [p for p in pool if p != target] or [target]
+        new = others[draw(st.integers(0, len(others) - 1))]
+        parts = tuple(new if p is target else p for p in old.content)
+        edited = Message("user", parts)
+    else:
+        edited = user_message(draw, pool, spec, images=len(imgs))
+    return (*base.messages[:k], edited)
+
+
+def apply_move(
+    draw: Draw,
+    move: str,
+    stream: Sequence[Request],
+    pool: Sequence[Image],
+    spec: StreamSpec,
+    base: Request | None = None,
+) -> Request:
+    """The next request of a stream, made by ``move`` from ``base`` (default: drawn from the
+    requests before it, the latest first)."""
+    mnt = st.integers(0, spec.max_new_tokens)
+    if (not stream and base is None) or move == "new":
+        ns = draw(st.sampled_from(spec.namespaces))
+        return Request(new_conversation(draw, pool, spec), ns, draw(mnt))
+    if base is None:
+        base = _pick(draw, stream)
+    if move == "repeat":
+        return base
+    if move == "append":
+        reply = Message("assistant", (_text(draw),))
+        msgs = (*base.messages, reply, user_message(draw, pool, spec))
+        return Request(msgs, base.namespace, draw(mnt))
+    if move == "edit":
+        return Request(_edit(draw, base, pool, spec), base.namespace, draw(mnt))
+    if move == "swap":
+        imgs = base.images
+        if len(set(imgs)) < 2:
+            two = (pool[0], pool[1 % len(pool)])
+            extra = Message("user", (_text(draw), *two))
+            rest = (
+                base.messages
+                if base.messages[-1].role != "user"
+                else (*base.messages, Message("assistant", (_text(draw),)))
+            )
+            return Request((*rest, extra), base.namespace, base.max_new_tokens)
+        a = 0
+        b = next(i for i, img in enumerate(imgs) if img != imgs[0])
+        order = list(imgs)
+        order[a], order[b] = order[b], order[a]
+        return Request(
+            _replace_images(base, lambda i, _: order[i]), base.namespace, base.max_new_tokens
+        )
+    if move == "reencode":
+        if not base.images:
+            return base
+        fmt = draw(st.sampled_from(("BMP", "PNG")))
+        return Request(
+            _replace_images(base, lambda i, img: reencode(img, fmt)),
+            base.namespace,
+            base.max_new_tokens,
+        )
+    if move == "namespace":
+        others = [ns for ns in spec.namespaces if ns != base.namespace] or [base.namespace]
+        ns = others[draw(st.integers(0, len(others) - 1))]
+        return Request(base.messages, ns, base.max_new_tokens)
+    raise ValueError(f"unknown move {move!r}; expected one of {', '.join(MOVES)}")

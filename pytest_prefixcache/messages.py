@@ -1,0 +1,104 @@
+"""Failure messages that read like bug reports: what broke, where, and how to replay it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .checks import span_at
+from .oracle import Match
+from .problems import Problem
+from .types import Image, Outcome, Request
+
+__all__ = ["Context", "describe_request", "format_failure"]
+
+MAX_STREAM_LINES = 12
+
+
+def _text(s: str, limit: int = 40) -> str:
+    s = " ".join(s.split())
+    return repr(s if len(s) <= limit else s[: limit - 3] + "...")
+
+
+def describe_request(req: Request) -> str:
+    """One line: namespace, max_new_tokens and every message's parts, abbreviated."""
+    msgs = []
+    for m in req.messages:
+        parts = [
+            f"[image {p.size[0]}x{p.size[1]} {p.digest[:12]}]" if isinstance(p, Image) else _text(p)
+            for p in m.content
+        ]
+        msgs.append(f"{m.role}: " + " ".join(parts))
+    head = f"namespace={req.namespace!r}, max_new_tokens={req.max_new_tokens}"
+    return head + " | " + " | ".join(msgs)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where a problem was found."""
+
+    stream: Sequence[Request]
+    index: int | None = None
+    cached: Outcome | None = None
+    match: Match | None = None
+    replay: str | None = None
+
+
+def _involved_span(problem: Problem, ctx: Context) -> tuple[int, int, str] | None:
+    o = ctx.cached
+    if o is None or not o.image_spans:
+        return None
+    cached = o.cached_tokens or 0
+    if problem.position is not None:
+        pos = problem.position
+    elif ctx.match is not None and cached > ctx.match.max_reuse:
+        pos = ctx.match.max_reuse
+    else:
+        pos = cached
+    for p in (pos, pos - 1):
+        for s in o.image_spans:
+            if s[0] <= p < s[1]:
+                return s
+    return span_at(o.image_spans, pos) if cached else None
+
+
+def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = ()) -> str:
+    """The whole message for one problem found in a stream."""
+    n = len(ctx.stream)
+    where = (
+        f"request {ctx.index} of a stream of {n} (counting from 0)"
+        if ctx.index is not None
+        else f"a stream of {n} request(s)"
+    )
+    lines = [f"{problem.check}: {problem.headline}", f"  at {where}"]
+    lines += [f"  {d}" for d in problem.details]
+    o = ctx.cached
+    if o is not None:
+        reuse = f"  cached_tokens={o.cached_tokens} of prompt_tokens={o.prompt_tokens}"
+        if ctx.match is not None:
+            src = "" if ctx.match.source is None else f", shared with request {ctx.match.source}"
+            reuse += f"; oracle maximum valid reuse {ctx.match.max_reuse}{src}"
+        lines.append(reuse)
+        span = _involved_span(problem, ctx)
+        if span is not None:
+            k = list(o.image_spans or ()).index(span)
+            lines.append(
+                f"  image span involved: [{span[0]}, {span[1]}) digest {span[2][:12]} "
+                f"(image {k} of {len(o.image_spans or ())}, {span[1] - span[0]} placeholders)"
+            )
+    for extra in others:
+        lines.append(f"  also ({extra.check}): {extra.headline}")
+    lines.append("  stream:")
+    shown = list(enumerate(ctx.stream))
+    if len(shown) > MAX_STREAM_LINES:
+        shown = shown[: MAX_STREAM_LINES // 2] + shown[-MAX_STREAM_LINES // 2 :]
+    prev = -1
+    for i, req in shown:
+        if i != prev + 1:
+            lines.append("    ...")
+        mark = ">" if i == ctx.index else " "
+        lines.append(f"   {mark}[{i}] {describe_request(req)}")
+        prev = i
+    if ctx.replay:
+        lines.append(f"  replay: {ctx.replay}")
+    return "\n".join(lines)

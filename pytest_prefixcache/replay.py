@@ -1,0 +1,155 @@
+"""Request streams as JSON files: failing streams saved for replay, and the scenario corpus.
+
+A stream file looks like::
+
+    {"format": "pytest-prefixcache/stream/v1",
+     "description": "...",
+     "images": {"red": {"pattern": "solid", "width": 64, "height": 64, "color": [255, 0, 0]}},
+     "requests": [{"namespace": "", "max_new_tokens": 0,
+                   "messages": [{"role": "user", "content": ["Describe", {"image": "red"}]}]}]}
+
+An image part names an entry of ``images`` (a generator spec, see
+:func:`pytest_prefixcache.images.image_from_spec`), or a PNG/BMP/JPEG file relative to the
+JSON file, or gives a spec inline. Failing streams are written as ``stream.json`` plus one PNG
+per distinct image under ``.prefixcache/failures/<id>/``; ``<id>`` is a hash of the stream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .errors import PrefixCacheError
+from .images import image_from_spec
+from .types import Image, Message, Request
+
+__all__ = [
+    "FORMAT",
+    "corpus_dirs",
+    "corpus_files",
+    "load_stream",
+    "save_stream",
+    "stream_id",
+    "stream_to_json",
+]
+
+FORMAT = "pytest-prefixcache/stream/v1"
+STREAM_FILE = "stream.json"
+
+
+def _image_name(img: Image) -> str:
+    return f"img-{img.digest[:16]}.png"
+
+
+def stream_to_json(stream: Sequence[Request], description: str = "") -> dict[str, Any]:
+    """The JSON form of a stream; images are named by file (see :func:`save_stream`)."""
+    requests = []
+    for req in stream:
+        messages = []
+        for m in req.messages:
+            content: list[Any] = [
+                p if isinstance(p, str) else {"image": _image_name(p)} for p in m.content
+            ]
+            messages.append({"role": m.role, "content": content})
+        requests.append(
+            {"namespace": req.namespace, "max_new_tokens": req.max_new_tokens, "messages": messages}
+        )
+    return {"format": FORMAT, "description": description, "requests": requests}
+
+
+def stream_id(stream: Sequence[Request]) -> str:
+    """A short stable id of a stream's content (the image parts by digest)."""
+    blob = json.dumps(stream_to_json(stream), sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def save_stream(stream: Sequence[Request], directory: str | os.PathLike[str], **meta: Any) -> Path:
+    """Write ``stream.json`` and one PNG per distinct image into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    for req in stream:
+        for img in req.images:
+            path = out / _image_name(img)
+            if not path.exists():
+                img.to_pil().save(path, format="PNG")
+    data = stream_to_json(stream, meta.pop("description", ""))
+    data.update(meta)
+    path = out / STREAM_FILE
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def _image(part: Any, named: dict[str, Any], base: Path, where: str) -> Image:
+    if isinstance(part, dict):
+        return image_from_spec(part)
+    if not isinstance(part, str):
+        raise PrefixCacheError(f"{where}: an image must be a name, a file or a spec, got {part!r}")
+    if part in named:
+        return named[part] if isinstance(named[part], Image) else image_from_spec(named[part])
+    return Image.open(base / part)
+
+
+def load_stream(path: str | os.PathLike[str]) -> tuple[tuple[Request, ...], dict[str, Any]]:
+    """Read a stream file (or a failure directory holding ``stream.json``)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / STREAM_FILE
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise PrefixCacheError(f"cannot read stream file {str(p)!r}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise PrefixCacheError(f"stream file {str(p)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise PrefixCacheError(f"stream file {str(p)!r} does not declare format {FORMAT!r}")
+    named: dict[str, Any] = dict(data.get("images") or {})
+    cache: dict[str, Image] = {}
+    requests = []
+    try:
+        for i, r in enumerate(data["requests"]):
+            messages = []
+            for j, m in enumerate(r["messages"]):
+                parts: list[str | Image] = []
+                for part in m["content"]:
+                    if isinstance(part, str):
+                        parts.append(part)
+                        continue
+                    ref = part["image"]
+                    key = json.dumps(ref, sort_keys=True)
+                    if key not in cache:
+                        cache[key] = _image(ref, named, p.parent, f"{p} request {i} message {j}")
+                    parts.append(cache[key])
+                messages.append(Message(m["role"], tuple(parts)))
+            requests.append(
+                Request(
+                    tuple(messages),
+                    namespace=r.get("namespace", ""),
+                    max_new_tokens=r.get("max_new_tokens", 0),
+                )
+            )
+    except (KeyError, TypeError) as exc:
+        raise PrefixCacheError(f"stream file {str(p)!r} is malformed: {exc!r}") from exc
+    if not requests:
+        raise PrefixCacheError(f"stream file {str(p)!r} has no requests")
+    meta = {k: v for k, v in data.items() if k not in ("requests", "images", "format")}
+    return tuple(requests), meta
+
+
+def corpus_dirs(rootdir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """The corpus directories: the project's ``fixtures/corpus`` and, when the plugin runs
+    from a source checkout, the built-in one."""
+    dirs: list[Path] = []
+    builtin = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+    for d in (builtin, Path(rootdir) / "fixtures" / "corpus" if rootdir else None):
+        if d is not None and d.is_dir() and d.resolve() not in [x.resolve() for x in dirs]:
+            dirs.append(d)
+    return dirs
+
+
+def corpus_files(rootdir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Every ``*.json`` scenario of the corpus, sorted by name within each directory."""
+    return [f for d in corpus_dirs(rootdir) for f in sorted(d.glob("*.json"))]

@@ -1,0 +1,141 @@
+"""Command-line values: validators (``type=`` functions) and the resolved :class:`Settings`.
+
+Every validator's error repeats the bad value, e.g. ``'abc' is not a positive integer``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "DEFAULT_EXAMPLES",
+    "Settings",
+    "engine_spec",
+    "fraction",
+    "non_negative_float",
+    "positive_float",
+    "positive_int",
+    "seed",
+]
+
+DEFAULT_ENGINE = "reference_engine:default_engine"
+DEFAULT_EXAMPLES = 20
+_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
+    return n
+
+
+def seed(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = -1
+    if not 0 <= n < 2**63:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer from 0 to 2**63 - 1")
+    return n
+
+
+def _float(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return math.nan
+
+
+def positive_float(value: str) -> float:
+    x = _float(value)
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
+    return x
+
+
+def non_negative_float(value: str) -> float:
+    x = _float(value)
+    if not (x >= 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number >= 0")
+    return x
+
+
+def fraction(value: str) -> float:
+    x = _float(value)
+    if not 0 <= x <= 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number from 0 to 1")
+    return x
+
+
+def engine_spec(value: str) -> str:
+    if not _SPEC.match(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not MODULE:ATTR (for example mypackage.engine:build_engine)"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin's options for this session, resolved."""
+
+    verify: bool = False
+    engine: str = DEFAULT_ENGINE
+    engine_source: str = "default"
+    examples: int = DEFAULT_EXAMPLES
+    seed: int = 0
+    seed_given: bool = False
+    report: Path | None = None
+    timeout: float = 60.0
+    atol: float = 0.0
+    rtol: float = 0.0
+    kl: float | None = None
+    min_efficiency: float | None = None
+    replay: Path | None = None
+    invocation_dir: Path = Path(".")
+
+    @staticmethod
+    def random_seed() -> int:
+        return random.SystemRandom().randrange(2**32)
+
+    @property
+    def failures_dir(self) -> Path:
+        return self.invocation_dir / ".prefixcache" / "failures"
+
+    def flags(self) -> list[str]:
+        """The flags that reproduce this run's engine and tolerances."""
+        out = ["--prefixcache-verify"]
+        if self.engine_source == "option":
+            out.append(f"--prefixcache-engine={self.engine}")
+        if self.atol:
+            out.append(f"--prefixcache-atol={self.atol:g}")
+        if self.rtol:
+            out.append(f"--prefixcache-rtol={self.rtol:g}")
+        if self.kl is not None:
+            out.append(f"--prefixcache-kl={self.kl:g}")
+        if self.min_efficiency is not None:
+            out.append(f"--prefixcache-min-efficiency={self.min_efficiency:g}")
+        if self.timeout != 60.0:
+            out.append(f"--prefixcache-timeout={self.timeout:g}")
+        return out
+
+    def replay_command(self, path: str) -> str:
+        """The command that replays the stream saved at ``path``."""
+        p = Path(path)
+        try:
+            shown = str(p.relative_to(self.invocation_dir))
+        except ValueError:
+            shown = str(p)
+        args = [*self.flags(), f"--prefixcache-replay={shown}"]
+        return "pytest " + " ".join(shlex.quote(a) for a in args)

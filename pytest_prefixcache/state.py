@@ -1,0 +1,27 @@
+"""Per-session state kept in ``config.stash``: the settings, the report, the engine worker."""
+
+from __future__ import annotations
+
+import pytest
+
+from .report import Report
+from .runner import EngineWorker
+from .settings import Settings
+
+__all__ = ["REPORT_KEY", "SETTINGS_KEY", "WORKER_KEY", "report_of", "settings_of", "worker_of"]
+
+SETTINGS_KEY = pytest.StashKey[Settings]()
+REPORT_KEY = pytest.StashKey[Report]()
+WORKER_KEY = pytest.StashKey[EngineWorker]()
+
+
+def settings_of(config: pytest.Config) -> Settings:
+    return config.stash.get(SETTINGS_KEY, Settings(invocation_dir=config.invocation_params.dir))
+
+
+def report_of(config: pytest.Config) -> Report:
+    return config.stash.setdefault(REPORT_KEY, Report())
+
+
+def worker_of(config: pytest.Config) -> EngineWorker:
+    return config.stash.setdefault(WORKER_KEY, EngineWorker())

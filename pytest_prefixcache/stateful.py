@@ -1,0 +1,109 @@
+"""A RuleBasedStateMachine that drives the same checks one request at a time.
+
+Each rule sends one request made from an earlier one (kept in the ``requests`` bundle) and
+checks it at once; the model is the verifier's reuse oracle. Use :func:`machine_for` to get a
+machine bound to a verifier (the ``prefixcache_verifier`` fixture gives one)::
+
+    from hypothesis.stateful import run_state_machine_as_test
+    run_state_machine_as_test(machine_for(prefixcache_verifier))
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from .generate import StreamSpec, apply_move
+from .strategies import image_pools
+from .types import Image, Request
+from .verify import Verifier
+
+__all__ = ["PrefixCacheMachine", "machine_for"]
+
+
+class PrefixCacheMachine(RuleBasedStateMachine):
+    """Sends generated requests to ``verifier.engine`` and checks each one.
+
+    Subclasses set ``verifier`` (and may set ``spec``). The engine is reset when a machine
+    starts, so runs are independent and shrink. Steps shrink toward fewer rules, exact
+    repeats and short text turns.
+    """
+
+    verifier: ClassVar[Verifier | None] = None
+    spec: ClassVar[StreamSpec] = StreamSpec()
+    requests = Bundle("requests")
+
+    def __init__(self) -> None:
+        super().__init__()
+        if self.verifier is None:
+            raise TypeError(f"{type(self).__name__}.verifier is not set; use machine_for()")
+        self.v: Verifier = self.verifier
+        self.pool: tuple[Image, ...] = ()
+        self.clean = True
+        self.v.reset()
+
+    def _send(self, request: Request) -> Request:
+        self.clean = False
+        self.v.step(request)
+        self.clean = True
+        return request
+
+    def _move(self, data: Any, move: str, base: Request | None = None) -> Request:
+        req = apply_move(data.draw, move, self.v.stream, self.pool, self.spec, base)
+        return self._send(req)
+
+    @initialize(target=requests, pool=image_pools(min_size=2, max_size=4), data=st.data())
+    def first_conversation(self, pool: tuple[Image, ...], data: Any) -> Request:
+        self.pool = pool
+        return self._move(data, "new")
+
+    @rule(target=requests, data=st.data())
+    def new_conversation(self, data: Any) -> Request:
+        return self._move(data, "new")
+
+    @rule(base=requests)
+    def repeat(self, base: Request) -> None:
+        self._send(base)
+
+    @rule(target=requests, base=requests, data=st.data())
+    def next_turn(self, base: Request, data: Any) -> Request:
+        return self._move(data, "append", base)
+
+    @rule(target=requests, base=requests, data=st.data())
+    def edit_turn(self, base: Request, data: Any) -> Request:
+        return self._move(data, "edit", base)
+
+    @precondition(lambda self: any(r.images for r in self.v.stream))
+    @rule(target=requests, base=requests, data=st.data())
+    def swap_or_reencode(self, base: Request, data: Any) -> Request:
+        return self._move(data, data.draw(st.sampled_from(("swap", "reencode"))), base)
+
+    @precondition(lambda self: len(self.spec.namespaces) > 1)
+    @rule(target=requests, base=requests, data=st.data())
+    def other_namespace(self, base: Request, data: Any) -> Request:
+        return self._move(data, "namespace", base)
+
+    @invariant()
+    def engine_alive(self) -> None:
+        assert self.v.dead is None, "the engine timed out"
+
+    def teardown(self) -> None:
+        if self.clean and self.v.dead is None and self.v.stream:
+            self.v.finish()
+
+
+def machine_for(verifier: Verifier, spec: StreamSpec | None = None) -> type[PrefixCacheMachine]:
+    """A :class:`PrefixCacheMachine` subclass bound to ``verifier``."""
+    attrs: dict[str, Any] = {"verifier": verifier}
+    if spec is not None:
+        attrs["spec"] = spec
+    return type("PrefixCacheMachineFor", (PrefixCacheMachine,), attrs)

@@ -1,0 +1,233 @@
+"""Hypothesis strategies for prefix-cache testing: images, image pools, conversations and
+request streams.
+
+Every strategy is keyword-only and validates its arguments when it is built, raising
+``hypothesis.errors.InvalidArgument`` that repeats the bad value. Images are drawn as small
+specs (pattern, size, seed) rendered deterministically, so examples are cheap to generate
+and shrink well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
+
+from .generate import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
+from .images import PATTERNS, make_image
+from .types import Image, Message, Request
+
+__all__ = ["conversations", "image_pools", "images", "request_streams"]
+
+
+def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
+        raise InvalidArgument(f"{name}={value!r} is not an int {bound}")
+    return value
+
+
+def _range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
+    if lo > hi:
+        raise InvalidArgument(f"{lo_name}={lo!r} is larger than {hi_name}={hi!r}")
+
+
+def _sides(min_side: int, max_side: int) -> None:
+    _int("min_side", min_side, 1, 1024)
+    _int("max_side", max_side, 1, 1024)
+    _range("min_side", min_side, "max_side", max_side)
+
+
+def _patterns(patterns: Sequence[str]) -> tuple[str, ...]:
+    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+    bad = [p for p in pats if p not in PATTERNS]
+    if not pats or bad:
+        raise InvalidArgument(f"patterns={patterns!r} must be a non-empty subset of {PATTERNS}")
+    return pats
+
+
+def images(
+    *, min_side: int = 16, max_side: int = 96, patterns: Sequence[str] = PATTERNS
+) -> st.SearchStrategy[Image]:
+    """Deterministic RGB images.
+
+    Args:
+        min_side: smallest width or height in pixels. Default: 16.
+        max_side: largest width or height in pixels. Default: 96.
+        patterns: which of ``"solid"``, ``"gradient"``, ``"noise"``, ``"text"`` to draw.
+            Default: all four.
+
+    Shrinks toward the first pattern (a solid colour), ``min_side`` x ``min_side``, seed 0.
+    """
+    _sides(min_side, max_side)
+    pats = _patterns(patterns)
+    side = st.integers(min_side, max_side)
+    return st.builds(
+        lambda p, w, h, s: make_image(p, w, h, seed=s),
+        st.sampled_from(pats),
+        side,
+        side,
+        st.integers(0, 2**16),
+    )
+
+
+@st.composite
+def _pools(
+    draw: st.DrawFn,
+    min_size: int,
+    max_size: int,
+    min_side: int,
+    max_side: int,
+    pats: tuple[str, ...],
+) -> tuple[Image, ...]:
+    n = draw(st.integers(min_size, max_size))
+    side = st.integers(min_side, max_side)
+    base = (draw(side), draw(side))
+    out: list[Image] = []
+    for _ in range(n):
+        w, h = base if not draw(st.booleans()) else (draw(side), draw(side))
+        seed = draw(st.integers(0, 2**16))
+        img = make_image(draw(st.sampled_from(pats)), w, h, seed=seed)
+        while img in out:
+            seed += 1
+            img = make_image("noise", w, h, seed=seed)
+        out.append(img)
+    return tuple(out)
+
+
+def image_pools(
+    *,
+    min_size: int = 2,
+    max_size: int = 5,
+    min_side: int = 16,
+    max_side: int = 96,
+    patterns: Sequence[str] = PATTERNS,
+) -> st.SearchStrategy[tuple[Image, ...]]:
+    """Tuples of distinct images, many of the same size (same placeholder count).
+
+    Args:
+        min_size: fewest images. Default: 2.
+        max_size: most images. Default: 5.
+        min_side, max_side: image side range in pixels. Default: 16 and 96.
+        patterns: patterns to draw from. Default: all.
+
+    Shrinks toward ``min_size`` images that all share one small size and are solid colours.
+    """
+    _int("min_size", min_size, 1, 64)
+    _int("max_size", max_size, 1, 64)
+    _range("min_size", min_size, "max_size", max_size)
+    _sides(min_side, max_side)
+    return _pools(min_size, max_size, min_side, max_side, _patterns(patterns))
+
+
+def _spec(
+    namespaces: Sequence[str], max_new_tokens: int, max_images_per_message: int
+) -> StreamSpec:
+    ns = (namespaces,) if isinstance(namespaces, str) else tuple(namespaces)
+    if not ns or not all(isinstance(n, str) for n in ns) or len(set(ns)) != len(ns):
+        raise InvalidArgument(f"namespaces={namespaces!r} must be distinct strings, at least one")
+    _int("max_new_tokens", max_new_tokens, 0, 64)
+    _int("max_images_per_message", max_images_per_message, 0, 8)
+    return StreamSpec(ns, max_new_tokens, max_images_per_message, SYSTEM_PROMPTS)
+
+
+def conversations(
+    *,
+    pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None = None,
+    min_turns: int = 1,
+    max_turns: int = 4,
+    max_images_per_message: int = 2,
+) -> st.SearchStrategy[tuple[Message, ...]]:
+    """Conversations ending with a user turn: an optional shared system prompt, then user
+    turns (text before, between and after images) separated by assistant replies.
+
+    Args:
+        pool: the images to use, a sequence or a strategy of tuples. Default: ``image_pools()``.
+        min_turns, max_turns: number of user turns. Default: 1 and 4.
+        max_images_per_message: most images in one user turn. Default: 2.
+
+    Shrinks toward one text-only user turn without a system prompt.
+    """
+    _int("min_turns", min_turns, 1, 32)
+    _int("max_turns", max_turns, 1, 32)
+    _range("min_turns", min_turns, "max_turns", max_turns)
+    spec = _spec(("",), 0, max_images_per_message)
+    pools = _pool_strategy(pool)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[Message, ...]:
+        imgs = draw(pools)
+        return new_conversation(draw, imgs, spec, draw(st.integers(min_turns, max_turns)))
+
+    return build()
+
+
+def _pool_strategy(
+    pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None,
+) -> st.SearchStrategy[tuple[Image, ...]]:
+    if pool is None:
+        return image_pools()
+    if isinstance(pool, st.SearchStrategy):
+        return pool
+    imgs = tuple(pool)
+    if not imgs or not all(isinstance(i, Image) for i in imgs):
+        raise InvalidArgument(f"pool={pool!r} must be a non-empty sequence of Image")
+    return st.just(imgs)
+
+
+def request_streams(
+    *,
+    min_requests: int = 2,
+    max_requests: int = 8,
+    namespaces: Sequence[str] = ("", "tenant-b"),
+    max_new_tokens: int = 2,
+    max_images_per_message: int = 2,
+    pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None = None,
+    moves: Sequence[str] = MOVES,
+) -> st.SearchStrategy[tuple[Request, ...]]:
+    """Streams of requests that stress a prefix cache, run in order against one cache.
+
+    Each request after the first is made by a move on an earlier one: an exact ``repeat``,
+    an ``append``-only next turn with an assistant reply, a ``new`` conversation (often with
+    a shared system prompt), an ``edit`` of an earlier user turn (a branch; images replaced by
+    distinct images of the same size where possible), a ``swap`` of two images, a
+    ``reencode`` of the images through BMP or PNG (same pixels, so the same images), or the
+    same conversation in another ``namespace``.
+
+    Args:
+        min_requests, max_requests: stream length. Default: 2 and 8.
+        namespaces: namespaces to use; the first is the default. Default: ``("", "tenant-b")``.
+        max_new_tokens: largest greedy continuation per request. Default: 2.
+        max_images_per_message: most images in one user turn. Default: 2.
+        pool: the images (sequence or strategy of tuples). Default: ``image_pools()``.
+        moves: the moves to draw from. Default: all of them.
+
+    Shrinks toward ``min_requests`` requests, exact repeats, few short text turns, small
+    solid images, the first namespace and ``max_new_tokens=0``.
+    """
+    _int("min_requests", min_requests, 1, 256)
+    _int("max_requests", max_requests, 1, 256)
+    _range("min_requests", min_requests, "max_requests", max_requests)
+    spec = _spec(namespaces, max_new_tokens, max_images_per_message)
+    mv = (moves,) if isinstance(moves, str) else tuple(moves)
+    if not mv or any(m not in MOVES for m in mv):
+        raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
+    pools = _pool_strategy(pool)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[Request, ...]:
+        imgs = draw(pools)
+        n = draw(st.integers(min_requests, max_requests))
+        stream: list[Request] = []
+        for _ in range(n):
+            move = draw(st.sampled_from(mv)) if stream else "new"
+            stream.append(apply_move(draw, move, stream, imgs, spec))
+        return tuple(stream)
+
+    return build()

@@ -1,0 +1,84 @@
+"""The built-in prefix-cache verification suite (added by ``--prefixcache-verify``).
+
+Order: the scenario corpus first, then generated request streams, then the state machine.
+``--prefixcache-replay=PATH`` runs only ``test_replay``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed
+from hypothesis import settings as hsettings
+from hypothesis.stateful import run_state_machine_as_test
+
+from pytest_prefixcache.replay import corpus_files, load_stream
+from pytest_prefixcache.state import settings_of
+from pytest_prefixcache.stateful import machine_for
+from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.types import Request
+from pytest_prefixcache.verify import Verifier
+
+#: Steps per state-machine example.
+STATEFUL_STEPS = 8
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "corpus_file" in metafunc.fixturenames:
+        files = corpus_files(metafunc.config.rootpath)
+        metafunc.parametrize("corpus_file", files, ids=[f.stem for f in files])
+
+
+def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
+    kwargs: dict[str, Any] = {
+        "max_examples": settings_of(config).examples,
+        "deadline": None,
+        "database": None,
+        "derandomize": False,
+        "report_multiple_bugs": False,
+        "print_blob": False,
+        "phases": (Phase.explicit, Phase.generate, Phase.shrink),
+        "suppress_health_check": list(HealthCheck),
+    }
+    kwargs.update(extra)
+    return hsettings(**kwargs)
+
+
+def test_corpus(corpus_file: Any, prefixcache_verifier: Verifier) -> None:
+    """A known scenario (the oMLX A-E conversation, shared-prompt photos, ...)."""
+    stream, _ = load_stream(corpus_file)
+    prefixcache_verifier.run(stream)
+
+
+def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+    """Generated request streams: every cached outcome equals the uncached one, and more."""
+
+    @seed(settings_of(pytestconfig).seed)
+    @_hypothesis_settings(pytestconfig)
+    @given(stream=request_streams())
+    def property_stream(stream: tuple[Request, ...]) -> None:
+        prefixcache_verifier.run(stream)
+
+    property_stream()
+
+
+def test_state_machine(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+    """The same checks driven one request at a time by a RuleBasedStateMachine."""
+    machine = seed(settings_of(pytestconfig).seed)(machine_for(prefixcache_verifier))
+    examples = max(1, settings_of(pytestconfig).examples // 2)
+    run_state_machine_as_test(
+        machine,
+        settings=_hypothesis_settings(
+            pytestconfig, max_examples=examples, stateful_step_count=STATEFUL_STEPS
+        ),
+    )
+
+
+def test_replay(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+    """The stream saved by an earlier failure (``--prefixcache-replay=PATH``), exactly."""
+    path = settings_of(pytestconfig).replay
+    if path is None:
+        pytest.skip("no --prefixcache-replay given")
+    stream, _ = load_stream(path)
+    prefixcache_verifier.run(stream)

@@ -1,0 +1,254 @@
+"""Driving an engine through a request stream and every check.
+
+For each request in stream order the verifier runs ``engine.run(request, use_cache=True)``
+then ``engine.run(request, use_cache=False)``, each under the timeout, and checks, in order:
+faults, shapes (merges), equivalence, the reuse bound against the oracle and the positive
+control. The first problem found becomes a :class:`~pytest_prefixcache.errors.VerificationFailure`
+whose message names the request, the positions, the values and the replay command.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NoReturn
+
+from . import errors
+from .checks import (
+    fault_problems,
+    merge_problems,
+    pair_problems,
+    reuse_problems,
+)
+from .compare import Comparison, Tolerance, compare
+from .messages import Context, format_failure
+from .oracle import Match, ReuseOracle
+from .problems import Problem
+from .replay import stream_id
+from .report import Report
+from .runner import CallTimedOut, EngineWorker
+from .types import Engine, Outcome, Request
+
+__all__ = ["CONTROL_MIN_TOKENS", "EFFICIENCY_MIN_TOKENS", "Step", "Verifier", "VerifyOptions"]
+
+#: The positive control applies only when the oracle could reuse at least this many tokens
+#: (so block-granular caches with blocks up to this size are not flagged).
+CONTROL_MIN_TOKENS = 64
+#: --prefixcache-min-efficiency applies to a stream only when this many tokens were reusable.
+EFFICIENCY_MIN_TOKENS = 64
+
+FAILURES: dict[str, type[errors.VerificationFailure]] = {
+    cls.check: cls
+    for cls in (
+        errors.EquivalenceFailure,
+        errors.ShapeFailure,
+        errors.ReuseBoundFailure,
+        errors.PositiveControlFailure,
+        errors.EfficiencyFailure,
+        errors.EngineFault,
+        errors.EngineTimeout,
+    )
+}
+
+
+def default_replay_command(path: str) -> str:
+    return f"pytest --prefixcache-verify --prefixcache-replay={path}"
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How strict the checks are and how to name the replay of a failure."""
+
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    timeout: float = 60.0
+    min_efficiency: float | None = None
+    failures_dir: Path = Path(".prefixcache/failures")
+    replay_command: Callable[[str], str] = default_replay_command
+
+
+@dataclass
+class Step:
+    """What one request gave."""
+
+    request: Request
+    cached: Outcome
+    uncached: Outcome
+    match: Match | None
+    comparison: Comparison
+
+
+@dataclass(repr=False)
+class Verifier:
+    """Runs request streams through an engine and the checks; adds what it saw to a Report."""
+
+    engine: Engine
+    worker: EngineWorker = field(default_factory=EngineWorker)
+    options: VerifyOptions = field(default_factory=VerifyOptions)
+    report: Report = field(default_factory=Report)
+    stream: list[Request] = field(default_factory=list)
+    oracle: ReuseOracle = field(default_factory=ReuseOracle)
+    dead: errors.VerificationFailure | None = None
+    """The timeout failure, once an engine call hung; every later call raises it again."""
+    _reused: int = 0
+    _reusable: int = 0
+
+    def __repr__(self) -> str:
+        return f"<Verifier engine={type(self.engine).__name__} stream={len(self.stream)} requests>"
+
+    def replay_path(self, stream: Sequence[Request]) -> str:
+        return str(self.options.failures_dir / stream_id(stream) / "stream.json")
+
+    def failure(
+        self, problem: Problem, ctx: Context, others: Sequence[Problem] = ()
+    ) -> errors.VerificationFailure:
+        """The exception for ``problem``, with the full message and the replay command."""
+        stream = tuple(ctx.stream)
+        path = self.replay_path(stream)
+        ctx = Context(stream, ctx.index, ctx.cached, ctx.match, self.options.replay_command(path))
+        cls = FAILURES.get(problem.check, errors.VerificationFailure)
+        return cls(
+            format_failure(problem, ctx, others),
+            stream=stream,
+            request_index=ctx.index,
+            replay_path=path,
+        )
+
+    def fail(self, problem: Problem, ctx: Context, others: Sequence[Problem] = ()) -> NoReturn:
+        __tracebackhide__ = True
+        raise self.failure(problem, ctx, others)
+
+    def _call(self, what: str, fn: Callable[[], object], ctx: Context) -> object:
+        __tracebackhide__ = True
+        if self.dead is not None:
+            raise self.dead.with_traceback(None)
+        try:
+            res = self.worker.call(fn, timeout=self.options.timeout, what=what)
+        except CallTimedOut as exc:
+            head = f"{exc}; the engine is treated as dead and the remaining checks are skipped"
+            self.dead = self.failure(Problem("timeout", head), ctx)
+            raise self.dead from None
+        if res.error is not None:
+            tb = res.traceback.rstrip().splitlines()[-8:]
+            name = type(res.error).__name__
+            self.fail(Problem("fault", f"{what} raised {name}: {res.error}", tuple(tb)), ctx)
+        return res.value
+
+    def reset(self) -> None:
+        """Reset the engine's cache and forget the stream (call before each example)."""
+        __tracebackhide__ = True
+        self._call("engine.reset()", self.engine.reset, Context(tuple(self.stream)))
+        self.stream.clear()
+        self.oracle.reset()
+        self._reused = self._reusable = 0
+        self.report.streams += 1
+
+    def step(self, request: Request) -> Step:
+        """Run one request (cached, then uncached) after the stream so far, and check it."""
+        __tracebackhide__ = True
+        if not isinstance(request, Request):
+            raise errors.RequestError(f"expected a Request, got {type(request).__name__}")
+        index = len(self.stream)
+        prev = self.stream[-1] if self.stream else None
+        self.stream.append(request)
+        ctx = Context(tuple(self.stream), index)
+        run = self.engine.run
+        cached = self._call(
+            f"run(request {index}, use_cache=True)",
+            functools.partial(run, request, use_cache=True),
+            ctx,
+        )
+        self._check(fault_problems(cached, request), ctx, "cached run: ")
+        assert isinstance(cached, Outcome)
+        ctx = Context(ctx.stream, index, cached)
+        uncached = self._call(
+            f"run(request {index}, use_cache=False)",
+            functools.partial(run, request, use_cache=False),
+            ctx,
+        )
+        self._check(fault_problems(uncached, request), ctx, "uncached run: ")
+        assert isinstance(uncached, Outcome)
+        self._check(pair_problems(cached, uncached), ctx)
+        match = None
+        if cached.token_ids is not None:
+            spans = cached.image_spans or ()
+            match = self.oracle.match(request.namespace, cached.token_ids, spans)
+            self.oracle.add(index, request.namespace, cached.token_ids, spans)
+        ctx = Context(ctx.stream, index, cached, match)
+        self._account(cached, uncached, match)
+        comparison = compare(cached, uncached, self.options.tolerance)
+        self.report.add_diff(comparison.worst_diff, f"request {index}")
+        self.report.worst_kl = max(self.report.worst_kl, comparison.worst_kl)
+        self._check(
+            merge_problems(cached)
+            + merge_problems(uncached)
+            + comparison.problems
+            + reuse_problems(cached, match)
+            + self._control(request, prev, cached, match),
+            ctx,
+        )
+        return Step(request, cached, uncached, match, comparison)
+
+    def _account(self, cached: Outcome, uncached: Outcome, match: Match | None) -> None:
+        r = self.report
+        r.requests += 1
+        r.merges_checked += len(cached.merges or ()) + len(uncached.merges or ())
+        if cached.cached_tokens:
+            r.cache_hits += 1
+        if match is not None and cached.cached_tokens is not None:
+            used = min(cached.cached_tokens, match.max_reuse)
+            r.reused_tokens += used
+            r.oracle_tokens += match.max_reuse
+            self._reused += used
+            self._reusable += match.max_reuse
+
+    def _control(
+        self, req: Request, prev: Request | None, cached: Outcome, match: Match | None
+    ) -> list[Problem]:
+        if prev is None or cached.cached_tokens is None or cached.cached_tokens > 0:
+            return []
+        if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
+            return []
+        if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
+            return []
+        kind = "an identical repeat" if req == prev else "an append-only next turn"
+        return [
+            Problem(
+                "positive control",
+                f"{kind} of the previous request reused 0 tokens; {match.max_reuse} were reusable",
+                ("the cache never stores, drops every entry, or its key changes between turns",),
+            )
+        ]
+
+    def _check(self, problems: list[Problem], ctx: Context, prefix: str = "") -> None:
+        __tracebackhide__ = True
+        if problems:
+            first = problems[0]
+            if prefix:
+                first = Problem(first.check, prefix + first.headline, first.details, first.position)
+            self.fail(first, ctx, problems[1:])
+
+    def finish(self) -> None:
+        """Stream-level checks (``--prefixcache-min-efficiency``) after the last request."""
+        __tracebackhide__ = True
+        floor = self.options.min_efficiency
+        if floor is None or self._reusable < EFFICIENCY_MIN_TOKENS:
+            return
+        eff = self._reused / self._reusable
+        if eff < floor:
+            head = (
+                f"the cache reused {self._reused} of {self._reusable} reusable tokens "
+                f"({eff:.1%}), below --prefixcache-min-efficiency={floor:g}"
+            )
+            why = "the cache invalidates more than it must (re-rendered history, coarse keys?)"
+            self.fail(Problem("min efficiency", head, (why,)), Context(tuple(self.stream)))
+
+    def run(self, stream: Sequence[Request], *, reset: bool = True) -> list[Step]:
+        """Reset (by default), run every request of ``stream`` and the stream-level checks."""
+        __tracebackhide__ = True
+        if reset:
+            self.reset()
+        steps = [self.step(r) for r in stream]
+        self.finish()
+        return steps

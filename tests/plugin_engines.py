@@ -1,0 +1,204 @@
+"""Fake engines for the plugin's tests: a pure-numpy engine with a real block prefix cache,
+and broken variants, one per bug class the plugin must catch.
+
+The "model" is a running hash over (token, image digest, offset in the image) pairs seeded by
+the namespace; the logits are a pseudo-random float32 vector seeded by that state. So the
+logits depend on every token and every image, and a wrong reuse changes them. The cache
+stores the state at the end of every full block under a chained key; a hit restores the
+state and computes the rest. This file is self-contained (numpy and pytest_prefixcache only)
+so tests can copy it into a pytester directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from pytest_prefixcache import Image, Outcome, Request
+
+BLOCK = 8
+VOCAB = 300
+ROLE = {"system": 260, "user": 261, "assistant": 262}
+IM_START, IM_END, V_START, V_END, PAD = 270, 271, 272, 273, 280
+
+
+def placeholders(img: Image) -> int:
+    w, h = img.size
+    return math.ceil(w / 16) * math.ceil(h / 16)
+
+
+def render(request: Request) -> tuple[list[int], list[tuple[int, int, str]]]:
+    ids: list[int] = []
+    spans: list[tuple[int, int, str]] = []
+    for m in request.messages:
+        ids += [IM_START, ROLE[m.role]]
+        for part in m.content:
+            if isinstance(part, Image):
+                ids.append(V_START)
+                n = placeholders(part)
+                spans.append((len(ids), len(ids) + n, part.digest))
+                ids += [PAD] * n
+                ids.append(V_END)
+            else:
+                ids += list(part.encode("utf-8"))
+        ids.append(IM_END)
+    ids += [IM_START, ROLE["assistant"]]
+    return ids, spans
+
+
+def _h(*parts: bytes) -> bytes:
+    return hashlib.blake2b(b"|".join(parts), digest_size=16).digest()
+
+
+class FakeEngine:
+    """A correct engine unless a flag breaks it."""
+
+    def __init__(self, capacity_blocks: int = 256, **flags: object) -> None:
+        unknown = set(flags) - {
+            "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
+            "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
+            "stale_decode",
+        }  # fmt: skip
+        if unknown:
+            raise TypeError(f"unknown flags {unknown}")
+        self.flags = flags
+        self.capacity = capacity_blocks
+        self.cache: OrderedDict[bytes, bytes] = OrderedDict()
+        self.resets = 0
+
+    def reset(self) -> None:
+        self.cache.clear()
+        self.resets += 1
+
+    def _extras(self, pos: int, spans: list[tuple[int, int, str]]) -> bytes:
+        for s, e, d in spans:
+            if s <= pos < e:
+                return f"{d}:{pos - s}".encode()
+        return b""
+
+    def _advance(self, state: bytes, token: int, extra: bytes) -> bytes:
+        return _h(state, str(token).encode(), extra)
+
+    def _logits(self, state: bytes) -> np.ndarray:
+        seed = int.from_bytes(state[:8], "little")
+        return np.random.default_rng(seed).standard_normal(VOCAB).astype(np.float32)
+
+    def _keys(self, request: Request, ids: list[int], spans: list) -> list[bytes]:
+        ns = b"" if self.flags.get("ignore_namespace") else request.namespace.encode()
+        if self.flags.get("rerender"):
+            ns += str(len(request.messages)).encode()
+        keys, parent = [], _h(b"root", ns)
+        for b in range(len(ids) // BLOCK):
+            lo, hi = b * BLOCK, (b + 1) * BLOCK
+            extras = (
+                b""
+                if self.flags.get("ignore_digest")
+                else b",".join(self._extras(p, spans) for p in range(lo, hi))
+            )
+            parent = _h(parent, repr(ids[lo:hi]).encode(), extras)
+            keys.append(parent)
+        return keys
+
+    def run(self, request: Request, *, use_cache: bool) -> Outcome:
+        ids, spans = render(request)
+        n = len(ids)
+        keys = self._keys(request, ids, spans)
+        state, cached = _h(b"ns", request.namespace.encode()), 0
+        if use_cache:
+            for b, key in enumerate(keys):
+                if (b + 1) * BLOCK > n - 1 or key not in self.cache:
+                    break
+                state, cached = self.cache[key], (b + 1) * BLOCK
+                self.cache.move_to_end(key)
+        hit = cached > 0
+        if hit and self.flags.get("raises"):
+            raise RuntimeError("cache corrupted while restoring a block")
+        if hit and self.flags.get("hangs"):
+            threading.Event().wait(float(self.flags["hangs"]))  # type: ignore[arg-type]
+        merges = []
+        for s, e, _ in spans:
+            todo = e - max(s, cached)
+            if todo > 0:
+                merges.append((todo, e - s if self.flags.get("bad_merge") else todo))
+        stored: list[tuple[bytes, bytes]] = []
+        for pos in range(cached, n):
+            state = self._advance(state, ids[pos], self._extras(pos, spans))
+            if (pos + 1) % BLOCK == 0:
+                stored.append((keys[pos // BLOCK], state))
+        logits = self._logits(state)
+        tokens, steps = [], [logits]
+        for _ in range(request.max_new_tokens):
+            tok = int(np.argmax(steps[-1]))
+            tokens.append(tok)
+            state = self._advance(state, tok, b"")
+            if len(tokens) < request.max_new_tokens:
+                steps.append(self._logits(state))
+        if use_cache and not self.flags.get("never_store"):
+            if self.flags.get("stale_decode") and stored and tokens:
+                stored[-1] = (stored[-1][0], state)
+            for key, st in stored:
+                self.cache[key] = st
+                self.cache.move_to_end(key)
+            while len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
+        out_logits = logits
+        if hit and self.flags.get("nan"):
+            out_logits = logits.copy()
+            out_logits[7] = np.nan
+        if hit and self.flags.get("wrong_shape"):
+            out_logits = logits[:-1]
+        if hit and self.flags.get("wrong_dtype"):
+            out_logits = logits.astype(np.float64)
+        if hit and self.flags.get("drift"):
+            out_logits = (logits + np.float32(1e-6)).astype(np.float32)
+        reported = cached
+        if self.flags.get("lie"):
+            reported = min(n, cached + BLOCK)
+        common = dict(
+            tokens=tuple(tokens),
+            cached_tokens=reported,
+            prompt_tokens=n,
+            token_ids=tuple(ids),
+            image_spans=tuple(spans),
+            merges=tuple(merges),
+        )
+        if self.flags.get("top_only"):
+            lp = out_logits.astype(np.float64)
+            lp = lp - (lp.max() + np.log(np.exp(lp - lp.max()).sum()))
+            top = np.argsort(-lp)[:5]
+            return Outcome(top_logprobs={int(i): float(lp[i]) for i in top}, **common)
+        step_logits = (out_logits, *steps[1:]) if tokens else ()
+        return Outcome(logits=out_logits, step_logits=step_logits, **common)
+
+
+def good() -> FakeEngine:
+    return FakeEngine()
+
+
+def _variant(**flags: object):  # type: ignore[no-untyped-def]
+    def build() -> FakeEngine:
+        return FakeEngine(**flags)
+
+    return build
+
+
+ignore_digest = _variant(ignore_digest=True)
+ignore_namespace = _variant(ignore_namespace=True)
+bad_merge = _variant(bad_merge=True)
+lie = _variant(lie=True)
+never_store = _variant(never_store=True)
+raises = _variant(raises=True)
+hangs = _variant(hangs=30)
+nan = _variant(nan=True)
+wrong_shape = _variant(wrong_shape=True)
+wrong_dtype = _variant(wrong_dtype=True)
+rerender = _variant(rerender=True)
+top_only = _variant(top_only=True)
+drift = _variant(drift=True)
+stale_decode = _variant(stale_decode=True)
+instance = FakeEngine()
+not_an_engine = object()
