@@ -1,0 +1,18 @@
+"""Ready adapters that put real engines behind the :class:`~pytest_prefixcache.Engine` protocol.
+
+Each module is importable on its own and imports its engine's packages only when an adapter
+is built, so importing this package costs nothing:
+
+- :mod:`.mlx_lm`: mlx-lm in-process, its ``LRUPromptCache`` and ``stream_generate`` path (text).
+- :mod:`.mlx_vlm_apc`: mlx-vlm in-process with Automatic Prefix Caching (images), in its block
+  mode or its exact-snapshot mode, disk tier off.
+- :mod:`.openai`: any OpenAI-compatible HTTP server, started from a command line or reached at
+  a URL, with a cold baseline by restart, cache reset or salt, and an optional logit tap.
+
+Every adapter has a zero-argument factory, so it can be named on the command line, e.g.
+``--prefixcache-engine=pytest_prefixcache.adapters.mlx_lm:tiny_llama``.
+"""
+
+from __future__ import annotations
+
+__all__: list[str] = []

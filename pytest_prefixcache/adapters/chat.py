@@ -1,0 +1,86 @@
+"""Helpers the adapters share: requests as chat messages, images as data URLs, log-softmax.
+
+numpy and Pillow only; no engine package is imported here.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..types import Image, Request
+
+__all__ = [
+    "FIXTURES",
+    "add_generation_prompt",
+    "data_url",
+    "hf_messages",
+    "log_softmax",
+    "openai_messages",
+    "text_messages",
+]
+
+#: The repository's tiny model fixtures (present in a source checkout).
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
+
+
+def add_generation_prompt(request: Request) -> bool:
+    """A request ending in an assistant message continues it; otherwise a reply is opened."""
+    return request.messages[-1].role != "assistant"
+
+
+def text_messages(request: Request) -> list[dict[str, str]]:
+    """The request as plain-text chat messages (text parts joined); images are not allowed."""
+    return [
+        {"role": m.role, "content": "".join(str(p) for p in m.content)} for m in request.messages
+    ]
+
+
+def hf_messages(request: Request) -> list[dict[str, Any]]:
+    """The request as Hugging Face chat messages with typed parts (``{"type": "image"}``)."""
+    return [
+        {
+            "role": m.role,
+            "content": [
+                {"type": "image"} if isinstance(p, Image) else {"type": "text", "text": p}
+                for p in m.content
+            ],
+        }
+        for m in request.messages
+    ]
+
+
+def data_url(image: Image) -> str:
+    """A lossless PNG data URL of the image's pixels."""
+    buf = io.BytesIO()
+    image.to_pil().save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def openai_messages(request: Request) -> list[dict[str, Any]]:
+    """The request as OpenAI chat messages: a string when text only, else typed parts."""
+    out: list[dict[str, Any]] = []
+    for m in request.messages:
+        if not m.images:
+            out.append({"role": m.role, "content": "".join(str(p) for p in m.content)})
+            continue
+        parts: list[dict[str, Any]] = [
+            {"type": "image_url", "image_url": {"url": data_url(p)}}
+            if isinstance(p, Image)
+            else {"type": "text", "text": p}
+            for p in m.content
+        ]
+        out.append({"role": m.role, "content": parts})
+    return out
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float32 log-softmax over the last axis (float64 accumulation)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    out = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    return out.astype(np.float32)
