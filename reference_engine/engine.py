@@ -167,11 +167,11 @@ class Engine:
     ) -> Outcome:
         ids = rendered.token_ids
         start = len(hits) * self.block_size
-        cache = self.model.restore([b.payload for b in hits])
+        cache = self.restore(hits)
         embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
-        logits = self.model.forward(ids[start:], embeds, cache, positions[:, :, start:])
+        logits = self.prefill(ids, start, embeds, cache, positions)
         if use_cache:
             self.store(cache, keys, len(hits))
             self.pool.touch(hits)
@@ -189,6 +189,22 @@ class Engine:
             image_spans=rendered.spans,
             merges=tuple(merges),
         )
+
+    def restore(self, hits: Sequence[Block]) -> list[Any]:
+        """A fresh KV cache holding copies of the hit blocks' rows, in chain order."""
+        return self.model.restore([b.payload for b in hits])
+
+    def prefill(
+        self,
+        ids: Sequence[int],
+        start: int,
+        embeds: mx.array,
+        cache: list[Any],
+        positions: mx.array,
+    ) -> mx.array:
+        """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
+        ids (M-RoPE continues across the cached prefix); return the last position's logits."""
+        return self.model.forward(ids[start:], embeds, cache, positions[:, :, start:])
 
     def suffix_embeddings(
         self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool
