@@ -5,10 +5,15 @@ image's placeholder count (from its patch grid) and the whole text is tokenised 
 the model's own processor does. The image spans are read back from the token ids and checked
 against the images, so a template that drops or duplicates an image is an error, not a
 silent mismatch.
+
+System prompts are normalised first: lines that change on every request without changing the
+conversation (``x-anthropic-billing-header: cc_version=...; cch=...;``, which Claude Code puts
+in its system prompt; vllm-mlx #90, b9f2a5f) are removed, or they would defeat prefix reuse.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +23,17 @@ from pytest_prefixcache.types import Image, Request
 
 from .blocks import ImageSpan
 
-__all__ = ["Rendered", "find_spans", "render", "to_chat_messages"]
+__all__ = [
+    "VOLATILE_LINE",
+    "Rendered",
+    "find_spans",
+    "normalize_system",
+    "render",
+    "to_chat_messages",
+]
+
+#: A system-prompt line that varies per request but carries no meaning for the model.
+VOLATILE_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|$)", re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -30,12 +45,21 @@ class Rendered:
     images: tuple[Image, ...]
 
 
-def to_chat_messages(request: Request) -> list[dict[str, Any]]:
-    """The request as Hugging Face chat messages with typed content parts."""
+def normalize_system(text: str) -> str:
+    """``text`` without volatile header lines (see ``VOLATILE_LINE``)."""
+    return VOLATILE_LINE.sub("", text)
+
+
+def to_chat_messages(request: Request, *, normalize: bool = True) -> list[dict[str, Any]]:
+    """The request as Hugging Face chat messages with typed content parts; with ``normalize``
+    (the default), system prompts lose their volatile header lines."""
     messages = []
     for m in request.messages:
+        strip = normalize and m.role == "system"
         parts: list[dict[str, Any]] = [
-            {"type": "image"} if isinstance(p, Image) else {"type": "text", "text": p}
+            {"type": "image"}
+            if isinstance(p, Image)
+            else {"type": "text", "text": normalize_system(p) if strip else p}
             for p in m.content
         ]
         messages.append({"role": m.role, "content": parts})
@@ -63,14 +87,18 @@ def render(
     processor: Any,
     image_token_id: int,
     placeholder_count: Callable[[Image], int],
+    normalize: bool = True,
 ) -> Rendered:
-    """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image."""
+    """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image;
+    ``normalize`` removes volatile header lines from system prompts."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pad = tokenizer.convert_ids_to_tokens(image_token_id)
     add_generation_prompt = request.messages[-1].role != "assistant"
     template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
     text = template_owner.apply_chat_template(
-        to_chat_messages(request), tokenize=False, add_generation_prompt=add_generation_prompt
+        to_chat_messages(request, normalize=normalize),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
     )
     images = request.images
     if text.count(pad) != len(images):
