@@ -208,12 +208,27 @@ def _llama_model(config: dict[str, Any]) -> Any:
     return llama.Model(llama.ModelArgs.from_dict(config))
 
 
-def build_qwen2_vl(out_dir: Path) -> Path:
-    """Write ``tiny-qwen2-vl/`` into ``out_dir`` and return its path."""
+def build_qwen2_vl(out_dir: Path, **text_overrides: Any) -> Path:
+    """Write ``tiny-qwen2-vl/`` into ``out_dir`` and return its path.
+
+    ``text_overrides`` replace text-model settings (``hidden_size``, ``num_hidden_layers``,
+    ``num_attention_heads``, ``num_key_value_heads``, ``intermediate_size``) to build a larger
+    random model for benchmarks; the vision merger output and the M-RoPE sections follow.
+    """
     target = Path(out_dir) / QWEN2_VL_DIR
     target.mkdir(parents=True, exist_ok=True)
     ids = save_tokenizer(target)
     config = qwen2_vl_config(ids)
+    if text_overrides:
+        config.update(text_overrides)
+        config["vision_config"]["hidden_size"] = config["hidden_size"]
+        half_head = config["hidden_size"] // config["num_attention_heads"] // 2
+        t = half_head // 4
+        config["rope_scaling"]["mrope_section"] = [
+            t,
+            (half_head - t) // 2,
+            half_head - t - (half_head - t) // 2,
+        ]
     write_json(target / "config.json", config)
     write_json(target / "preprocessor_config.json", image_processor_config())
     write_json(target / "video_preprocessor_config.json", video_processor_config())
