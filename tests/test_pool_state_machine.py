@@ -1,0 +1,154 @@
+"""A Hypothesis state machine over the block pool, against a small dict model.
+
+Invariants after every step: reference counts never negative and equal to the model's;
+resident bytes never exceed max_bytes and equal the sum over stored blocks; a block in use is
+never evicted; every stored digest maps to a block whose parent, tokens and extras match the
+key it was stored under; lookups return exactly the model's longest stored chain.
+
+The benchmark budget (at least 10,000 checked steps) is
+``python benchmarks/pool_machine.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from reference_engine.blocks import BlockKey, block_keys, namespace_root
+from reference_engine.pool import Block, BlockPool
+
+BLOCK = 4
+MAX_BYTES = 100
+STEPS = int(os.environ.get("PREFIXCACHE_POOL_STEPS", "60"))
+EXAMPLES = int(os.environ.get("PREFIXCACHE_POOL_EXAMPLES", "40"))
+
+# a small universe of prompts that share prefixes, so chains overlap
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12],
+    [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16],
+    [1, 2, 3, 4, 17, 18, 19, 20],
+    [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36],
+]
+SPANS = [[], [(8, 12, "c" * 64)], [(4, 8, "d" * 64)], []]
+ROOTS = [namespace_root("m", ""), namespace_root("m", "tenant")]
+
+
+def chain(prompt: int, ns: int) -> list[BlockKey]:
+    return block_keys(PROMPTS[prompt], SPANS[prompt], block_size=BLOCK, root=ROOTS[ns])
+
+
+class PoolMachine(RuleBasedStateMachine):
+    checked_steps = 0  # invariant checks run, across examples (the benchmark prints it)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pool = BlockPool(MAX_BYTES)
+        self.held: list[list[Block]] = []  # acquisitions not yet released
+        self.refs: dict[bytes, int] = {}  # model: digest -> expected refcount
+        self.keys: dict[bytes, BlockKey] = {}  # model: what each digest was stored under
+
+    def _acquired(self, blocks: list[Block]) -> None:
+        for b in blocks:
+            self.refs[b.key.digest] = self.refs.get(b.key.digest, 0) + 1
+        self.held.append(blocks)
+
+    @rule(prompt=st.integers(0, 3), ns=st.integers(0, 1))
+    def lookup(self, prompt: int, ns: int) -> None:
+        keys = chain(prompt, ns)
+        stored = {b.key.digest for b in self.pool.blocks()}
+        expected = 0
+        for k in keys:
+            if k.digest not in stored:
+                break
+            expected += 1
+        hits = self.pool.lookup(keys)
+        assert [b.key.digest for b in hits] == [k.digest for k in keys[:expected]]
+        self._acquired(hits)
+
+    @rule(prompt=st.integers(0, 3), ns=st.integers(0, 1), size=st.integers(1, 40))
+    def insert(self, prompt: int, ns: int, size: int) -> None:
+        stored: list[Block] = []
+        for key in chain(prompt, ns):
+            in_use_before = {d for d, n in self.refs.items() if n > 0}
+            block = self.pool.insert(key, payload=key.digest, nbytes=size)
+            if block is None:
+                break
+            # nothing that was in use was evicted to make room
+            assert in_use_before <= {b.key.digest for b in self.pool.blocks()}
+            self.keys.setdefault(key.digest, key)
+            stored.append(block)
+        self._acquired(stored)
+        self.pool.touch(stored)
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 1000))
+    def release(self, i: int) -> None:
+        blocks = self.held.pop(i % len(self.held))
+        self.pool.release(blocks)
+        for b in blocks:
+            self.refs[b.key.digest] -= 1
+
+    @rule()
+    def reset(self) -> None:
+        self.pool.clear()
+
+    @invariant()
+    def refcounts_match_the_model(self) -> None:
+        for b in self.pool.blocks():
+            assert b.refcount >= 0
+            assert b.refcount == self.refs.get(b.key.digest, 0)
+        for digest, n in self.refs.items():
+            assert n >= 0
+            if n > 0:
+                assert digest in self.pool, "a block in use was evicted"
+
+    @invariant()
+    def bytes_are_accounted(self) -> None:
+        PoolMachine.checked_steps += 1
+        blocks = self.pool.blocks()
+        assert self.pool.resident_bytes == sum(b.nbytes for b in blocks)
+        # the budget holds except for blocks kept because they are in use across a reset
+        assert self.pool.resident_bytes <= MAX_BYTES
+
+    @invariant()
+    def stored_blocks_match_their_keys(self) -> None:
+        for b in self.pool.blocks():
+            key = self.keys[b.key.digest]
+            assert b.matches(key) and b.payload == key.digest
+
+
+PoolMachine.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEPS,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.large_base_example,
+        HealthCheck.data_too_large,
+    ],
+)
+TestPool = PoolMachine.TestCase
+
+
+def test_negative_control_the_machine_catches_a_leaky_release() -> None:
+    """A pool whose release forgets to decrement must fail the refcount invariant."""
+    import pytest
+
+    class Leaky(BlockPool):
+        def release(self, blocks):  # type: ignore[override]
+            list(blocks)
+
+    class LeakyMachine(PoolMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = Leaky(MAX_BYTES)
+
+    LeakyMachine.TestCase.settings = settings(
+        max_examples=200, stateful_step_count=20, deadline=None, database=None
+    )
+    with pytest.raises(AssertionError):
+        LeakyMachine.TestCase().runTest()
