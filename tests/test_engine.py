@@ -262,15 +262,17 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     r = req(SYSTEM, user("Look", I1, "and", img(5, 96, 48), "now"), max_new_tokens=4)
     out = engine.run(r, use_cache=False)
     proc = engine.model.processor
-    text = proc.apply_chat_template(
-        to_chat_messages(r), tokenize=False, add_generation_prompt=True
-    )
+    text = proc.apply_chat_template(to_chat_messages(r), tokenize=False, add_generation_prompt=True)
     inputs = proc(text=[text], images=[i.to_pil() for i in r.images], return_tensors="mlx")
     assert tuple(int(t) for t in np.array(inputs["input_ids"][0])) == out.token_ids
     full = mx.array([list(out.token_ids) + list(out.tokens[:-1])])
-    native = engine.model.model(
-        full, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
-    ).logits[0].astype(mx.float32)
+    native = (
+        engine.model.model(
+            full, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
+        )
+        .logits[0]
+        .astype(mx.float32)
+    )
     n = len(out.token_ids)
     assert len(out.step_logits) == len(out.tokens) == 4
     for i, step in enumerate(out.step_logits):
@@ -278,3 +280,40 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
         diff = float(np.max(np.abs(expected - step)))
         assert diff == 0.0, f"step {i}: max |diff| vs native forward = {diff}"
     assert out.merges == ((16, 16), (18, 18))
+
+
+def test_concurrent_requests_equal_their_serial_cold_results(engine: Engine) -> None:
+    """Four threads send interleaved requests that share prefixes and images; every result
+    equals its cold result, and afterwards no block is still referenced."""
+    import threading
+
+    engine.reset()
+    base = [SYSTEM, user("Shared opening text for every thread, long enough to fill blocks.")]
+    requests = [
+        req(*base, assistant("ok"), user(f"Thread {t} asks about", img(20 + t % 2), f"({k})"))
+        for t in range(4)
+        for k in range(3)
+    ]
+    cold = {i: engine.run(r, use_cache=False) for i, r in enumerate(requests)}
+    results: dict[int, Outcome] = {}
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            for i in range(t, len(requests), 4):
+                results[i] = engine.run(requests[i], use_cache=True)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=120)
+    assert not errors and len(results) == len(requests)
+    for i, out in results.items():
+        assert out.logits is not None and cold[i].logits is not None
+        assert np.array_equal(out.logits, cold[i].logits), f"request {i} differs from cold"
+        assert out.tokens == cold[i].tokens
+    assert sum(1 for o in results.values() if o.cached_tokens) >= len(requests) - 2
+    assert all(b.refcount == 0 for b in engine.pool.blocks())
