@@ -76,7 +76,12 @@ def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = (
     if o is not None:
         reuse = f"  cached_tokens={o.cached_tokens} of prompt_tokens={o.prompt_tokens}"
         if ctx.match is not None:
-            src = "" if ctx.match.source is None else f", shared with request {ctx.match.source}"
+            src = (
+                f", shared with request {ctx.match.source}"
+                if ctx.match.source is not None
+                else f" (no earlier request in namespace {ctx.stream[ctx.index or 0].namespace!r}"
+                " shares a prefix)"
+            )
             reuse += f"; oracle maximum valid reuse {ctx.match.max_reuse}{src}"
         lines.append(reuse)
         span = _involved_span(problem, ctx)

@@ -20,6 +20,9 @@ from .types import Image, Message, Request
 
 __all__ = ["conversations", "image_pools", "images", "request_streams"]
 
+#: A stream goes on after each request with odds CONTINUE_ODDS : 1 (until max_requests).
+CONTINUE_ODDS = 5
+
 
 def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
     if (
@@ -223,9 +226,11 @@ def request_streams(
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
         imgs = draw(pools)
-        n = draw(st.integers(min_requests, max_requests))
         stream: list[Request] = []
-        for _ in range(n):
+        while len(stream) < max_requests:
+            # One "more?" draw per request (like st.lists), so shrinking deletes requests.
+            if len(stream) >= min_requests and not draw(st.integers(0, CONTINUE_ODDS)):
+                break
             move = draw(st.sampled_from(mv)) if stream else "new"
             stream.append(apply_move(draw, move, stream, imgs, spec))
         return tuple(stream)

@@ -1,0 +1,152 @@
+"""End to end: the suite passes on a correct engine and fails, readably, on broken ones."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_support import run_suite, with_fakes
+
+pytest_plugins = ["pytester"]
+
+
+def test_good_engine_passes_every_check(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "good")
+    result.assert_outcomes(passed=6)
+    result.stdout.fnmatch_lines(
+        [
+            "*= prefixcache =*",
+            "engine: fakeengines:good; tolerance: exact",
+            "requests run: * in * stream(s), * with cache hits",
+            "cache efficiency vs oracle: *% (* of * reusable tokens)",
+            "worst |cached - uncached|: 0",
+            "merges checked: *",
+            "failures by check: none",
+            "reproduce with --prefixcache-seed=1",
+        ]
+    )
+
+
+def test_works_in_a_directory_with_no_tests(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "good", "-v")
+    result.stdout.fnmatch_lines(
+        [
+            "*verification.py::test_corpus[[]three_images_red_blue_green[]] PASSED*",
+            "*verification.py::test_request_streams PASSED*",
+            "*verification.py::test_state_machine PASSED*",
+        ]
+    )
+    assert result.ret == 0
+
+
+def test_without_the_flag_nothing_is_added(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("prefixcache: engine*")
+    result.stdout.no_fnmatch_line("*= prefixcache =*")
+
+
+def test_user_tests_run_alongside_the_suite(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    pytester.makepyfile(test_mine="def test_mine():\n    pass\n")
+    result = run_suite(pytester, "good")
+    result.assert_outcomes(passed=7)
+
+
+# (engine, check, lines the failure message must contain)
+BROKEN = [
+    (
+        "ignore_digest",
+        "EquivalenceFailure",
+        [
+            "*equivalence: logits differ beyond the tolerance (exact) at 1 of 1 step(s)",
+            "*at request * of a stream of * (counting from 0)",
+            "*first difference: step 0 (last prompt position), token id *: cached * vs uncached *",
+            "*worst difference: step 0 (last prompt position), token id *",
+            "*cached_tokens=* of prompt_tokens=*; oracle maximum valid reuse *, shared with request *",
+            "*image span involved: [[]*, *) digest * (image * of *, * placeholders)",
+            "*also (reuse bound): cached_tokens=* exceeds the maximum valid reuse of * tokens",
+            "*replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:ignore_digest "
+            "--prefixcache-replay=.prefixcache/failures/*/stream.json",
+        ],
+    ),
+    (
+        "ignore_namespace",
+        "EquivalenceFailure",
+        [
+            "*oracle maximum valid reuse 0 (no earlier request in namespace 'tenant-b' shares a "
+            "prefix)",
+            "*>[[]1[]] namespace='tenant-b'*",
+        ],
+    ),
+    (
+        "bad_merge",
+        "ShapeFailure",
+        [
+            "*shapes: vision merge 0 filled * placeholder slots with * embedding rows",
+            "*image span involved: [[]*",
+        ],
+    ),
+    (
+        "lie",
+        "ReuseBoundFailure",
+        [
+            "*reuse bound: cached_tokens=8 exceeds the maximum valid reuse of 0 tokens",
+            "*at request 0 of a stream of 1 (counting from 0)",
+        ],
+    ),
+    (
+        "never_store",
+        "PositiveControlFailure",
+        ["*positive control: an identical repeat of the previous request reused 0 tokens; "
+         "* were reusable"],
+    ),
+    (
+        "rerender",
+        "PositiveControlFailure",
+        ["*positive control: an append-only next turn of the previous request reused 0 tokens*"],
+    ),
+    (
+        "raises",
+        "EngineFault",
+        [
+            "*fault: run(request 1, use_cache=True) raised RuntimeError: cache corrupted while "
+            "restoring a block",
+            "*RuntimeError: cache corrupted while restoring a block",
+        ],
+    ),
+    ("nan", "EngineFault", ["*fault: cached run: logits holds 1 non-finite value(s), first nan at token id 7"]),
+    ("wrong_shape", "EngineFault", ["*fault: logits shape differs: cached (299,) vs uncached (300,)"]),
+    ("wrong_dtype", "EngineFault", ["*fault: cached run: logits has dtype float64, expected float32"]),
+    ("drift", "EquivalenceFailure", ["*cached * vs uncached * (|diff| *e-0*)"]),
+    ("stale_decode", "EquivalenceFailure", ["*equivalence: *", "*max_new_tokens=[12]*"]),
+]
+
+
+@pytest.mark.parametrize(("engine", "error", "lines"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_engine_fails_with_a_readable_message(
+    pytester: pytest.Pytester, engine: str, error: str, lines: list[str]
+) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, engine, "-k", "request_streams", examples=30)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"E   pytest_prefixcache.errors.{error}: *"])
+    result.stdout.fnmatch_lines(lines)
+    result.stdout.fnmatch_lines(["failures by check: *: 1", "  replay: pytest --prefixcache-verify *"])
+
+
+def test_top_logprobs_engine_is_compared_exactly(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "top_only", "-k", "request_streams")
+    result.assert_outcomes(passed=1)
+
+
+def test_nothing_runs_when_the_engine_cannot_be_built(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "not_an_engine", "-k", "request_streams")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*EngineError: engine 'fakeengines:not_an_engine' is a object: expected an object "
+         "with run() and reset(), or a zero-argument callable returning one*"]
+    )
