@@ -61,7 +61,7 @@ class FakeEngine:
         unknown = set(flags) - {
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
-            "stale_decode",
+            "stale_decode", "scale_drift", "store_half",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -140,6 +140,8 @@ class FakeEngine:
         if use_cache and not self.flags.get("never_store"):
             if self.flags.get("stale_decode") and stored and tokens:
                 stored[-1] = (stored[-1][0], state)
+            if self.flags.get("store_half"):
+                stored = [(k, st) for k, st in stored if keys.index(k) < len(keys) // 2]
             for key, st in stored:
                 self.cache[key] = st
                 self.cache.move_to_end(key)
@@ -155,6 +157,8 @@ class FakeEngine:
             out_logits = logits.astype(np.float64)
         if hit and self.flags.get("drift"):
             out_logits = (logits + np.float32(1e-6)).astype(np.float32)
+        if hit and self.flags.get("scale_drift"):
+            out_logits = (logits * np.float32(1.000001)).astype(np.float32)
         reported = cached
         if self.flags.get("lie"):
             reported = min(n, cached + BLOCK)
@@ -200,5 +204,7 @@ rerender = _variant(rerender=True)
 top_only = _variant(top_only=True)
 drift = _variant(drift=True)
 stale_decode = _variant(stale_decode=True)
+scale_drift = _variant(scale_drift=True)
+store_half = _variant(store_half=True)
 instance = FakeEngine()
 not_an_engine = object()

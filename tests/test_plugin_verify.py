@@ -99,8 +99,10 @@ BROKEN = [
     (
         "never_store",
         "PositiveControlFailure",
-        ["*positive control: an identical repeat of the previous request reused 0 tokens; "
-         "* were reusable"],
+        [
+            "*positive control: an identical repeat of the previous request reused 0 tokens; "
+            "* were reusable"
+        ],
     ),
     (
         "rerender",
@@ -116,9 +118,21 @@ BROKEN = [
             "*RuntimeError: cache corrupted while restoring a block",
         ],
     ),
-    ("nan", "EngineFault", ["*fault: cached run: logits holds 1 non-finite value(s), first nan at token id 7"]),
-    ("wrong_shape", "EngineFault", ["*fault: logits shape differs: cached (299,) vs uncached (300,)"]),
-    ("wrong_dtype", "EngineFault", ["*fault: cached run: logits has dtype float64, expected float32"]),
+    (
+        "nan",
+        "EngineFault",
+        ["*fault: cached run: logits holds 1 non-finite value(s), first nan at token id 7"],
+    ),
+    (
+        "wrong_shape",
+        "EngineFault",
+        ["*fault: logits shape differs: cached (299,) vs uncached (300,)"],
+    ),
+    (
+        "wrong_dtype",
+        "EngineFault",
+        ["*fault: cached run: logits has dtype float64, expected float32"],
+    ),
     ("drift", "EquivalenceFailure", ["*cached * vs uncached * (|diff| *e-0*)"]),
     ("stale_decode", "EquivalenceFailure", ["*equivalence: *", "*max_new_tokens=[12]*"]),
 ]
@@ -133,7 +147,9 @@ def test_broken_engine_fails_with_a_readable_message(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"E   pytest_prefixcache.errors.{error}: *"])
     result.stdout.fnmatch_lines(lines)
-    result.stdout.fnmatch_lines(["failures by check: *: 1", "  replay: pytest --prefixcache-verify *"])
+    result.stdout.fnmatch_lines(
+        ["failures by check: *: 1", "  replay: pytest --prefixcache-verify *"]
+    )
 
 
 def test_top_logprobs_engine_is_compared_exactly(pytester: pytest.Pytester) -> None:
@@ -147,6 +163,8 @@ def test_nothing_runs_when_the_engine_cannot_be_built(pytester: pytest.Pytester)
     result = run_suite(pytester, "not_an_engine", "-k", "request_streams")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
-        ["*EngineError: engine 'fakeengines:not_an_engine' is a object: expected an object "
-         "with run() and reset(), or a zero-argument callable returning one*"]
+        [
+            "*EngineError: engine 'fakeengines:not_an_engine' is a object: expected an object "
+            "with run() and reset(), or a zero-argument callable returning one*"
+        ]
     )

@@ -1,0 +1,272 @@
+"""Every command-line option and the ini key: parsing, errors that name the bad value, effect."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import pytest
+from plugin_support import run_suite, with_fakes
+
+from pytest_prefixcache import EngineError
+from pytest_prefixcache import settings as opt
+from pytest_prefixcache.fixtures import load_engine
+from pytest_prefixcache.state import SETTINGS_KEY
+
+pytest_plugins = ["pytester"]
+
+
+# -- unit: the type= validators ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fn", "bad", "says"),
+    [
+        (opt.positive_int, "abc", "'abc' is not a positive integer"),
+        (opt.positive_int, "0", "'0' is not a positive integer"),
+        (opt.seed, "-3", "'-3' is not an integer from 0 to 2**63 - 1"),
+        (opt.positive_float, "0", "'0' is not a positive number of seconds"),
+        (opt.positive_float, "inf", "'inf' is not a positive number of seconds"),
+        (opt.non_negative_float, "-1e-3", "'-1e-3' is not a finite number >= 0"),
+        (opt.non_negative_float, "nan", "'nan' is not a finite number >= 0"),
+        (opt.fraction, "1.5", "'1.5' is not a number from 0 to 1"),
+        (opt.engine_spec, "nocolon", "'nocolon' is not MODULE:ATTR"),
+        (opt.engine_spec, "a:b:c", "'a:b:c' is not MODULE:ATTR"),
+    ],
+)
+def test_validators_repeat_the_bad_value(fn: object, bad: str, says: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as info:
+        fn(bad)  # type: ignore[operator]
+    assert str(info.value).startswith(says)
+
+
+def test_validators_accept_good_values() -> None:
+    assert opt.positive_int("7") == 7
+    assert opt.seed("0") == 0
+    assert opt.positive_float("0.5") == 0.5
+    assert opt.non_negative_float("0") == 0.0
+    assert opt.fraction("1") == 1.0
+    assert opt.engine_spec("pkg.mod:obj.attr") == "pkg.mod:obj.attr"
+
+
+# -- option errors on the command line -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arg", "says"),
+    [
+        ("--prefixcache-examples=many", "argument --prefixcache-examples: 'many' is not a positive integer"),
+        ("--prefixcache-seed=x1", "argument --prefixcache-seed: 'x1' is not an integer*"),
+        ("--prefixcache-timeout=-5", "argument --prefixcache-timeout: '-5' is not a positive number*"),
+        ("--prefixcache-atol=big", "argument --prefixcache-atol: 'big' is not a finite number >= 0"),
+        ("--prefixcache-rtol=-1", "argument --prefixcache-rtol: '-1' is not a finite number >= 0"),
+        ("--prefixcache-kl=none", "argument --prefixcache-kl: 'none' is not a finite number >= 0"),
+        ("--prefixcache-min-efficiency=2", "argument --prefixcache-min-efficiency: '2' is not a number from 0 to 1"),
+        ("--prefixcache-engine=engine.py", "argument --prefixcache-engine: 'engine.py' is not MODULE:ATTR*"),
+    ],
+)  # fmt: skip
+def test_bad_option_values_are_usage_errors(pytester: pytest.Pytester, arg: str, says: str) -> None:
+    result = pytester.runpytest(arg)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{says}*"])
+
+
+def test_replay_of_a_missing_file_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--prefixcache-replay=nowhere/stream.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--prefixcache-replay=nowhere/stream.json: no such file or directory*"]
+    )
+
+
+def test_bad_ini_engine_names_the_value_and_the_file(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nprefixcache_engine = not-a-spec\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*prefixcache_engine in *tox.ini: 'not-a-spec' is not MODULE:ATTR*"]
+    )
+
+
+# -- option interplay (parseconfigure) ------------------------------------------------------
+
+
+def test_defaults(pytester: pytest.Pytester) -> None:
+    s = pytester.parseconfigure().stash[SETTINGS_KEY]
+    assert (s.verify, s.engine, s.engine_source) == (False, opt.DEFAULT_ENGINE, "default")
+    assert (s.examples, s.timeout, s.atol, s.rtol, s.kl) == (opt.DEFAULT_EXAMPLES, 60.0, 0, 0, None)
+    assert s.min_efficiency is None and s.replay is None and not s.seed_given
+
+
+def test_options_reach_the_settings(pytester: pytest.Pytester) -> None:
+    config = pytester.parseconfigure(
+        "--prefixcache-verify",
+        "--prefixcache-engine=fakeengines:good",
+        "--prefixcache-examples=3",
+        "--prefixcache-seed=42",
+        "--prefixcache-timeout=2.5",
+        "--prefixcache-atol=1e-5",
+        "--prefixcache-rtol=1e-4",
+        "--prefixcache-min-efficiency=0.5",
+    )
+    s = config.stash[SETTINGS_KEY]
+    assert (s.verify, s.engine, s.engine_source, s.examples) == (
+        True,
+        "fakeengines:good",
+        "option",
+        3,
+    )
+    assert (s.seed, s.seed_given, s.timeout, s.atol, s.rtol) == (42, True, 2.5, 1e-5, 1e-4)
+    assert s.min_efficiency == 0.5
+    assert s.replay_command("x/stream.json") == (
+        "pytest --prefixcache-verify --prefixcache-engine=fakeengines:good --prefixcache-atol=1e-05 "
+        "--prefixcache-rtol=0.0001 --prefixcache-min-efficiency=0.5 --prefixcache-timeout=2.5 "
+        "--prefixcache-replay=x/stream.json"
+    )
+
+
+def test_command_line_engine_beats_the_ini(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nprefixcache_engine = fakeengines:good\n")
+    assert pytester.parseconfigure().stash[SETTINGS_KEY].engine_source == "ini"
+    s = pytester.parseconfigure("--prefixcache-engine=other:thing").stash[SETTINGS_KEY]
+    assert (s.engine, s.engine_source) == ("other:thing", "option")
+
+
+def test_replay_implies_verify(pytester: pytest.Pytester) -> None:
+    path = pytester.makefile(".json", stream="{}")
+    s = pytester.parseconfigure(f"--prefixcache-replay={path}").stash[SETTINGS_KEY]
+    assert s.verify and s.replay == path
+
+
+# -- options end to end ---------------------------------------------------------------------
+
+
+def test_header_prints_the_reproducing_seed(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "good", "-k", "nothing-matches")
+    result.stdout.fnmatch_lines(
+        [
+            "prefixcache: engine fakeengines:good (option), 5 examples per property, tolerance "
+            "exact, timeout 60 s",
+            "prefixcache: using --prefixcache-seed=1",
+        ]
+    )
+
+
+def test_random_seed_is_printed_when_not_given(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = pytester.runpytest(
+        "--prefixcache-verify", "--prefixcache-engine=fakeengines:good", "-k", "nothing-matches"
+    )
+    result.stdout.fnmatch_lines(["prefixcache: using --prefixcache-seed=*"])
+    result.stdout.re_match_lines([r"reproduce with --prefixcache-seed=\d+"])
+
+
+def test_ini_engine_is_used(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    pytester.makeini("[pytest]\nprefixcache_engine = fakeengines:good\n")
+    result = pytester.runpytest(
+        "--prefixcache-verify", "--prefixcache-examples=2", "-k", "request_streams"
+    )
+    result.stdout.fnmatch_lines(["prefixcache: engine fakeengines:good (ini)*"])
+    result.assert_outcomes(passed=1)
+
+
+def _report(pytester: pytest.Pytester, engine: str, *args: str) -> dict[str, object]:
+    run_suite(pytester, engine, "-k", "request_streams", "--prefixcache-report=r.json", *args)
+    return json.loads((pytester.path / "r.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_examples_sets_examples_per_property(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    assert _report(pytester, "good", "--prefixcache-examples=3")["streams"] == 3
+    assert _report(pytester, "good", "--prefixcache-examples=7")["streams"] == 7
+
+
+def test_same_seed_same_streams_other_seed_other_streams(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    keys = ("requests", "reused_tokens", "oracle_tokens", "merges_checked")
+    a = _report(pytester, "good", "--prefixcache-seed=5")
+    b = _report(pytester, "good", "--prefixcache-seed=5")
+    c = _report(pytester, "good", "--prefixcache-seed=6")
+    assert [a[k] for k in keys] == [b[k] for k in keys]
+    assert [a[k] for k in keys] != [c[k] for k in keys]
+
+
+def test_atol_accepts_small_absolute_drift(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    run_suite(pytester, "drift", "-k", "request_streams").assert_outcomes(failed=1)
+    result = run_suite(pytester, "drift", "-k", "request_streams", "--prefixcache-atol=1e-5")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["engine: fakeengines:drift; tolerance: atol=1e-05, rtol=0"])
+
+
+def test_rtol_accepts_small_relative_drift(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    run_suite(pytester, "scale_drift", "-k", "request_streams").assert_outcomes(failed=1)
+    result = run_suite(pytester, "scale_drift", "-k", "request_streams", "--prefixcache-rtol=1e-5")
+    result.assert_outcomes(passed=1)
+
+
+def test_kl_rule_accepts_drift_and_still_catches_wrong_reuse(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    ok = run_suite(pytester, "drift", "-k", "request_streams", "--prefixcache-kl=0.001")
+    ok.assert_outcomes(passed=1)
+    ok.stdout.fnmatch_lines(["*tolerance: KL <= 0.001 with top-token agreement"])
+    bad = run_suite(
+        pytester, "ignore_digest", "-k", "request_streams", "--prefixcache-kl=0.001", examples=30
+    )
+    bad.assert_outcomes(failed=1)
+    bad.stdout.fnmatch_lines(
+        ["E   *EquivalenceFailure: equivalence: step 0: estimated KL * (limit 0.001)*"]
+    )
+
+
+def test_min_efficiency_catches_a_cache_that_keeps_too_little(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    run_suite(pytester, "store_half", "-k", "request_streams").assert_outcomes(passed=1)
+    result = run_suite(
+        pytester, "store_half", "-k", "request_streams", "--prefixcache-min-efficiency=0.9"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E   *EfficiencyFailure: min efficiency: the cache reused * of * reusable tokens "
+            "(*%), below --prefixcache-min-efficiency=0.9",
+            "*the cache invalidates more than it must*",
+            "*replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:store_half "
+            "--prefixcache-min-efficiency=0.9 --prefixcache-replay=*",
+        ]
+    )
+
+
+def test_engine_instance_attribute_is_used_as_is(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    run_suite(pytester, "instance", "-k", "request_streams").assert_outcomes(passed=1)
+
+
+def test_engine_module_that_does_not_exist(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(
+        "--prefixcache-verify", "--prefixcache-engine=nosuchmodule:engine", "-k", "request_streams"
+    )
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        ["*EngineError: cannot import 'nosuchmodule' for engine 'nosuchmodule:engine': No module*"]
+    )
+
+
+def test_engine_attribute_that_does_not_exist(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "missing", "-k", "request_streams")
+    result.stdout.fnmatch_lines(
+        ["*EngineError: engine 'fakeengines:missing': <module*has no attribute 'missing'*"]
+    )
+
+
+def test_default_engine_missing_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "reference_engine", None)
+    with pytest.raises(
+        EngineError, match=r"needs the mlx extra \(pip install 'pytest-prefixcache\[mlx\]'\)"
+    ):
+        load_engine(opt.DEFAULT_ENGINE)
