@@ -1,0 +1,151 @@
+"""The bug zoo: one mutant of the reference engine per real-world prefix-cache bug class.
+
+Each mutant is an ``Engine`` subclass that overrides the one step it breaks (keys, lookup,
+restore, vision merge, prefill positions, store, render or bookkeeping); its docstring names
+the public issue or commit it reproduces (see ../shared/BUG_ZOO.md). Mutants are off by
+default and selected by name, for example::
+
+    pytest --prefixcache-verify --prefixcache-engine=reference_engine.mutants:placeholder_collision
+
+``MUTANTS`` maps each name to a :class:`Mutant`: its bug class, what it breaks, the check
+expected to catch it, and a zero-argument factory (the mutant on the default fixture).
+``python -m reference_engine.mutants --table`` prints the detection table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import Engine, default_model_path
+from ..model import LoadedModel
+from .accounting import LyingHitCount, NeverStores, SlowRestore, ZeroByteAccounting
+from .concurrency import WrongBatchRow
+from .keys import (
+    ImageOrderIgnored,
+    NamespaceMissing,
+    PlaceholderCollision,
+    UnchainedBlocks,
+    WeakImageHash,
+)
+from .merge import PartialImageCrash, PartialImageMerge
+from .prompts import HistoryRerendered, VolatileHeaderKept
+from .state import (
+    AliasedLiveCache,
+    EmptySuffixRefeed,
+    MropeRestart,
+    SnapshotAfterDecode,
+    SnapshotBeforePrefill,
+)
+
+__all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
+
+#: The checks ``--prefixcache-verify`` runs (the ``check`` of its failures). A mutant whose
+#: expected check is not one of these needs an observation the protocol does not carry yet.
+PROTOCOL_CHECKS = frozenset(
+    {"equivalence", "shapes", "reuse bound", "positive control", "min efficiency", "fault"}
+)
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One bug-zoo entry.
+
+    Attributes:
+        name: the attribute name (``reference_engine.mutants:NAME``).
+        bug_class: the row of BUG_ZOO.md it reproduces.
+        breaks: what it does wrong, in one line.
+        expected_check: the check that must catch it.
+        engine_class: the Engine subclass.
+        options: keyword arguments for the engine (e.g. ``block_size``).
+    """
+
+    name: str
+    bug_class: int
+    breaks: str
+    expected_check: str
+    engine_class: type[Engine]
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        """The sentence of the docstring that names the public issues it reproduces."""
+        doc = " ".join((self.engine_class.__doc__ or "").split())
+        at = doc.find("Reproduces ")
+        return "" if at < 0 else doc[at + len("Reproduces ") :].split(". ")[0].rstrip(".")
+
+    def build(self, model: LoadedModel | None = None, **overrides: Any) -> Engine:
+        """The mutant on ``model`` (default: a fresh load of the default fixture)."""
+        opts = {**self.options, **overrides}
+        if model is None:
+            return self.engine_class.from_pretrained(default_model_path(), **opts)
+        return self.engine_class(model, **opts)
+
+    @property
+    def factory(self) -> Callable[[], Engine]:
+        """A zero-argument callable returning the mutant on the default fixture."""
+
+        def build() -> Engine:
+            return self.build()
+
+        build.__name__ = build.__qualname__ = self.name
+        build.__doc__ = self.engine_class.__doc__
+        return build
+
+
+_ALL = (
+    Mutant("placeholder_collision", 1, "block keys ignore image digests", "equivalence",
+           PlaceholderCollision),
+    Mutant("partial_image_merge", 2, "all rows of a partly cached image merged into the "
+           "remaining slots (slots != rows)", "shapes", PartialImageMerge),
+    Mutant("partial_image_crash", 2, "the same merge raises a shape mismatch", "fault",
+           PartialImageCrash),
+    Mutant("weak_image_hash", 4, "images keyed by a shape-blind 64-bit XOR fold of their "
+           "bytes", "equivalence", WeakImageHash),
+    Mutant("image_order_ignored", 5, "image digests sorted before keying", "equivalence",
+           ImageOrderIgnored),
+    Mutant("unchained_blocks", 6, "each block keyed by its own content, not its chain",
+           "equivalence", UnchainedBlocks),
+    Mutant("snapshot_before_prefill", 7, "blocks stored from the KV as it was before "
+           "prefill (zeros)", "equivalence", SnapshotBeforePrefill),
+    Mutant("snapshot_after_decode", 7, "last stored block holds one row too many "
+           "(cache_offset = prompt_len + 1)", "equivalence", SnapshotAfterDecode),
+    Mutant("empty_suffix_refeed", 8, "exact repeat: last token fed again on top of the "
+           "whole prompt's KV", "equivalence", EmptySuffixRefeed, {"block_size": 1}),
+    Mutant("aliased_live_cache", 9, "stored blocks are windows on a live cache that later "
+           "requests write into", "equivalence", AliasedLiveCache),
+    Mutant("wrong_batch_row", 10, "rows stored from the other request of a 2-row batch",
+           "equivalence", WrongBatchRow),
+    Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
+           NamespaceMissing),
+    Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "
+           "system prompt", "render stability", VolatileHeaderKept),
+    Mutant("history_rerendered", 13, "latest reply re-rendered once a turn is added",
+           "render stability", HistoryRerendered),
+    Mutant("mrope_restart", 15, "suffix positions continue from the cache offset without "
+           "the rope delta", "equivalence", MropeRestart),
+    Mutant("zero_byte_accounting", 20, "blocks counted as 0 bytes: budget never enforced",
+           "memory budget", ZeroByteAccounting),
+    Mutant("slow_restore", 21, "restoring a hit costs more than recomputing it",
+           "speedup", SlowRestore),
+    Mutant("never_stores", 22, "store fails silently: nothing is ever cached",
+           "positive control", NeverStores),
+    Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
+           "reuse bound", LyingHitCount),
+)  # fmt: skip
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
+
+
+def __getattr__(name: str) -> Callable[[], Engine]:
+    mutant = MUTANTS.get(name)
+    if mutant is None:
+        raise AttributeError(
+            f"module {__name__!r} has no mutant {name!r}; known: {', '.join(MUTANTS)}"
+        )
+    return mutant.factory
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *MUTANTS])

@@ -1,0 +1,103 @@
+"""Mutants of cache bookkeeping: classes 20, 21 and 22 of the bug zoo.
+
+Their answers are right. They break the budget, the speed, or the truth of the counters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_prefixcache.types import Outcome, Request
+
+from ..blocks import BlockKey
+from ..engine import Engine
+from ..model import LoadedModel
+from ..pool import Block, BlockPool
+
+__all__ = [
+    "RESTORE_SECONDS_PER_TOKEN",
+    "LyingHitCount",
+    "NeverStores",
+    "SlowRestore",
+    "ZeroByteAccounting",
+]
+
+#: What SlowRestore's restore costs per reused token: about 4x this fixture's prefill cost.
+RESTORE_SECONDS_PER_TOKEN = 1e-3
+
+
+class _ZeroBytePool(BlockPool):
+    def insert(self, key: BlockKey, payload: Any, nbytes: int) -> Block | None:
+        # BUG: every entry is counted as 0 bytes, so the budget never evicts anything.
+        return super().insert(key, payload, 0)
+
+
+class ZeroByteAccounting(Engine):
+    """Class 20, eviction accounting: every stored block is counted as 0 bytes.
+
+    The byte budget is never enforced: the pool grows without bound (on a GPU: Metal OOM)
+    while ``resident_bytes`` reports 0. Reproduces ml-explore/mlx-vlm #1901 (a cache entry
+    counted as 0 bytes) and waybarrios/vllm-mlx #541 and #683.
+    """
+
+    def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.pool = _ZeroBytePool(self.pool.max_bytes)
+
+
+class SlowRestore(Engine):
+    """Class 21, cache slower than no cache: restoring a hit costs more than the prefill it
+    saves (each reused row is re-read from a slow tier, ``RESTORE_SECONDS_PER_TOKEN``).
+
+    Answers and reuse counts are right; time to first token with a hit is above the cold
+    one. Reproduces jundot/omlx #637 (TTFT 72 s vs 7 s warm with photos of different sizes)
+    and #3064, ml-explore/mlx-vlm #2210.
+    """
+
+    def restore(self, hits: Sequence[Block]) -> list[Any]:
+        # BUG: the restore costs more per token than computing the token would.
+        time.sleep(RESTORE_SECONDS_PER_TOKEN * self.block_size * len(hits))
+        return super().restore(hits)
+
+
+class NeverStores(Engine):
+    """Class 22, invisible failure: storing fails on every request and the exception is
+    swallowed, so the cache stays empty: 0% hits, no error.
+
+    Reproduces ml-explore/mlx-vlm #1287 (blocks stored only once the generator is consumed,
+    which callers never did), ROCm/ATOM #939 and jundot/omlx #1901.
+    """
+
+    def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
+        try:
+            raise RuntimeError("the stream was closed before the cache was saved")
+        except RuntimeError:
+            pass  # BUG: the failure is swallowed; nothing is stored, nothing is reported.
+
+
+class LyingHitCount(Engine):
+    """Class 22, invisible failure: the hit counter lies. Image placeholders whose embedding
+    rows came from the vision cache are counted as cached prompt tokens.
+
+    The KV reuse is right but ``cached_tokens`` claims more than could validly be reused
+    (the same image in a new conversation, or in another namespace). Reproduces the
+    misleading hit metrics of ROCm/ATOM #939 and jundot/omlx #1901.
+    """
+
+    def run(self, request: Request, *, use_cache: bool = True) -> Outcome:
+        if not use_cache:
+            return super().run(request, use_cache=False)
+        seen = {i.digest for i in request.images if self.vision.prepare(i).rows is not None}
+        out = super().run(request, use_cache=True)
+        if not out.image_spans or out.cached_tokens is None:
+            return out
+        # BUG: vision-cache hits are added to the prompt-cache hit count.
+        extra = sum(
+            e - max(s, out.cached_tokens)
+            for s, e, d in out.image_spans
+            if d in seen and e > out.cached_tokens
+        )
+        return dataclasses.replace(out, cached_tokens=out.cached_tokens + extra)
