@@ -1,0 +1,197 @@
+"""Starting, probing and stopping an HTTP server process for an adapter (stdlib only).
+
+A server runs as a child process on 127.0.0.1 with a port the adapter picked, in a private
+temporary HOME (with HF_HOME, HF_HUB_CACHE and XDG_CACHE_HOME under it), offline, with
+mlx-vlm's APC disk tier and telemetry off, so nothing it persists outlives it and a restarted
+server is really cold. It is stopped by its own PID, at ``stop()``, when it is garbage
+collected, or at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+
+__all__ = ["ServerProcess", "free_port", "http_json"]
+
+ISOLATION_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "APC_DISK_ENABLED": "0",
+    "RAPID_MLX_TELEMETRY": "0",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def free_port() -> int:
+    """A port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(
+    method: str,
+    url: str,
+    body: Mapping[str, Any] | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 120.0,
+) -> tuple[int, Any]:
+    """(status, decoded JSON or text) of one HTTP request; connection errors raise OSError."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Content-Type", "application/json")
+    for k, v in (headers or {}).items():
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    try:
+        return status, json.loads(raw or b"null")
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def _stop(proc: subprocess.Popen[bytes], home: str) -> None:
+    try:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+class ServerProcess:
+    """One server process started from a command line with ``{port}`` (and ``{python}``)
+    substituted.
+
+    Args:
+        cmd: the command, a list of arguments or a shell-like string.
+        health_path: polled until it answers 200. Default: ``"/health"``.
+        start_timeout: seconds to wait for readiness. Default: ``120``.
+        env: extra environment variables (applied after the isolation ones).
+    """
+
+    def __init__(
+        self,
+        cmd: Sequence[str] | str,
+        *,
+        health_path: str = "/health",
+        start_timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cmd = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        if not self.cmd:
+            raise EngineError("the server command is empty")
+        self.health_path = health_path
+        self.start_timeout = start_timeout
+        self.extra_env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+        self.home = ""
+        self._finalizer: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.home) / "server.log"
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def start(self) -> ServerProcess:
+        """Start on a fresh port in a fresh HOME and wait until the health check answers."""
+        self.stop()
+        last = ""
+        for _attempt in range(3):  # a picked port can be taken before the server binds it
+            try:
+                self._start_once()
+                return self
+            except EngineError as exc:
+                last = str(exc)
+                self.stop()
+        raise EngineError(last)
+
+    def _start_once(self) -> None:
+        self.port = free_port()
+        self.home = tempfile.mkdtemp(prefix="prefixcache-server-")
+        env = dict(os.environ)
+        hf = os.path.join(self.home, "hf")
+        env.update(ISOLATION_ENV)
+        env.update(
+            HOME=self.home,
+            HF_HOME=hf,
+            HF_HUB_CACHE=os.path.join(hf, "hub"),
+            XDG_CACHE_HOME=os.path.join(self.home, ".cache"),
+        )
+        env.update(self.extra_env)
+        os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
+        argv = [a.format(port=self.port, python=sys.executable) for a in self.cmd]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=self.home,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._finalizer = weakref.finalize(self, _stop, self.proc, self.home)
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineError(
+                    f"server {shlex.join(argv)!r} exited with {self.proc.returncode} before it "
+                    f"was ready; log:\n{self.log_tail()}"
+                )
+            try:
+                status, _ = http_json("GET", self.url + self.health_path, timeout=5)
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise EngineError(
+            f"server {shlex.join(argv)!r} did not answer {self.health_path} within "
+            f"{self.start_timeout:g} s; log:\n{self.log_tail()}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """Terminate the process by its PID (kill after 10 s) and remove its HOME."""
+        if self._finalizer is not None:
+            self._finalizer()
+            self._finalizer = None
+        self.proc = None

@@ -1,0 +1,97 @@
+"""The logit tap: what an MLX server really computed, whatever its API says.
+
+``python -m pytest_prefixcache.tap MODULE:FUNC ARGS...`` wraps ``__call__`` of the language
+model classes of mlx-lm and mlx-vlm, then runs ``FUNC`` with ``sys.argv = [MODULE, *ARGS]``
+in the same process. Every forward call appends one :class:`TapRecord` to the JSON-lines file
+named by ``$PREFIXCACHE_TAP``: the number of input positions, the KV offset after the call and
+the full-vocabulary log-softmax of the last row. The wrapper never raises into the server.
+
+This module (the reader) needs numpy only; :mod:`.wrap` imports MLX when it installs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["ENV", "TapReader", "TapRecord", "find_prompt_call", "parse_record"]
+
+#: Environment variable naming the records file.
+ENV = "PREFIXCACHE_TAP"
+
+
+@dataclass(frozen=True, eq=False)
+class TapRecord:
+    """One forward call: which class, input positions, KV offset after it, last-row log-softmax."""
+
+    seq: int
+    cls: str
+    n_inputs: int
+    batch: int
+    offset: int
+    logprobs: np.ndarray
+
+    @property
+    def start(self) -> int:
+        """The KV offset before the call."""
+        return self.offset - self.n_inputs
+
+
+def parse_record(line: str) -> TapRecord:
+    d = json.loads(line)
+    lp = np.frombuffer(base64.b64decode(d["lp"]), dtype=np.float32).copy()
+    return TapRecord(d["seq"], d["cls"], d["n"], d["batch"], d["offset"], lp)
+
+
+class TapReader:
+    """Reads the records a tapped server appends, from where the last read stopped."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._pos = 0
+
+    def read_new(self) -> list[TapRecord]:
+        """Every complete record written since the last call."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._pos)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1  # a partly written last line waits for the next read
+        self._pos += end
+        return [parse_record(line) for line in data[:end].decode().splitlines() if line]
+
+
+def find_prompt_call(records: Sequence[TapRecord], prompt_tokens: int) -> int | None:
+    """Index of the call that produced the first generated token of a ``prompt_tokens`` long
+    prompt: the last call whose KV offset after it equals the prompt length."""
+    for i in range(len(records) - 1, -1, -1):
+        if records[i].offset == prompt_tokens:
+            return i
+    return None
+
+
+def prefill_start(records: Sequence[TapRecord], index: int) -> int:
+    """The KV offset before the prefill that ends at ``records[index]``: its chunks are the
+    consecutive calls each starting where the previous one ended."""
+    i = index
+    while i > 0 and records[i - 1].offset == records[i].start and records[i - 1].n_inputs > 0:
+        i -= 1
+    return records[i].start
+
+
+def decode_steps(records: Sequence[TapRecord], index: int, count: int) -> list[TapRecord]:
+    """Up to ``count`` one-position calls continuing the prompt call at ``index``."""
+    out = [records[index]]
+    for r in records[index + 1 :]:
+        if len(out) >= count:
+            break
+        if r.n_inputs == 1 and r.offset == out[-1].offset + 1:
+            out.append(r)
+    return out
