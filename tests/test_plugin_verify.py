@@ -64,7 +64,7 @@ BROKEN = [
             "*at request * of a stream of * (counting from 0)",
             "*first difference: step 0 (last prompt position), token id *: cached * vs uncached *",
             "*worst difference: step 0 (last prompt position), token id *",
-            "*cached_tokens=* of prompt_tokens=*; oracle maximum valid reuse *, shared with request *",
+            "*cached_tokens=* of prompt_tokens=*; oracle maximum valid reuse *, shared with *",
             "*image span involved: [[]*, *) digest * (image * of *, * placeholders)",
             "*also (reuse bound): cached_tokens=* exceeds the maximum valid reuse of * tokens",
             "*replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:ignore_digest "
