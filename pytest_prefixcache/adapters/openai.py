@@ -58,6 +58,7 @@ class OpenAIEngine:
         namespace_header: header carrying ``Request.namespace``; without one, requests with
             a namespace are refused. Default: None.
         reset_path: the cache-reset endpoint. Default: ``"/v1/cache/reset"``.
+        reset_method: its HTTP method (vllm-mlx: ``DELETE /v1/cache``). Default: ``"POST"``.
         health_path: the readiness endpoint. Default: ``"/health"``.
         supports_images: whether to send image requests. Default: ``True``.
         tap: read the logit tap of every server started here. Default: ``False``.
@@ -80,6 +81,7 @@ class OpenAIEngine:
         top_logprobs: int = 10,
         namespace_header: str | None = None,
         reset_path: str = "/v1/cache/reset",
+        reset_method: str = "POST",
         health_path: str = "/health",
         supports_images: bool = True,
         tap: bool = False,
@@ -103,6 +105,7 @@ class OpenAIEngine:
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header
         self.reset_path = reset_path
+        self.reset_method = reset_method
         self.supports_images = supports_images
         self.tap = tap
         self.timeout = timeout
@@ -156,7 +159,9 @@ class OpenAIEngine:
     def _reset_or_restart(self, server: ServerProcess | str | None) -> None:
         base = server.url if isinstance(server, ServerProcess) else str(server)
         try:
-            status, _ = http_json("POST", base + self.reset_path, {}, timeout=self.timeout)
+            status, _ = http_json(
+                self.reset_method, base + self.reset_path, {}, timeout=self.timeout
+            )
         except OSError:
             status = 0
         if status == 200:

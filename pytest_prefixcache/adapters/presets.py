@@ -73,6 +73,7 @@ def from_env() -> OpenAIEngine:
 
     ``PREFIXCACHE_SERVER_CMD`` or ``PREFIXCACHE_SERVER_URL``; ``PREFIXCACHE_COLD``
     (restart/reset/server/salt, default restart); ``PREFIXCACHE_COLD_CMD``;
+    ``PREFIXCACHE_RESET_PATH`` and ``PREFIXCACHE_RESET_METHOD``;
     ``PREFIXCACHE_NAMESPACE_HEADER``; ``PREFIXCACHE_MODEL``; ``PREFIXCACHE_TOP_LOGPROBS``
     (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``; and
@@ -88,6 +89,8 @@ def from_env() -> OpenAIEngine:
         url=None if cmd else url,
         cold=e.get("PREFIXCACHE_COLD", "restart"),  # type: ignore[arg-type]
         cold_cmd=e.get("PREFIXCACHE_COLD_CMD") or None,
+        reset_path=e.get("PREFIXCACHE_RESET_PATH", "/v1/cache/reset"),
+        reset_method=e.get("PREFIXCACHE_RESET_METHOD", "POST"),
         namespace_header=e.get("PREFIXCACHE_NAMESPACE_HEADER") or None,
         model=e.get("PREFIXCACHE_MODEL") or None,
         top_logprobs=int(e.get("PREFIXCACHE_TOP_LOGPROBS", "10")),

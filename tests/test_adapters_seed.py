@@ -1,0 +1,126 @@
+"""Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
+
+Skipped unless scripts/seed_engines.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
+SEED_MODE (simple, mllm, cb, paged), SEED_PYTHON (the engine venv's python) and SEED_CLI (the
+CLI function, MODULE:FUNC). The server runs that CLI under the tap; the uncached baseline is a
+second server started with --disable-prefix-cache. Every comparison uses the tap's
+full-vocabulary log-softmax, exact (MLX on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterator
+
+import pytest
+from adapter_support import SYSTEM, assistant, img, req, user, worst_diff
+
+from pytest_prefixcache.adapters.chat import FIXTURES
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+
+ENGINE = os.environ.get("SEED_ENGINE", "")
+MODE = os.environ.get("SEED_MODE", "simple")
+pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
+
+FLAGS = {
+    "simple": [],
+    "mllm": ["--mllm"],
+    "cb": ["--continuous-batching"],
+    "paged": ["--continuous-batching", "--use-paged-cache"],
+}
+MODEL = FIXTURES / ("tiny-qwen2-vl" if MODE == "mllm" else "tiny-llama")
+IMAGES = MODE == "mllm"
+A, B = img(1), img(2)
+TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
+TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
+IMAGE = req(SYSTEM, user(A, "What is in this image?"))
+
+
+def commands() -> tuple[str, str]:
+    """The cached and the uncached server command lines."""
+    python = os.environ.get("SEED_PYTHON", "python")
+    cli = os.environ.get("SEED_CLI", "vllm_mlx.cli:main")
+    argv = [python, "-m", "pytest_prefixcache.tap", cli, "serve", str(MODEL)]
+    argv += ["--host", "127.0.0.1", "--port", "{port}", *FLAGS[MODE]]
+    return shlex.join(argv), shlex.join([*argv, "--disable-prefix-cache"])
+
+
+def exports() -> str:
+    """Shell exports configuring ``presets:from_env`` for the same servers."""
+    cmd, cold = commands()
+    env = {
+        "PREFIXCACHE_SERVER_CMD": cmd,
+        "PREFIXCACHE_COLD": "server",
+        "PREFIXCACHE_COLD_CMD": cold,
+        "PREFIXCACHE_TAP_SERVER": "1",
+        "PREFIXCACHE_MODEL": str(MODEL),
+        "PREFIXCACHE_TEXT_ONLY": "0" if IMAGES else "1",
+        "PREFIXCACHE_RESET_PATH": "/v1/cache",
+        "PREFIXCACHE_RESET_METHOD": "DELETE",
+    }
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[OpenAIEngine]:
+    cmd, cold = commands()
+    with OpenAIEngine(
+        cmd,
+        cold="server",
+        cold_cmd=cold,
+        model=str(MODEL),
+        supports_images=IMAGES,
+        tap=True,
+        reset_path="/v1/cache",
+        reset_method="DELETE",
+        start_timeout=300,
+        timeout=300,
+    ) as e:
+        yield e
+
+
+def check(engine: OpenAIEngine, request: object) -> int:
+    """Cached vs cold through the tap: bit-exact; returns the reuse the tap saw."""
+    cached = engine.run(request, use_cache=True)  # type: ignore[arg-type]
+    cold = engine.run(request, use_cache=False)  # type: ignore[arg-type]
+    assert cold.cached_tokens == 0, f"the cold server reused {cold.cached_tokens} tokens"
+    diff = worst_diff(cached, cold)
+    assert diff == 0.0, (
+        f"{ENGINE} {MODE}: cached vs uncached differ by {diff} with {cached.cached_tokens} of "
+        f"{cached.prompt_tokens} prompt tokens reused"
+    )
+    return cached.cached_tokens or 0
+
+
+def test_text_stream(engine: OpenAIEngine) -> None:
+    check(engine, TEXT)
+    check(engine, TEXT_NEXT)
+
+
+def test_repeat_reuses(engine: OpenAIEngine) -> None:
+    check(engine, TEXT)
+    assert check(engine, TEXT) > 0, "an identical repeat reused nothing"
+
+
+def test_api_agrees_with_the_tap(engine: OpenAIEngine) -> None:
+    check(engine, TEXT)
+    check(engine, TEXT_NEXT)
+    assert engine.tap_disagreements == []
+
+
+@pytest.mark.skipif(not IMAGES, reason="text-only mode")
+@pytest.mark.parametrize(
+    "history, final",
+    [
+        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
+        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
+        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
+        ([IMAGE], IMAGE),
+    ],
+    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
+)
+def test_image_streams(engine: OpenAIEngine, history: list[object], final: object) -> None:
+    for request in history:
+        engine.run(request, use_cache=True)  # type: ignore[arg-type]
+    check(engine, final)
