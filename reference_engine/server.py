@@ -9,6 +9,10 @@ Endpoints:
   header (or a ``namespace`` body field) sets the request's cache namespace.
 - ``GET /health``, ``GET /v1/models``, ``GET /v1/cache/stats``, ``POST /v1/cache/reset``.
 
+A body field ``"prefixcache": {"logits": true}`` adds a ``prefixcache`` object to the reply:
+the prompt's token ids, image spans and vision merges, and the full float32 logits of every
+step (base64), so an HTTP client can compare exactly.
+
 Run ``python -m reference_engine.server --model DIR --host 127.0.0.1 --port 0``; it prints
 ``listening on http://HOST:PORT`` once it accepts connections.
 """
@@ -35,7 +39,14 @@ from pytest_prefixcache.types import Image, Message, Outcome, Part, Request
 
 from .engine import Engine, default_model_path
 
-__all__ = ["NAMESPACE_HEADER", "build_request", "completion", "main", "make_server"]
+__all__ = [
+    "NAMESPACE_HEADER",
+    "build_request",
+    "completion",
+    "extension",
+    "main",
+    "make_server",
+]
 
 NAMESPACE_HEADER = "x-prefixcache-namespace"
 MAX_TOP_LOGPROBS = 20
@@ -125,7 +136,7 @@ def completion(
             )
         choice["logprobs"] = {"content": content}
     n_prompt = out.prompt_tokens or 0
-    return {
+    reply: dict[str, Any] = {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -138,6 +149,27 @@ def completion(
             "prompt_tokens_details": {"cached_tokens": out.cached_tokens or 0},
         },
     }
+    ext = body.get("prefixcache")
+    if isinstance(ext, dict):
+        reply["prefixcache"] = extension(out, logits=bool(ext.get("logits")))
+    return reply
+
+
+def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
+    """What only this server tells (asked for by ``"prefixcache": {"logits": true}`` in the
+    body): prompt token ids, image spans, vision merges and, with ``logits``, the float32
+    logits before each generated token as base64."""
+    ext: dict[str, Any] = {
+        "token_ids": list(out.token_ids or ()),
+        "image_spans": [list(s) for s in out.image_spans or ()],
+        "merges": [list(m) for m in out.merges or ()],
+    }
+    if logits:
+        ext["step_logits"] = [
+            base64.b64encode(np.asarray(x, dtype=np.float32).tobytes()).decode("ascii")
+            for x in out.step_logits
+        ]
+    return ext
 
 
 class _Handler(BaseHTTPRequestHandler):

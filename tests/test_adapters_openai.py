@@ -64,12 +64,18 @@ def check(engine: OpenAIEngine, request: object, *, exact_logits: bool = False) 
 
 def test_reference_server_stream(reference: OpenAIEngine) -> None:
     reference.reset()
-    assert check(reference, IMAGE) == 0
-    assert check(reference, IMAGE_NEXT) >= 64  # through the image (it ends at token 63)
-    assert check(reference, req(SYSTEM, user(B, "What is in this image?"))) == 32
+    assert check(reference, IMAGE, exact_logits=True) == 0
+    assert check(reference, IMAGE_NEXT, exact_logits=True) >= 64  # the image ends at token 63
+    other = req(SYSTEM, user(B, "What is in this image?"))
+    assert check(reference, other, exact_logits=True) == 32  # up to the block the image is in
     out = reference.run(IMAGE, use_cache=True)
     assert out.top_logprobs is not None and len(out.top_logprobs) == 20
     assert out.prompt_tokens == 82 and out.cached_tokens == 80
+    # the reply extension: token ids, image spans and full logits, consistent with top_logprobs
+    assert out.logits is not None and out.token_ids is not None and len(out.token_ids) == 82
+    assert out.image_spans == ((47, 63, A.digest),)
+    best = max(out.top_logprobs, key=out.top_logprobs.__getitem__)
+    assert best == int(out.logits.argmax()) == out.tokens[0]
 
 
 def test_reference_server_namespaces_and_reset(reference: OpenAIEngine) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import openai_messages
-from .replies import Vocabulary, parse_reply
+from .replies import Vocabulary, parse_reply, with_extension
 from .server import ServerProcess, http_json
 
 __all__ = ["OpenAIEngine"]
@@ -64,6 +64,8 @@ class OpenAIEngine:
         tap: read the logit tap of every server started here. Default: ``False``.
         vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
             that carry no ``id``. Default: None.
+        extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
+            image spans, merges, full logits). Default: ``False``.
         timeout: seconds per HTTP request. Default: ``120``.
         start_timeout: seconds for a server to become ready. Default: ``120``.
         env: extra environment for started servers.
@@ -89,6 +91,7 @@ class OpenAIEngine:
         start_timeout: float = 120.0,
         env: Mapping[str, str] | None = None,
         vocab: str | os.PathLike[str] | None = None,
+        extensions: bool = False,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
@@ -111,6 +114,7 @@ class OpenAIEngine:
         self.timeout = timeout
         self.tap_disagreements: list[str] = []
         self.vocab = Vocabulary(vocab) if vocab is not None else None
+        self.extensions = extensions
         self._readers: dict[int, Any] = {}
         opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
         self._env = dict(env or {})
@@ -212,6 +216,8 @@ class OpenAIEngine:
             cached_tokens=cached,
             prompt_tokens=prompt,
         )
+        if self.extensions:
+            out = with_extension(out, reply, request.max_new_tokens)
         if self.tap:
             assert isinstance(target, ServerProcess)
             out = self._with_tap(target, out, parsed.completion_tokens, request.max_new_tokens)
@@ -231,6 +237,8 @@ class OpenAIEngine:
         }
         if self.model is not None:
             body["model"] = self.model
+        if self.extensions:
+            body["prefixcache"] = {"logits": True}
         try:
             status, reply = http_json(
                 "POST", base + "/v1/chat/completions", body, headers=headers, timeout=self.timeout

@@ -27,10 +27,15 @@ TAP = "{python} -m pytest_prefixcache.tap"
 
 def reference_server() -> OpenAIEngine:
     """The reference engine's HTTP front end on the tiny Qwen2-VL; cold = a reset second
-    server; namespaces by ``x-prefixcache-namespace``."""
+    server; namespaces by ``x-prefixcache-namespace``; full logits, token ids and image spans
+    through the server's ``prefixcache`` reply extension."""
     cmd = "{python} -m reference_engine.server --host 127.0.0.1 --port {port}"
     return OpenAIEngine(
-        cmd, cold="reset", namespace_header="x-prefixcache-namespace", top_logprobs=20
+        cmd,
+        cold="reset",
+        namespace_header="x-prefixcache-namespace",
+        top_logprobs=20,
+        extensions=True,
     )
 
 

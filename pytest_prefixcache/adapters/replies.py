@@ -7,14 +7,19 @@ are named through a :class:`Vocabulary`.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EngineError
+import numpy as np
 
-__all__ = ["Reply", "Vocabulary", "parse_reply"]
+from ..errors import EngineError
+from ..types import Outcome
+
+__all__ = ["Reply", "Vocabulary", "parse_reply", "with_extension"]
 
 
 class Vocabulary:
@@ -99,4 +104,23 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
         cached_tokens=None if cached is None else int(cached),
         prompt_tokens=None if prompt is None else int(prompt),
         completion_tokens=completion,
+    )
+
+
+def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:
+    """``out`` completed from reference_engine.server's ``prefixcache`` reply object."""
+    ext = reply.get("prefixcache") if isinstance(reply, dict) else None
+    if not isinstance(ext, dict):
+        raise EngineError("extensions=True but the reply has no 'prefixcache' object")
+    steps = tuple(
+        np.frombuffer(base64.b64decode(b), dtype=np.float32).copy()
+        for b in ext.get("step_logits") or ()
+    )
+    return dataclasses.replace(
+        out,
+        logits=steps[0] if steps else None,
+        step_logits=steps[: min(n, len(out.tokens))],
+        token_ids=tuple(int(t) for t in ext.get("token_ids") or ()),
+        image_spans=tuple((int(a), int(b), str(d)) for a, b, d in ext.get("image_spans") or ()),
+        merges=tuple((int(a), int(b)) for a, b in ext.get("merges") or ()),
     )
