@@ -87,7 +87,7 @@ def new_conversation(
 ) -> tuple[Message, ...]:
     """An optional shared system prompt, then ``turns`` user turns with assistant replies."""
     msgs: list[Message] = []
-    sys_i = draw(st.integers(-1, len(spec.system_prompts) - 1))
+    sys_i = draw(st.integers(0, len(spec.system_prompts))) - 1  # shrinks to none
     if sys_i >= 0:
         msgs.append(Message("system", (spec.system_prompts[sys_i],)))
     for t in range(turns):
