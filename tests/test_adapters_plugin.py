@@ -1,0 +1,50 @@
+"""End to end: the plugin's built-in suite drives an HTTP adapter named by MODULE:ATTR, and
+catches a server that corrupts one cached result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx_vlm")
+
+pytest_plugins = ["pytester"]
+HERE = Path(__file__).resolve().parent
+
+FACTORY = f"""
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+
+def corrupt_once():
+    bad = "{{python}} {HERE / "corrupt_reference_server.py"} --port {{port}}"
+    good = "{{python}} -m reference_engine.server --host 127.0.0.1 --port {{port}}"
+    return OpenAIEngine(bad, cold="reset", cold_cmd=good, top_logprobs=20, extensions=True,
+                        namespace_header="x-prefixcache-namespace")
+"""
+
+
+def run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
+    pytester.makepyfile(factories=FACTORY)
+    return pytester.runpytest_subprocess(
+        "-p",
+        "no:randomly",
+        "--prefixcache-verify",
+        f"--prefixcache-engine={engine}",
+        "--prefixcache-examples=2",
+        "--prefixcache-seed=1",
+        "-k",
+        "omlx_image_edit",
+        timeout=600,
+    )
+
+
+def test_the_suite_passes_on_the_reference_server(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "pytest_prefixcache.adapters.presets:reference_server")
+    result.stdout.fnmatch_lines(["worst |cached - uncached|: 0", "failures by check: none"])
+    assert result.ret == 0
+
+
+def test_the_suite_catches_a_server_that_corrupts_one_hit(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "factories:corrupt_once")
+    result.stdout.fnmatch_lines(["*failures by check: equivalence*"])
+    assert result.ret == 1
