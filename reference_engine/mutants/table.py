@@ -1,0 +1,175 @@
+"""The detection table: the default verification run against every mutant.
+
+For each mutant (and the unmodified engine, which must pass) :func:`detect` runs what
+``pytest --prefixcache-verify`` runs on generated streams (``request_streams()`` through a
+``Verifier``, Hypothesis seeded, the default budget) and records whether a check failed,
+which one, after how many examples and seconds, and how small Hypothesis shrank the stream.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis.errors import HypothesisException
+
+from pytest_prefixcache.errors import VerificationFailure
+from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.types import Engine as EngineProtocol
+from pytest_prefixcache.types import Request
+from pytest_prefixcache.verify import Verifier, VerifyOptions
+
+from ..engine import Engine
+from ..model import LoadedModel, load_model
+from . import MUTANTS, PROTOCOL_CHECKS, Mutant
+
+__all__ = ["Detection", "detect", "detection_table", "format_table", "stream_size"]
+
+#: The row name of the unmodified engine (the false-positive control).
+REFERENCE = "reference (no bug)"
+
+
+@dataclass
+class Detection:
+    """What one verification run found."""
+
+    name: str
+    bug_class: int | None
+    expected: str | None
+    detected: bool = False
+    check: str | None = None
+    """The check of the first failure (before shrinking)."""
+    shrunk_check: str | None = None
+    examples: int = 0
+    """Examples run up to and including the first failing one (all of them if none failed)."""
+    seconds: float | None = None
+    """Seconds from the start to the first failure."""
+    total_seconds: float = 0.0
+    size: tuple[int, int, int] | None = None
+    """(requests, most user turns in one request, distinct images) of the shrunk stream."""
+    stream: tuple[Request, ...] = field(default=(), repr=False)
+    headline: str = ""
+
+    @property
+    def as_expected(self) -> bool:
+        if self.expected is None:
+            return not self.detected
+        return self.detected and self.expected in (self.check, self.shrunk_check)
+
+
+def stream_size(stream: Sequence[Request]) -> tuple[int, int, int]:
+    """(requests, most user turns in one request, distinct images) of a stream."""
+    turns = max((sum(m.role == "user" for m in r.messages) for r in stream), default=0)
+    images = len({img.digest for r in stream for img in r.images})
+    return len(stream), turns, images
+
+
+def detect(
+    engine: EngineProtocol,
+    *,
+    name: str = "",
+    examples: int = 20,
+    seed_value: int = 0,
+    shrink: bool = True,
+) -> Detection:
+    """Run ``examples`` generated streams through every check of ``engine``."""
+    found = Detection(name, None, None)
+    tmp = Path(tempfile.mkdtemp(prefix="prefixcache-zoo-"))
+    verifier = Verifier(engine, options=VerifyOptions(failures_dir=tmp, timeout=60.0))
+    phases = (Phase.explicit, Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
+    start = time.perf_counter()
+
+    @seed(seed_value)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=phases,
+        report_multiple_bugs=False,
+        print_blob=False,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(stream=request_streams())
+    def run(stream: tuple[Request, ...]) -> None:
+        if found.check is None:
+            found.examples += 1
+        try:
+            verifier.run(stream)
+        except VerificationFailure as exc:
+            if found.check is None:
+                found.check = exc.check
+                found.seconds = time.perf_counter() - start
+            raise
+
+    try:
+        run()
+    except VerificationFailure as exc:
+        found.detected = True
+        found.shrunk_check = exc.check
+        found.stream = tuple(exc.stream)  # type: ignore[arg-type]
+        found.size = stream_size(found.stream)
+        found.headline = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    except HypothesisException as exc:  # e.g. a flaky failure that did not reproduce
+        found.detected = found.check is not None
+        found.headline = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    found.total_seconds = time.perf_counter() - start
+    return found
+
+
+def detection_table(
+    names: Iterable[str] | None = None,
+    *,
+    examples: int = 20,
+    seed_value: int = 0,
+    shrink: bool = True,
+    reference: bool = True,
+    model: LoadedModel | None = None,
+) -> list[Detection]:
+    """Detect every mutant in ``names`` (default: all), then run the unmodified engine."""
+    from ..engine import default_model_path
+
+    model = model or load_model(default_model_path())
+    rows: list[Detection] = []
+    todo: list[tuple[str, Mutant | None]] = [(n, MUTANTS[n]) for n in (names or MUTANTS)]
+    if reference:
+        todo.append((REFERENCE, None))
+    for name, mutant in todo:
+        engine = Engine(model) if mutant is None else mutant.build(model)
+        row = detect(engine, name=name, examples=examples, seed_value=seed_value, shrink=shrink)
+        if mutant is not None:
+            row.bug_class, row.expected = mutant.bug_class, mutant.expected_check
+        rows.append(row)
+    return rows
+
+
+def _fmt_s(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def format_table(rows: Sequence[Detection]) -> list[str]:
+    """The table as Markdown lines."""
+    out = [
+        "| mutant | class | expected check | detected | caught by | examples | s to 1st failure "
+        "| shrunk (requests, turns, images) | total s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r.expected is None:
+            verdict = "FALSE POSITIVE" if r.detected else "passes"
+        elif r.expected not in PROTOCOL_CHECKS and not r.detected:
+            verdict = "no (not observable yet)"
+        else:
+            verdict = ("yes" if r.as_expected else "OTHER CHECK") if r.detected else "NO"
+        caught = r.check or "-"
+        if r.shrunk_check and r.shrunk_check != r.check:
+            caught += f" (shrunk: {r.shrunk_check})"
+        size = "-" if r.size is None else ", ".join(map(str, r.size))
+        out.append(
+            f"| {r.name} | {r.bug_class or '-'} | {r.expected or '-'} | {verdict} | {caught} "
+            f"| {r.examples} | {_fmt_s(r.seconds)} | {size} | {r.total_seconds:.1f} |"
+        )
+    return out
