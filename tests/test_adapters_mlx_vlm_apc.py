@@ -89,15 +89,33 @@ def test_image_streams_are_bit_exact(
     check(engine, final)
 
 
-def test_image_prefix_reuse(engine: MlxVlmApcEngine) -> None:
-    """Snapshot mode reuses a prefix that holds an image; block mode discards any matched
-    prefix that contains media tokens (measured on mlx-vlm 0.7.10)."""
+def test_snapshot_mode_reuses_a_prefix_holding_an_image(engine: MlxVlmApcEngine) -> None:
+    if engine.mode != "snapshot":
+        pytest.skip("snapshot mode only")
     check(engine, IMAGE)
-    reused = check(engine, IMAGE_NEXT)
-    if engine.mode == "block":
-        assert reused == 0
-    else:
-        assert reused == 80
+    assert check(engine, IMAGE_NEXT) == 80
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mlx-vlm 0.7.10 APC block mode discards a matched prefix that contains media "
+    "tokens (apc_lookup_plan): an image request reuses 0 tokens, even an identical repeat",
+)
+def test_block_mode_reuses_an_identical_image_request(engine: MlxVlmApcEngine) -> None:
+    if engine.mode != "block":
+        pytest.skip("block mode only")
+    check(engine, IMAGE)
+    assert check(engine, IMAGE) > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="mlx-vlm 0.7.10 APC: the block extra_hash is one salt over all of a request's "
+    "pixel values, so a text history stops being reusable once an image is appended",
+)
+def test_text_history_is_reused_when_an_image_is_appended(engine: MlxVlmApcEngine) -> None:
+    check(engine, TEXT)
+    assert check(engine, req(*TEXT.messages, assistant("fine"), user(A, "and this?"))) > 0
 
 
 def test_namespaces_are_isolated_with_a_positive_control(engine: MlxVlmApcEngine) -> None:
