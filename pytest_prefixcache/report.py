@@ -7,12 +7,18 @@ adds to it, and the terminal summary only prints :meth:`Report.lines`.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["FailureRecord", "Report"]
+
+
+def _finite(x: float) -> float | str:
+    """JSON has no inf or NaN: write them as strings."""
+    return x if math.isfinite(x) else str(x)
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,9 @@ class Report:
             "reused_tokens": self.reused_tokens,
             "oracle_tokens": self.oracle_tokens,
             "efficiency": self.efficiency,
-            "worst_diff": self.worst_diff if self.worst_diff == self.worst_diff else "nan",
+            "worst_diff": _finite(self.worst_diff),
             "worst_diff_where": self.worst_diff_where,
-            "worst_kl": self.worst_kl,
+            "worst_kl": _finite(self.worst_kl),
             "merges_checked": self.merges_checked,
             "failures_by_check": self.failures_by_check,
             "failures": [

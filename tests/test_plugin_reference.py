@@ -1,0 +1,39 @@
+"""``pytest --prefixcache-verify`` with no engine option verifies the reference MLX engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+needs_mlx = pytest.mark.skipif(
+    importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_vlm") is None,
+    reason="the default reference engine needs MLX and mlx-vlm: "
+    "pip install 'pytest-prefixcache[mlx]'",
+)
+
+
+@needs_mlx
+def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Pytester) -> None:
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--prefixcache-verify",
+                                           "--prefixcache-seed=1", "-v")  # fmt: skip
+    seconds = time.monotonic() - start
+    result.stdout.fnmatch_lines(
+        [
+            "prefixcache: engine reference_engine:default_engine (default), * examples per "
+            "property, tolerance exact, timeout 60 s",
+            "*verification.py::test_corpus[[]omlx_image_edit_a_to_e[]] PASSED*",
+            "*verification.py::test_request_streams PASSED*",
+            "*verification.py::test_state_machine PASSED*",
+            "engine: reference_engine:default_engine; tolerance: exact",
+            "cache efficiency vs oracle: *",
+            "worst |cached - uncached|: 0",
+            "failures by check: none",
+        ]
+    )
+    result.assert_outcomes(passed=6)
+    assert seconds < 120, f"default verification took {seconds:.0f} s"
