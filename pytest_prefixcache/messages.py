@@ -20,10 +20,17 @@ def _text(s: str, limit: int = 40) -> str:
     return repr(s if len(s) <= limit else s[: limit - 3] + "...")
 
 
-def describe_request(req: Request) -> str:
-    """One line: namespace, max_new_tokens and every message's parts, abbreviated."""
+def describe_request(req: Request, max_messages: int = 5) -> str:
+    """One line: namespace, max_new_tokens and the messages' parts, abbreviated (the first
+    message and the last ``max_messages - 1`` when there are more)."""
     msgs = []
-    for m in req.messages:
+    shown = list(req.messages)
+    if len(shown) > max_messages:
+        skipped = len(shown) - max_messages
+        shown = [shown[0], *shown[-(max_messages - 1) :]]
+    for i, m in enumerate(shown):
+        if i == 1 and len(shown) < len(req.messages):
+            msgs.append(f"({skipped} more messages)")
         parts = [
             f"[image {p.size[0]}x{p.size[1]} {p.digest[:12]}]" if isinstance(p, Image) else _text(p)
             for p in m.content

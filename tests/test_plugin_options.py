@@ -271,3 +271,22 @@ def test_default_engine_missing_says_how_to_install_it(monkeypatch: pytest.Monke
         EngineError, match=r"needs the mlx extra \(pip install 'pytest-prefixcache\[mlx\]'\)"
     ):
         load_engine(opt.DEFAULT_ENGINE)
+
+
+def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(
+        pytester, "lie", "-k", "request_streams", "--prefixcache-report=out/report.json"
+    )
+    result.stdout.fnmatch_lines(["JSON report written to */out/report.json"])
+    data = json.loads((pytester.path / "out" / "report.json").read_text())
+    assert data["seed"] == 1 and data["engine"] == "fakeengines:lie"
+    assert data["failures_by_check"] == {"reuse bound": 1}
+    [failure] = data["failures"]
+    assert failure["test"] == "verification.py::test_request_streams"
+    assert failure["summary"].startswith("reuse bound: cached_tokens=8 exceeds")
+    assert failure["replay"].startswith(
+        "pytest --prefixcache-verify --prefixcache-engine=fakeengines:lie --prefixcache-replay="
+    )
+    assert {"requests", "cache_hits", "reused_tokens", "oracle_tokens", "efficiency",
+            "worst_diff", "merges_checked"} <= set(data)  # fmt: skip
