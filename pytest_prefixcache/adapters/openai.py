@@ -220,7 +220,9 @@ class OpenAIEngine:
             out = with_extension(out, reply, request.max_new_tokens)
         if self.tap:
             assert isinstance(target, ServerProcess)
-            out = self._with_tap(target, out, parsed.completion_tokens, request.max_new_tokens)
+            # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
+            expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
+            out = self._with_tap(target, out, expected, request.max_new_tokens)
         return out
 
     def _post(
