@@ -15,14 +15,17 @@
 #   scripts/seed_engines.sh verify  [vllm-mlx|rapid-mlx]...   run the checks (venvs must exist)
 #   scripts/seed_engines.sh all     [vllm-mlx|rapid-mlx]...   both (default: both engines)
 # Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property, default 5),
-#   SEED_MODES (space-separated subset of: simple mllm cb paged; default all).
+#   SEED_MODES (space-separated subset of: simple mllm cb paged; default all of them for
+#   vllm-mlx, "simple mllm paged" for rapid-mlx).
+# Results: $SEED_DIR/reports/ (JUnit XML per mode, findings.jsonl with the reuse and worst
+#   logit difference of every cached/uncached pair, the plugin's JSON report for mllm).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"
 PYTHON="${PYTHON:-python3}"
 EXAMPLES="${SEED_EXAMPLES:-5}"
-MODES="${SEED_MODES:-simple mllm cb paged}"
+MODES="${SEED_MODES:-}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 APC_DISK_ENABLED=0
 export RAPID_MLX_TELEMETRY=0 DO_NOT_TRACK=1 PIP_CACHE_DIR="$SEED_DIR/pip-cache"
 
@@ -61,10 +64,11 @@ verify() {
   venv="$SEED_DIR/$name"
   [ -x "$venv/bin/python" ] || { echo "no venv for $name: run '$0 install $name'" >&2; exit 2; }
   mkdir -p "$SEED_DIR/reports"
-  for mode in $MODES; do
+  # rapid-mlx has only its batched engine: its "simple" mode is that engine
+  for mode in ${MODES:-$([ "$name" = rapid-mlx ] && echo "simple mllm paged" || echo "simple mllm cb paged")}; do
     echo "== $name: $mode"
     SEED_ENGINE="$name" SEED_MODE="$mode" SEED_PYTHON="$venv/bin/python" SEED_CLI="$cli" \
-      "$PYTHON" -m pytest -p no:randomly -q -rxXs "$ROOT/tests/test_adapters_seed.py" \
+      SEED_FINDINGS="$SEED_DIR/reports/findings.jsonl" "$PYTHON" -m pytest -p no:randomly -q -rxXs "$ROOT/tests/test_adapters_seed.py" \
       --junitxml="$SEED_DIR/reports/$name-$mode-checks.xml" || true
     if [ "$mode" = mllm ]; then  # the plugin's full suite needs image support
       eval "$(SEED_ENGINE="$name" SEED_MODE="$mode" SEED_PYTHON="$venv/bin/python" \

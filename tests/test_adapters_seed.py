@@ -9,6 +9,7 @@ full-vocabulary log-softmax, exact (MLX on CPU).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ FLAGS = {
     "cb": ["--continuous-batching"],
     "paged": ["--continuous-batching", "--use-paged-cache"],
 }
+if ENGINE == "rapid-mlx":  # only a batched engine: no --continuous-batching flag
+    FLAGS.update(cb=[], paged=["--use-paged-cache"])
 MODEL = FIXTURES / ("tiny-qwen2-vl" if MODE == "mllm" else "tiny-llama")
 IMAGES = MODE == "mllm"
 A, B = img(1), img(2)
@@ -80,12 +83,28 @@ def engine() -> Iterator[OpenAIEngine]:
         yield e
 
 
+def record(**fields: object) -> None:
+    """Append one measurement to $SEED_FINDINGS (JSON lines), if set."""
+    path = os.environ.get("SEED_FINDINGS")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+        with open(path, "a") as f:
+            f.write(json.dumps({"engine": ENGINE, "mode": MODE, "test": test, **fields}) + "\n")
+
+
 def check(engine: OpenAIEngine, request: object) -> int:
     """Cached vs cold through the tap: bit-exact; returns the reuse the tap saw."""
     cached = engine.run(request, use_cache=True)  # type: ignore[arg-type]
     cold = engine.run(request, use_cache=False)  # type: ignore[arg-type]
-    assert cold.cached_tokens == 0, f"the cold server reused {cold.cached_tokens} tokens"
     diff = worst_diff(cached, cold)
+    record(
+        reused=cached.cached_tokens,
+        prompt=cached.prompt_tokens,
+        cold_reused=cold.cached_tokens,
+        worst_diff=diff,
+        disagreements=len(engine.tap_disagreements),
+    )
+    assert cold.cached_tokens == 0, f"the cold server reused {cold.cached_tokens} tokens"
     assert diff == 0.0, (
         f"{ENGINE} {MODE}: cached vs uncached differ by {diff} with {cached.cached_tokens} of "
         f"{cached.prompt_tokens} prompt tokens reused"

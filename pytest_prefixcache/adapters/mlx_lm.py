@@ -40,6 +40,7 @@ class MlxLmEngine:
     """
 
     supports_images = False
+    supports_namespaces = True
 
     def __init__(
         self,

@@ -49,6 +49,7 @@ class MlxVlmApcEngine:
     """
 
     supports_images = True
+    supports_namespaces = True
 
     def __init__(
         self,

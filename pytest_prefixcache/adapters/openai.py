@@ -107,6 +107,7 @@ class OpenAIEngine:
         self.model = model
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header
+        self.supports_namespaces = namespace_header is not None
         self.reset_path = reset_path
         self.reset_method = reset_method
         self.supports_images = supports_images
