@@ -15,9 +15,23 @@ from .oracle import Match
 from .problems import Problem
 from .types import Outcome, Request
 
-__all__ = ["fault_problems", "merge_problems", "pair_problems", "reuse_problems", "span_at"]
+__all__ = [
+    "RENDER_SLACK",
+    "Rendered",
+    "fault_problems",
+    "merge_problems",
+    "pair_problems",
+    "render_problems",
+    "reuse_problems",
+    "span_at",
+]
 
 Span = tuple[int, int, str]
+#: An append-only next turn must keep all of the previous prompt but its last RENDER_SLACK
+#: tokens (the generation prompt, e.g. ``<|im_start|>assistant\n``).
+RENDER_SLACK = 8
+Rendered = tuple[int, Request, tuple[int, ...]]
+"""(stream index, request, its prompt's token_ids) of an earlier request."""
 
 
 def _finite(name: str, arr: object) -> str | None:
@@ -100,7 +114,7 @@ def pair_problems(cached: Outcome, uncached: Outcome) -> list[Problem]:
             i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             msgs.append(
                 f"the prompt's token_ids differ between runs from position {i} (lengths "
-                f"{len(a)} vs {len(b)}): rendering is not deterministic"
+                f"{len(a)} vs {len(b)}): rendering the same request is not deterministic"
             )
     if cached.image_spans is not None and uncached.image_spans is not None:
         if tuple(cached.image_spans) != tuple(uncached.image_spans):
@@ -118,7 +132,7 @@ def pair_problems(cached: Outcome, uncached: Outcome) -> list[Problem]:
             ]
     if (cached.logits is None) != (uncached.logits is None):
         return [Problem("fault", "one run returned logits and the other did not")]
-    return [Problem("equivalence", m) for m in msgs]
+    return [Problem("render stability", m) for m in msgs]
 
 
 def _spans(spans: object) -> str:
@@ -180,3 +194,43 @@ def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
             position=match.max_reuse,
         )
     ]
+
+
+def render_problems(
+    request: Request, token_ids: tuple[int, ...], earlier: list[Rendered]
+) -> list[Problem]:
+    """An identical request must render to the same tokens, and an append-only next turn
+    must keep the earlier prompt (bar its generation prompt): else no cache can reuse it."""
+    ids = tuple(token_ids)
+    for index, req, before in reversed(earlier):
+        if req.namespace != request.namespace:
+            continue
+        n = len(req.messages)
+        if request.messages == req.messages:
+            kind, need = "an identical request", len(before)
+        elif len(request.messages) > n and request.messages[:n] == req.messages:
+            kind, need = "an append-only next turn", len(before) - RENDER_SLACK
+        else:
+            continue
+        same = next((i for i, (a, b) in enumerate(zip(ids, before)) if a != b), None)
+        if same is None:
+            same = min(len(ids), len(before))
+        if same >= need and (kind != "an identical request" or len(ids) == len(before)):
+            return []
+        got = f"{ids[same]}" if same < len(ids) else "end"
+        was = f"{before[same]}" if same < len(before) else "end"
+        return [
+            Problem(
+                "render stability",
+                f"{kind} of request {index} shares only the first {same} of its "
+                f"{len(before)} prompt tokens (now {len(ids)} tokens)",
+                (
+                    f"first different token at position {same}: {got} (was {was})",
+                    "the prompt is re-rendered or re-tokenised differently (volatile header, "
+                    "history re-rendered, tokenisation not compositional at the seam), so no "
+                    "prefix cache can reuse it",
+                ),
+                position=same,
+            )
+        ]
+    return []

@@ -11,6 +11,7 @@ __all__ = [
     "ImageError",
     "PositiveControlFailure",
     "PrefixCacheError",
+    "RenderStabilityFailure",
     "RequestError",
     "ReuseBoundFailure",
     "ShapeFailure",
@@ -103,3 +104,10 @@ class EngineTimeout(EngineFault):
     """An engine call did not answer within ``--prefixcache-timeout`` seconds."""
 
     check = "timeout"
+
+
+class RenderStabilityFailure(VerificationFailure):
+    """An identical request rendered to other tokens, or an append-only turn re-rendered the
+    history, so a prefix cache cannot reuse it."""
+
+    check = "render stability"

@@ -3,7 +3,8 @@
 Each move takes a ``draw`` function (from ``st.composite`` or ``st.data()``) and returns a new
 Request derived from earlier ones: a new conversation, an exact repeat, an append-only next
 turn, an edit of an earlier turn (a branch), swapped images, the same pixels from another
-container, or the same conversation in another namespace. Draws shrink toward short text,
+container, or the same conversation in another namespace, or the same prompt with one image replaced by
+another of the same size. Draws shrink toward short text,
 no images, the first namespace and ``max_new_tokens=0``.
 """
 
@@ -49,7 +50,7 @@ SYSTEM_PROMPTS = (
 )
 
 #: Move names; the first ones are the simplest, so streams shrink toward them.
-MOVES = ("repeat", "append", "new", "edit", "swap", "reencode", "namespace")
+MOVES = ("repeat", "append", "new", "edit", "replace", "swap", "reencode", "namespace")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def new_conversation(
 
 
 def _pick(draw: Draw, stream: Sequence[Request]) -> Request:
-    back = draw(st.integers(0, len(stream) - 1))
+    # The latest request half of the time (and when shrinking), else any earlier one.
+    back = max(0, draw(st.integers(-len(stream), len(stream) - 1)))
     return stream[len(stream) - 1 - back]
 
 
@@ -161,6 +163,18 @@ def apply_move(
         return Request(msgs, base.namespace, draw(mnt))
     if move == "edit":
         return Request(_edit(draw, base, pool, spec), base.namespace, draw(mnt))
+    if move == "replace":
+        # The same prompt with one image replaced by a distinct one of the same size where
+        # possible: identical placeholder tokens, different pixels (the collision case).
+        imgs = base.images
+        if not imgs:
+            return Request(_edit(draw, base, pool, spec), base.namespace, draw(mnt))
+        k = draw(st.integers(0, len(imgs) - 1))
+        same = [p for p in pool if p.size == imgs[k].size and p != imgs[k]]
+        others = same or [p for p in pool if p != imgs[k]] or [imgs[k]]
+        new = others[draw(st.integers(0, len(others) - 1))]
+        msgs = _replace_images(base, lambda i, img: new if i == k else img)
+        return Request(msgs, base.namespace, base.max_new_tokens)
     if move == "swap":
         imgs = base.images
         if len(set(imgs)) < 2:

@@ -93,8 +93,10 @@ def _pools(
     side = st.integers(min_side, max_side)
     base = (draw(side), draw(side))
     out: list[Image] = []
-    for _ in range(n):
-        w, h = base if not draw(st.booleans()) else (draw(side), draw(side))
+    for i in range(n):
+        # The first two always share a size (same placeholder count); later ones often do.
+        fresh = i >= 2 and draw(st.booleans())
+        w, h = (draw(side), draw(side)) if fresh else base
         seed = draw(st.integers(0, 2**16))
         img = make_image(draw(st.sampled_from(pats)), w, h, seed=seed)
         while img in out:
@@ -199,7 +201,8 @@ def request_streams(
     Each request after the first is made by a move on an earlier one: an exact ``repeat``,
     an ``append``-only next turn with an assistant reply, a ``new`` conversation (often with
     a shared system prompt), an ``edit`` of an earlier user turn (a branch; images replaced by
-    distinct images of the same size where possible), a ``swap`` of two images, a
+    distinct images of the same size where possible), a ``replace`` of one image by a
+    distinct one of the same size in an otherwise identical prompt, a ``swap`` of two images, a
     ``reencode`` of the images through BMP or PNG (same pixels, so the same images), or the
     same conversation in another ``namespace``.
 
@@ -222,6 +225,8 @@ def request_streams(
     if not mv or any(m not in MOVES for m in mv):
         raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
     pools = _pool_strategy(pool)
+    # Conversations grow turn by turn in real traffic: draw "append" twice as often.
+    weighted = mv + ("append",) if "append" in mv and len(mv) > 1 else mv
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
@@ -231,7 +236,7 @@ def request_streams(
             # One "more?" draw per request (like st.lists), so shrinking deletes requests.
             if len(stream) >= min_requests and not draw(st.integers(0, CONTINUE_ODDS)):
                 break
-            move = draw(st.sampled_from(mv)) if stream else "new"
+            move = draw(st.sampled_from(weighted)) if stream else "new"
             stream.append(apply_move(draw, move, stream, imgs, spec))
         return tuple(stream)
 

@@ -17,9 +17,11 @@ from typing import NoReturn
 
 from . import errors
 from .checks import (
+    Rendered,
     fault_problems,
     merge_problems,
     pair_problems,
+    render_problems,
     reuse_problems,
 )
 from .compare import Comparison, Tolerance, compare
@@ -49,6 +51,7 @@ FAILURES: dict[str, type[errors.VerificationFailure]] = {
         errors.EfficiencyFailure,
         errors.EngineFault,
         errors.EngineTimeout,
+        errors.RenderStabilityFailure,
     )
 }
 
@@ -91,6 +94,7 @@ class Verifier:
     oracle: ReuseOracle = field(default_factory=ReuseOracle)
     dead: errors.VerificationFailure | None = None
     """The timeout failure, once an engine call hung; every later call raises it again."""
+    _rendered: list[Rendered] = field(default_factory=list)
     _reused: int = 0
     _reusable: int = 0
 
@@ -141,6 +145,7 @@ class Verifier:
         self._call("engine.reset()", self.engine.reset, Context(tuple(self.stream)))
         self.stream.clear()
         self.oracle.reset()
+        self._rendered.clear()
         self._reused = self._reusable = 0
         self.report.streams += 1
 
@@ -171,7 +176,11 @@ class Verifier:
         assert isinstance(uncached, Outcome)
         self._check(pair_problems(cached, uncached), ctx)
         match = None
+        render: list[Problem] = []
         if cached.token_ids is not None:
+            ids = tuple(cached.token_ids)
+            render = render_problems(request, ids, self._rendered)
+            self._rendered.append((index, request, ids))
             spans = cached.image_spans or ()
             match = self.oracle.match(request.namespace, cached.token_ids, spans)
             self.oracle.add(index, request.namespace, cached.token_ids, spans)
@@ -185,7 +194,8 @@ class Verifier:
             + merge_problems(uncached)
             + comparison.problems
             + reuse_problems(cached, match)
-            + self._control(request, prev, cached, match),
+            + self._control(request, prev, cached, match)
+            + render,
             ctx,
         )
         return Step(request, cached, uncached, match, comparison)
@@ -212,7 +222,8 @@ class Verifier:
             return []
         if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
             return []
-        kind = "an identical repeat" if req == prev else "an append-only next turn"
+        same = req.messages == prev.messages
+        kind = "an identical repeat" if same else "an append-only next turn"
         return [
             Problem(
                 "positive control",

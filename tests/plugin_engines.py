@@ -31,10 +31,17 @@ def placeholders(img: Image) -> int:
     return math.ceil(w / 16) * math.ceil(h / 16)
 
 
-def render(request: Request) -> tuple[list[int], list[tuple[int, int, str]]]:
-    ids: list[int] = []
+def render(
+    request: Request, rerender_history: bool = False, header: str = ""
+) -> tuple[list[int], list[tuple[int, int, str]]]:
+    ids: list[int] = list(header.encode())
     spans: list[tuple[int, int, str]] = []
-    for m in request.messages:
+    last_reply = max(
+        (i for i, m in enumerate(request.messages) if m.role == "assistant"), default=-1
+    )
+    for i, m in enumerate(request.messages):
+        if rerender_history and m.role == "assistant" and i != last_reply:
+            ids.append(ROLE["system"])  # older replies render differently once a turn is added
         ids += [IM_START, ROLE[m.role]]
         for part in m.content:
             if isinstance(part, Image):
@@ -61,7 +68,7 @@ class FakeEngine:
         unknown = set(flags) - {
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
-            "stale_decode", "scale_drift", "store_half",
+            "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -104,7 +111,9 @@ class FakeEngine:
         return keys
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
-        ids, spans = render(request)
+        self.calls = getattr(self, "calls", 0) + 1
+        header = f"x-billing: {self.calls}\n" if self.flags.get("volatile") else ""
+        ids, spans = render(request, bool(self.flags.get("rerender_history")), header)
         n = len(ids)
         keys = self._keys(request, ids, spans)
         state, cached = _h(b"ns", request.namespace.encode()), 0
@@ -206,5 +215,7 @@ drift = _variant(drift=True)
 stale_decode = _variant(stale_decode=True)
 scale_drift = _variant(scale_drift=True)
 store_half = _variant(store_half=True)
+rerender_history = _variant(rerender_history=True)
+volatile = _variant(volatile=True)
 instance = FakeEngine()
 not_an_engine = object()
