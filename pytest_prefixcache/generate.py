@@ -2,10 +2,10 @@
 
 Each move takes a ``draw`` function (from ``st.composite`` or ``st.data()``) and returns a new
 Request derived from earlier ones: a new conversation, an exact repeat, an append-only next
-turn, an edit of an earlier turn (a branch), swapped images, the same pixels from another
-container, or the same conversation in another namespace, or the same prompt with one image replaced by
-another of the same size. Draws shrink toward short text,
-no images, the first namespace and ``max_new_tokens=0``.
+turn, an edit of an earlier turn (a branch), the same prompt with one image replaced by another
+of the same size, swapped images, the same pixels from another container, or the same
+conversation in another namespace. Draws shrink toward short text, no images, the first
+namespace and ``max_new_tokens=0``.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def request_streams(
         raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
     pools = _pool_strategy(pool)
     # Conversations grow turn by turn in real traffic: draw "append" twice as often.
-    weighted = mv + ("append",) if "append" in mv and len(mv) > 1 else mv
+    weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
