@@ -44,7 +44,15 @@ __all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
 #: The checks ``--prefixcache-verify`` runs (the ``check`` of its failures). A mutant whose
 #: expected check is not one of these needs an observation the protocol does not carry yet.
 PROTOCOL_CHECKS = frozenset(
-    {"equivalence", "shapes", "reuse bound", "positive control", "min efficiency", "fault"}
+    {
+        "equivalence",
+        "shapes",
+        "reuse bound",
+        "positive control",
+        "min efficiency",
+        "render stability",
+        "fault",
+    }
 )
 
 

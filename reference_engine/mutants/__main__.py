@@ -20,7 +20,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=20, help="Examples per mutant (20)")
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (0)")
     parser.add_argument("--no-shrink", action="store_true", help="Stop at the first failure")
-    parser.add_argument("--save-corpus", metavar="DIR", help="Save shrunk streams into DIR")
+    parser.add_argument(
+        "--save-corpus",
+        metavar="DIR",
+        nargs="?",
+        const="fixtures/corpus/mutants",
+        help="Save the shrunk streams into DIR (default: fixtures/corpus/mutants)",
+    )
     parser.add_argument("names", nargs="*", help="Mutants to run (default: all)")
     args = parser.parse_args(argv)
     unknown = [n for n in args.names if n not in MUTANTS]
@@ -49,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in rows:
             if r.detected and r.expected is not None and r.stream:
                 print(save_counterexample(r, args.save_corpus))
-    bad = [r.name for r in rows if r.expected is None and r.detected]
+    bad = [r.name for r in rows if r.expected is None and (r.detected or r.corpus)]
     return 1 if bad else 0
 
 

@@ -1,4 +1,10 @@
-"""Saving a mutant's shrunk counterexample into the scenario corpus (fixtures/corpus/)."""
+"""Saving a mutant's shrunk counterexample as a regression case (fixtures/corpus/mutants/).
+
+The files use the scenario-corpus format (``pytest_prefixcache.replay``), plus the mutant's
+name and expected check. They live in a subdirectory of the corpus, which the plugin's
+``corpus_files`` (one directory level) does not pick up yet; ``tests/test_mutants_detection.py``
+replays each against its mutant and against the unmodified engine.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +18,13 @@ from .table import Detection
 
 __all__ = ["save_counterexample"]
 
-#: Where the corpus files' images go, relative to the corpus directory.
-IMAGES = "mutant_images"
+#: The default directory, and where the images go, relative to it.
+DEFAULT_DIR = "fixtures/corpus/mutants"
+IMAGES = "images"
 
 
 def save_counterexample(row: Detection, directory: str | os.PathLike[str]) -> Path:
-    """Write ``mutant_<name>.json`` (and its images as PNGs under ``mutant_images/``)."""
+    """Write ``mutant_<name>.json`` (and its images as PNGs under ``images/``)."""
     out = Path(directory)
     (out / IMAGES).mkdir(parents=True, exist_ok=True)
     for req in row.stream:

@@ -1,9 +1,13 @@
 """The detection table: the default verification run against every mutant.
 
-For each mutant (and the unmodified engine, which must pass) :func:`detect` runs what
-``pytest --prefixcache-verify`` runs on generated streams (``request_streams()`` through a
-``Verifier``, Hypothesis seeded, the default budget) and records whether a check failed,
-which one, after how many examples and seconds, and how small Hypothesis shrank the stream.
+For each mutant (and the unmodified engine, which must pass) this runs what
+``pytest --prefixcache-verify`` runs: the scenario corpus (:func:`detect_in_corpus`, each
+scenario with its render expectations), then generated streams (:func:`detect`:
+``request_streams()`` through a ``Verifier``, Hypothesis seeded, the default budget). It
+records which scenario failed and by which check, and for the generated streams whether a
+check failed, which one, after how many examples and seconds, and how small Hypothesis
+shrank the stream. The bug zoo's own counterexamples (``fixtures/corpus/mutants/``) are not
+part of the corpus run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import HypothesisException
 
 from pytest_prefixcache.errors import VerificationFailure
+from pytest_prefixcache.replay import corpus_files, load_stream
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Engine as EngineProtocol
 from pytest_prefixcache.types import Request
@@ -27,7 +32,14 @@ from ..engine import Engine
 from ..model import LoadedModel, load_model
 from . import MUTANTS, PROTOCOL_CHECKS, Mutant
 
-__all__ = ["Detection", "detect", "detection_table", "format_table", "stream_size"]
+__all__ = [
+    "Detection",
+    "detect",
+    "detect_in_corpus",
+    "detection_table",
+    "format_table",
+    "stream_size",
+]
 
 #: The row name of the unmodified engine (the false-positive control).
 REFERENCE = "reference (no bug)"
@@ -53,12 +65,15 @@ class Detection:
     """(requests, most user turns in one request, distinct images) of the shrunk stream."""
     stream: tuple[Request, ...] = field(default=(), repr=False)
     headline: str = ""
+    corpus: list[tuple[str, str]] = field(default_factory=list)
+    """(scenario, check) for every corpus scenario that failed."""
 
     @property
     def as_expected(self) -> bool:
         if self.expected is None:
-            return not self.detected
-        return self.detected and self.expected in (self.check, self.shrunk_check)
+            return not (self.detected or self.corpus)
+        checks = {self.check, self.shrunk_check, *(c for _, c in self.corpus)}
+        return self.expected in checks
 
 
 def stream_size(stream: Sequence[Request]) -> tuple[int, int, int]:
@@ -66,6 +81,22 @@ def stream_size(stream: Sequence[Request]) -> tuple[int, int, int]:
     turns = max((sum(m.role == "user" for m in r.messages) for r in stream), default=0)
     images = len({img.digest for r in stream for img in r.images})
     return len(stream), turns, images
+
+
+def detect_in_corpus(engine: EngineProtocol) -> list[tuple[str, str]]:
+    """Run every scenario of the plugin's corpus as the suite does; return the failures."""
+    failed: list[tuple[str, str]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="prefixcache-zoo-"))
+    verifier = Verifier(engine, options=VerifyOptions(failures_dir=tmp, timeout=60.0))
+    for path in corpus_files():
+        stream, meta = load_stream(path)
+        try:
+            steps = verifier.run(stream)
+            verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
+            verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
+        except VerificationFailure as exc:
+            failed.append((path.stem, exc.check))
+    return failed
 
 
 def detect(
@@ -140,6 +171,7 @@ def detection_table(
     for name, mutant in todo:
         engine = Engine(model) if mutant is None else mutant.build(model)
         row = detect(engine, name=name, examples=examples, seed_value=seed_value, shrink=shrink)
+        row.corpus = detect_in_corpus(engine)
         if mutant is not None:
             row.bug_class, row.expected = mutant.bug_class, mutant.expected_check
         rows.append(row)
@@ -153,23 +185,28 @@ def _fmt_s(x: float | None) -> str:
 def format_table(rows: Sequence[Detection]) -> list[str]:
     """The table as Markdown lines."""
     out = [
-        "| mutant | class | expected check | detected | caught by | examples | s to 1st failure "
-        "| shrunk (requests, turns, images) | total s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mutant | class | expected check | detected | corpus scenarios failed | generated: "
+        "caught by | examples | s to 1st failure | shrunk (requests, turns, images) | total s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if r.expected is None:
-            verdict = "FALSE POSITIVE" if r.detected else "passes"
-        elif r.expected not in PROTOCOL_CHECKS and not r.detected:
+            verdict = "FALSE POSITIVE" if r.detected or r.corpus else "passes"
+        elif r.expected not in PROTOCOL_CHECKS and not (r.detected or r.corpus):
             verdict = "no (not observable yet)"
+        elif r.detected or r.corpus:
+            verdict = "yes" if r.as_expected else "OTHER CHECK"
+            verdict += "" if r.detected else " (corpus only)"
         else:
-            verdict = ("yes" if r.as_expected else "OTHER CHECK") if r.detected else "NO"
+            verdict = "NO"
+        scenarios = ", ".join(f"{n} ({c})" for n, c in r.corpus) or "-"
         caught = r.check or "-"
         if r.shrunk_check and r.shrunk_check != r.check:
             caught += f" (shrunk: {r.shrunk_check})"
         size = "-" if r.size is None else ", ".join(map(str, r.size))
         out.append(
-            f"| {r.name} | {r.bug_class or '-'} | {r.expected or '-'} | {verdict} | {caught} "
+            f"| {r.name} | {r.bug_class or '-'} | {r.expected or '-'} | {verdict} | {scenarios} "
+            f"| {caught} "
             f"| {r.examples} | {_fmt_s(r.seconds)} | {size} | {r.total_seconds:.1f} |"
         )
     return out

@@ -1,0 +1,122 @@
+"""The detection table in CI: every mutant, a small budget, a fixed seed, no shrinking; each
+must be caught by its expected check, and the unmodified engine must pass the same run.
+
+The full table (default budget, with shrinking) is the benchmark:
+``python -m reference_engine.mutants --table``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+
+from pytest_prefixcache.errors import VerificationFailure  # noqa: E402
+from pytest_prefixcache.replay import load_stream  # noqa: E402
+from pytest_prefixcache.verify import Verifier, VerifyOptions  # noqa: E402
+from reference_engine import Engine, default_model_path  # noqa: E402
+from reference_engine.model import LoadedModel, load_model  # noqa: E402
+from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
+from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
+
+EXAMPLES = 10
+SEED = 0
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = sorted((ROOT / "fixtures" / "corpus" / "mutants").glob("mutant_*.json"))
+
+#: Mutants that only the scenario corpus catches (the generated streams do not, yet).
+CORPUS_ONLY = {
+    "weak_image_hash": "streams rarely hold two same-size solid images whose bytes fold alike",
+    "volatile_header_kept": "streams never carry a volatile header line in the system prompt",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cpu():
+    previous = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(previous)
+
+
+@pytest.fixture(scope="module")
+def model() -> LoadedModel:
+    return load_model(default_model_path())
+
+
+def _cases() -> list[object]:
+    out: list[object] = []
+    for name, m in MUTANTS.items():
+        marks = []
+        if m.expected_check not in PROTOCOL_CHECKS:
+            marks.append(pytest.mark.skip(reason=f"needs a {m.expected_check} check"))
+        out.append(pytest.param(name, marks=marks, id=name))
+    return out
+
+
+@pytest.mark.parametrize("name", _cases())
+def test_mutant_is_detected_by_its_expected_check(model: LoadedModel, name: str) -> None:
+    mutant = MUTANTS[name]
+    engine = mutant.build(model)
+    if name in CORPUS_ONLY:
+        failed = detect_in_corpus(engine)
+        assert mutant.expected_check in {check for _, check in failed}, (name, failed)
+        return
+    row = detect(engine, name=name, examples=EXAMPLES, seed_value=SEED, shrink=False)
+    assert row.detected, f"{name} was not detected in {EXAMPLES} examples (seed {SEED})"
+    assert row.check == mutant.expected_check, (name, row.check, row.headline)
+
+
+def test_unmodified_engine_passes_the_corpus(model: LoadedModel) -> None:
+    assert detect_in_corpus(Engine(model)) == []
+
+
+def test_unmodified_engine_passes_the_same_run(model: LoadedModel) -> None:
+    row = detect(Engine(model), name="reference", examples=EXAMPLES, seed_value=SEED, shrink=False)
+    assert not row.detected, row.headline
+    assert row.examples == EXAMPLES
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_saved_counterexample_still_fails_and_the_engine_passes(
+    model: LoadedModel, path: Path, tmp_path: Path
+) -> None:
+    stream, meta = load_stream(path)
+    name = json.loads(path.read_text())["mutant"]
+    mutant = MUTANTS[name]
+    options = VerifyOptions(failures_dir=tmp_path)
+    with pytest.raises(VerificationFailure) as info:
+        Verifier(mutant.build(model), options=options).run(stream)
+    assert info.value.check == mutant.expected_check
+    Verifier(Engine(model, **mutant.options), options=options).run(stream)
+    requests, _, images = stream_size(stream)
+    assert requests <= 4 and images <= 2, meta
+
+
+def test_mutant_is_selectable_from_the_command_line(tmp_path: Path) -> None:
+    """``--prefixcache-engine=reference_engine.mutants:NAME`` replaying the saved case."""
+    case = ROOT / "fixtures" / "corpus" / "mutants" / "mutant_placeholder_collision.json"
+    if not case.is_file():
+        pytest.skip("no saved counterexample for placeholder_collision")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--prefixcache-verify",
+        "--prefixcache-engine=reference_engine.mutants:placeholder_collision",
+        f"--prefixcache-replay={case}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "equivalence" in out and "logits differ" in out, out
