@@ -43,6 +43,7 @@ class VerificationFailure(PrefixCacheError, AssertionError):
         stream: the request stream up to and including the failing request.
         request_index: the failing request's index in ``stream`` (None for stream-level checks).
         replay_path: where the stream is (or will be) saved for ``--prefixcache-replay``.
+        meta: extra keys saved with the stream (a scenario's expectations).
     """
 
     check = "verification"
@@ -54,11 +55,13 @@ class VerificationFailure(PrefixCacheError, AssertionError):
         stream: tuple[object, ...] = (),
         request_index: int | None = None,
         replay_path: str | None = None,
+        meta: dict[str, object] | None = None,
     ) -> None:
         super().__init__(message)
         self.stream = stream
         self.request_index = request_index
         self.replay_path = replay_path
+        self.meta = dict(meta or {})
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

@@ -203,7 +203,7 @@ def apply_move(
             base.max_new_tokens,
         )
     if move == "namespace":
-        others = [ns for ns in spec.namespaces if ns != base.namespace] or [base.namespace]
-        ns = others[draw(st.integers(0, len(others) - 1))]
+        names = [ns for ns in spec.namespaces if ns != base.namespace] or [base.namespace]
+        ns = names[draw(st.integers(0, len(names) - 1))]
         return Request(base.messages, ns, base.max_new_tokens)
     raise ValueError(f"unknown move {move!r}; expected one of {', '.join(MOVES)}")

@@ -225,6 +225,7 @@ def pytest_runtest_makereport(
                     cast("tuple[Request, ...]", exc.stream),
                     Path(path).parent,
                     check=exc.check,
+                    **exc.meta,
                     seed=s.seed,
                 )
             except OSError as err:

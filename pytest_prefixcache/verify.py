@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from . import errors
 from .checks import (
+    RENDER_SLACK,
     Rendered,
     fault_problems,
     merge_problems,
@@ -105,7 +106,11 @@ class Verifier:
         return str(self.options.failures_dir / stream_id(stream) / "stream.json")
 
     def failure(
-        self, problem: Problem, ctx: Context, others: Sequence[Problem] = ()
+        self,
+        problem: Problem,
+        ctx: Context,
+        others: Sequence[Problem] = (),
+        meta: dict[str, object] | None = None,
     ) -> errors.VerificationFailure:
         """The exception for ``problem``, with the full message and the replay command."""
         stream = tuple(ctx.stream)
@@ -117,11 +122,18 @@ class Verifier:
             stream=stream,
             request_index=ctx.index,
             replay_path=path,
+            meta=meta,
         )
 
-    def fail(self, problem: Problem, ctx: Context, others: Sequence[Problem] = ()) -> NoReturn:
+    def fail(
+        self,
+        problem: Problem,
+        ctx: Context,
+        others: Sequence[Problem] = (),
+        meta: dict[str, object] | None = None,
+    ) -> NoReturn:
         __tracebackhide__ = True
-        raise self.failure(problem, ctx, others)
+        raise self.failure(problem, ctx, others, meta)
 
     def _call(self, what: str, fn: Callable[[], object], ctx: Context) -> object:
         __tracebackhide__ = True
@@ -254,6 +266,38 @@ class Verifier:
             )
             why = "the cache invalidates more than it must (re-rendered history, coarse keys?)"
             self.fail(Problem("min efficiency", head, (why,)), Context(tuple(self.stream)))
+
+    def expect_same_render(
+        self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False
+    ) -> None:
+        """Scenario expectations: request j renders to the same prompt as request i (or, with
+        ``extends``, keeps all of it but the generation prompt), e.g. once volatile header
+        lines are normalised away. Checked on token_ids, else on cached_tokens > 0."""
+        __tracebackhide__ = True
+        key = "expect_extends" if extends else "expect_same_prompt"
+        for i, j in pairs:
+            meta: dict[str, object] = {key: [[i, j]]}
+            before, after = steps[i].cached, steps[j].cached
+            ctx = Context(tuple(self.stream[: j + 1]), j, after, steps[j].match)
+            if before.token_ids is None or after.token_ids is None:
+                if after.cached_tokens == 0:
+                    head = f"request {j} should reuse request {i}'s prompt but reused 0 tokens"
+                    self.fail(Problem("render stability", head), ctx, meta=meta)
+                continue
+            a, b = tuple(before.token_ids), tuple(after.token_ids)
+            need = len(a) - (RENDER_SLACK if extends else 0)
+            same = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            if same < need or (not extends and len(a) != len(b)):
+                what = "extend" if extends else "equal"
+                head = (
+                    f"request {j}'s prompt should {what} request {i}'s ({len(a)} tokens) but "
+                    f"shares only its first {same} tokens (now {len(b)} tokens)"
+                )
+                why = (
+                    "the requests differ only in bytes that carry no meaning (a volatile header "
+                    "line); normalise them away or nothing after them is ever reused",
+                )
+                self.fail(Problem("render stability", head, why, position=same), ctx, meta=meta)
 
     def run(self, stream: Sequence[Request], *, reset: bool = True) -> list[Step]:
         """Reset (by default), run every request of ``stream`` and the stream-level checks."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 from collections import OrderedDict
 
@@ -24,6 +25,7 @@ BLOCK = 8
 VOCAB = 300
 ROLE = {"system": 260, "user": 261, "assistant": 262}
 IM_START, IM_END, V_START, V_END, PAD = 270, 271, 272, 273, 280
+VOLATILE = re.compile(r"^x-anthropic-billing-header:[^\n]*\n?", re.M)
 
 
 def placeholders(img: Image) -> int:
@@ -32,7 +34,7 @@ def placeholders(img: Image) -> int:
 
 
 def render(
-    request: Request, rerender_history: bool = False, header: str = ""
+    request: Request, rerender_history: bool = False, header: str = "", keep_volatile: bool = False
 ) -> tuple[list[int], list[tuple[int, int, str]]]:
     ids: list[int] = list(header.encode())
     spans: list[tuple[int, int, str]] = []
@@ -51,6 +53,8 @@ def render(
                 ids += [PAD] * n
                 ids.append(V_END)
             else:
+                if m.role == "system" and not keep_volatile:
+                    part = VOLATILE.sub("", part)  # per-request billing headers carry no meaning
                 ids += list(part.encode("utf-8"))
         ids.append(IM_END)
     ids += [IM_START, ROLE["assistant"]]
@@ -69,6 +73,7 @@ class FakeEngine:
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
+            "keep_volatile",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -113,7 +118,12 @@ class FakeEngine:
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         self.calls = getattr(self, "calls", 0) + 1
         header = f"x-billing: {self.calls}\n" if self.flags.get("volatile") else ""
-        ids, spans = render(request, bool(self.flags.get("rerender_history")), header)
+        ids, spans = render(
+            request,
+            bool(self.flags.get("rerender_history")),
+            header,
+            bool(self.flags.get("keep_volatile")),
+        )
         n = len(ids)
         keys = self._keys(request, ids, spans)
         state, cached = _h(b"ns", request.namespace.encode()), 0
@@ -217,5 +227,6 @@ scale_drift = _variant(scale_drift=True)
 store_half = _variant(store_half=True)
 rerender_history = _variant(rerender_history=True)
 volatile = _variant(volatile=True)
+keep_volatile = _variant(keep_volatile=True)
 instance = FakeEngine()
 not_an_engine = object()

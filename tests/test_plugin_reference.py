@@ -35,5 +35,5 @@ def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Py
             "failures by check: none",
         ]
     )
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     assert seconds < 120, f"default verification took {seconds:.0f} s"

@@ -86,15 +86,16 @@ def test_corpus_runs_first_and_a_project_corpus_is_added(pytester: pytest.Pytest
     result = run_suite(pytester, "good", "-v")
     lines = [ln for ln in result.stdout.lines if "verification.py::" in ln]
     names = [ln.split("::")[1].split()[0] for ln in lines]
-    assert names[:5] == [
+    assert names[:6] == [
         "test_corpus[agent_loop_growing_turns]",
+        "test_corpus[claude_code_billing_header]",
         "test_corpus[omlx_image_edit_a_to_e]",
         "test_corpus[photo_extraction_shared_prompt]",
         "test_corpus[three_images_red_blue_green]",
         "test_corpus[zz_mine]",
     ]
-    assert names[5:] == ["test_request_streams", "test_state_machine"]
-    result.assert_outcomes(passed=7)
+    assert names[6:] == ["test_request_streams", "test_state_machine"]
+    result.assert_outcomes(passed=8)
 
 
 def test_the_corpus_scenarios_load() -> None:

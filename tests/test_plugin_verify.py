@@ -11,7 +11,7 @@ pytest_plugins = ["pytester"]
 def test_good_engine_passes_every_check(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     result = run_suite(pytester, "good")
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     result.stdout.fnmatch_lines(
         [
             "*= prefixcache =*",
@@ -51,7 +51,7 @@ def test_user_tests_run_alongside_the_suite(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     pytester.makepyfile(test_mine="def test_mine():\n    pass\n")
     result = run_suite(pytester, "good")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
 
 
 # (engine, check, lines the failure message must contain)
@@ -183,5 +183,18 @@ def test_nothing_runs_when_the_engine_cannot_be_built(pytester: pytest.Pytester)
         [
             "*EngineError: engine 'fakeengines:not_an_engine' is a object: expected an object "
             "with run() and reset(), or a zero-argument callable returning one*"
+        ]
+    )
+
+
+def test_corpus_catches_volatile_header_bytes(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "keep_volatile", "-k", "corpus")
+    result.assert_outcomes(failed=1, passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "E   *RenderStabilityFailure: render stability: request 1's prompt should equal "
+            "request 0's (* tokens) but shares only its first * tokens (now * tokens)",
+            "*a volatile header line*",
         ]
     )

@@ -45,10 +45,18 @@ def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
     return hsettings(**kwargs)
 
 
+def _run_scenario(verifier: Verifier, path: Any) -> None:
+    """Run a saved stream, then the scenario's expectations (``expect_same_prompt`` pairs)."""
+    __tracebackhide__ = True
+    stream, meta = load_stream(path)
+    steps = verifier.run(stream)
+    verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
+    verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
+
+
 def test_corpus(corpus_file: Any, prefixcache_verifier: Verifier) -> None:
     """A known scenario (the oMLX A-E conversation, shared-prompt photos, ...)."""
-    stream, _ = load_stream(corpus_file)
-    prefixcache_verifier.run(stream)
+    _run_scenario(prefixcache_verifier, corpus_file)
 
 
 def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
@@ -80,5 +88,4 @@ def test_replay(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> 
     path = settings_of(pytestconfig).replay
     if path is None:
         pytest.skip("no --prefixcache-replay given")
-    stream, _ = load_stream(path)
-    prefixcache_verifier.run(stream)
+    _run_scenario(prefixcache_verifier, path)
