@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 DEFAULT_ENGINE = "reference_engine:default_engine"
-DEFAULT_EXAMPLES = 20
+DEFAULT_EXAMPLES = 100
 _SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 
