@@ -45,8 +45,11 @@ def commands() -> tuple[str, str]:
     python = os.environ.get("SEED_PYTHON", "python")
     cli = os.environ.get("SEED_CLI", "vllm_mlx.cli:main")
     argv = [python, "-m", "pytest_prefixcache.tap", cli, "serve", str(MODEL)]
-    argv += ["--host", "127.0.0.1", "--port", "{port}", *FLAGS[MODE]]
-    return shlex.join(argv), shlex.join([*argv, "--disable-prefix-cache"])
+    argv += ["--host", "127.0.0.1", "--port", "{port}"]
+    # the baseline keeps the engine's mode but no cache (rapid-mlx refuses a paged store
+    # without the prefix cache)
+    cold = [f for f in FLAGS[MODE] if f != "--use-paged-cache"]
+    return shlex.join([*argv, *FLAGS[MODE]]), shlex.join([*argv, *cold, "--disable-prefix-cache"])
 
 
 def exports() -> str:
