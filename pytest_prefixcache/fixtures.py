@@ -46,11 +46,15 @@ def _is_engine(obj: object) -> bool:
     )
 
 
-def load_engine(spec: str, search_dir: Path | None = None) -> Engine:
-    """Import ``MODULE:ATTR`` and return the engine (ATTR is one, or builds one when called)."""
+def load_engine(spec: str, *search_dirs: Path) -> Engine:
+    """Import ``MODULE:ATTR`` and return the engine (ATTR is one, or builds one when called).
+
+    ``search_dirs`` (the invocation directory and the rootdir) are put on ``sys.path`` first.
+    """
     module_name, _, attr = spec.partition(":")
-    if search_dir is not None and str(search_dir) not in sys.path:
-        sys.path.insert(0, str(search_dir))
+    for d in reversed(search_dirs):
+        if str(d) not in sys.path:
+            sys.path.insert(0, str(d))
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
@@ -90,7 +94,7 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
     """The engine under test (override this fixture in conftest.py to build your own)."""
     s = settings_of(pytestconfig)
     res = worker_of(pytestconfig).call(
-        lambda: load_engine(s.engine, s.invocation_dir),
+        lambda: load_engine(s.engine, s.invocation_dir, pytestconfig.rootpath),
         timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
         what=f"building the engine {s.engine}",
     )

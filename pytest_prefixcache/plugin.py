@@ -231,9 +231,12 @@ def pytest_runtest_makereport(
             except OSError as err:
                 path = f"(could not save {path}: {err})"
         summary = str(exc).splitlines()[0] if str(exc) else exc.check
+        command = s.replay_command(path) if path else None
         report_of(item.config).failures.append(
-            FailureRecord(exc.check, item.nodeid, summary, s.replay_command(path) if path else None)
+            FailureRecord(exc.check, item.nodeid, summary, command)
         )
+        if command:
+            report.sections.append(("prefixcache replay", command))
     return report
 
 

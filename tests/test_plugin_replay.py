@@ -51,6 +51,7 @@ def test_failure_is_saved_and_replays_exactly(pytester: pytest.Pytester) -> None
         ]
     )
     assert "test_mine" not in again.stdout.str()  # a replay runs nothing else
+    again.stdout.fnmatch_lines(["*- prefixcache replay -*", f"pytest *--prefixcache-replay={path}"])
 
     fixed = pytester.runpytest(
         "--prefixcache-engine=fakeengines:good", f"--prefixcache-replay={saved.parent}"
