@@ -15,6 +15,7 @@ __all__ = [
     "RequestError",
     "ReuseBoundFailure",
     "ShapeFailure",
+    "SpeedupFailure",
     "VerificationFailure",
 ]
 
@@ -114,3 +115,9 @@ class RenderStabilityFailure(VerificationFailure):
     history, so a prefix cache cannot reuse it."""
 
     check = "render stability"
+
+
+class SpeedupFailure(VerificationFailure):
+    """Requests served from the cache were not faster than ``--prefixcache-min-speedup``."""
+
+    check = "min speedup"

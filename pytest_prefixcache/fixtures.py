@@ -113,6 +113,7 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
         tolerance=Tolerance(s.atol, s.rtol, s.kl),
         timeout=s.timeout,
         min_efficiency=s.min_efficiency,
+        min_speedup=s.min_speedup,
         failures_dir=s.failures_dir,
         replay_command=s.replay_command,
     )

@@ -99,6 +99,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Fail when a stream reuses less than F of what the oracle says was reusable",
     )
     add(
+        "--prefixcache-min-speedup",
+        type=opt.positive_ratio,
+        default=None,
+        metavar="X",
+        help="Fail when a stream's cache hits are not X times faster than their cold runs",
+    )
+    add(
         "--prefixcache-replay",
         default=None,
         metavar="PATH",
@@ -149,6 +156,7 @@ def pytest_configure(config: pytest.Config) -> None:
         rtol=config.getoption("prefixcache_rtol"),
         kl=config.getoption("prefixcache_kl"),
         min_efficiency=config.getoption("prefixcache_min_efficiency"),
+        min_speedup=config.getoption("prefixcache_min_speedup"),
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
     )

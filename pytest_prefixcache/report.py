@@ -47,6 +47,10 @@ class Report:
     worst_kl: float = 0.0
     merges_checked: int = 0
     streams: int = 0
+    warm_seconds: float = 0.0
+    """Engine time of the cached runs that hit the cache."""
+    cold_seconds: float = 0.0
+    """Engine time of the uncached runs of the same requests."""
     failures: list[FailureRecord] = field(default_factory=list)
 
     @property
@@ -83,6 +87,11 @@ class Report:
             f"worst |cached - uncached|: {worst}",
             f"merges checked: {self.merges_checked}",
         ]
+        if self.warm_seconds > 0:
+            out.append(
+                f"time on cache hits: {self.warm_seconds:.2f} s warm vs {self.cold_seconds:.2f} s "
+                f"cold (speedup {self.cold_seconds / self.warm_seconds:.2f}x)"
+            )
         if self.worst_kl:
             out.append(f"worst estimated KL: {self.worst_kl:.3g}")
         by = self.failures_by_check
@@ -112,6 +121,8 @@ class Report:
             "worst_diff_where": self.worst_diff_where,
             "worst_kl": _finite(self.worst_kl),
             "merges_checked": self.merges_checked,
+            "warm_seconds": self.warm_seconds,
+            "cold_seconds": self.cold_seconds,
             "failures_by_check": self.failures_by_check,
             "failures": [
                 {"check": f.check, "test": f.test, "summary": f.summary, "replay": f.replay}

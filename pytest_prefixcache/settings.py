@@ -22,6 +22,7 @@ __all__ = [
     "non_negative_float",
     "positive_float",
     "positive_int",
+    "positive_ratio",
     "seed",
 ]
 
@@ -64,6 +65,13 @@ def positive_float(value: str) -> float:
     return x
 
 
+def positive_ratio(value: str) -> float:
+    x = _float(value)
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
+    return x
+
+
 def non_negative_float(value: str) -> float:
     x = _float(value)
     if not (x >= 0 and math.isfinite(x)):
@@ -102,6 +110,7 @@ class Settings:
     rtol: float = 0.0
     kl: float | None = None
     min_efficiency: float | None = None
+    min_speedup: float | None = None
     replay: Path | None = None
     invocation_dir: Path = Path(".")
 
@@ -126,6 +135,8 @@ class Settings:
             out.append(f"--prefixcache-kl={self.kl:g}")
         if self.min_efficiency is not None:
             out.append(f"--prefixcache-min-efficiency={self.min_efficiency:g}")
+        if self.min_speedup is not None:
+            out.append(f"--prefixcache-min-speedup={self.min_speedup:g}")
         if self.timeout != 60.0:
             out.append(f"--prefixcache-timeout={self.timeout:g}")
         return out

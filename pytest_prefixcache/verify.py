@@ -34,13 +34,22 @@ from .report import Report
 from .runner import CallTimedOut, EngineWorker
 from .types import Engine, Outcome, Request
 
-__all__ = ["CONTROL_MIN_TOKENS", "EFFICIENCY_MIN_TOKENS", "Step", "Verifier", "VerifyOptions"]
+__all__ = [
+    "CONTROL_MIN_TOKENS",
+    "EFFICIENCY_MIN_TOKENS",
+    "SPEEDUP_MIN_SECONDS",
+    "Step",
+    "Verifier",
+    "VerifyOptions",
+]
 
 #: The positive control applies only when the oracle could reuse at least this many tokens
 #: (so block-granular caches with blocks up to this size are not flagged).
 CONTROL_MIN_TOKENS = 64
 #: --prefixcache-min-efficiency applies to a stream only when this many tokens were reusable.
 EFFICIENCY_MIN_TOKENS = 64
+#: --prefixcache-min-speedup applies to a stream only when its cache hits took this long cold.
+SPEEDUP_MIN_SECONDS = 0.02
 
 FAILURES: dict[str, type[errors.VerificationFailure]] = {
     cls.check: cls
@@ -53,6 +62,7 @@ FAILURES: dict[str, type[errors.VerificationFailure]] = {
         errors.EngineFault,
         errors.EngineTimeout,
         errors.RenderStabilityFailure,
+        errors.SpeedupFailure,
     )
 }
 
@@ -68,6 +78,7 @@ class VerifyOptions:
     tolerance: Tolerance = field(default_factory=Tolerance)
     timeout: float = 60.0
     min_efficiency: float | None = None
+    min_speedup: float | None = None
     failures_dir: Path = Path(".prefixcache/failures")
     replay_command: Callable[[str], str] = default_replay_command
 
@@ -96,6 +107,9 @@ class Verifier:
     dead: errors.VerificationFailure | None = None
     """The timeout failure, once an engine call hung; every later call raises it again."""
     _rendered: list[Rendered] = field(default_factory=list)
+    _seconds: float = 0.0
+    _warm: float = 0.0
+    _cold: float = 0.0
     _reused: int = 0
     _reusable: int = 0
 
@@ -149,6 +163,7 @@ class Verifier:
             tb = res.traceback.rstrip().splitlines()[-8:]
             name = type(res.error).__name__
             self.fail(Problem("fault", f"{what} raised {name}: {res.error}", tuple(tb)), ctx)
+        self._seconds = res.seconds
         return res.value
 
     def reset(self) -> None:
@@ -159,6 +174,7 @@ class Verifier:
         self.oracle.reset()
         self._rendered.clear()
         self._reused = self._reusable = 0
+        self._warm = self._cold = 0.0
         self.report.streams += 1
 
     def step(self, request: Request) -> Step:
@@ -178,12 +194,18 @@ class Verifier:
         )
         self._check(fault_problems(cached, request), ctx, "cached run: ")
         assert isinstance(cached, Outcome)
+        warm = self._seconds
         ctx = Context(ctx.stream, index, cached)
         uncached = self._call(
             f"run(request {index}, use_cache=False)",
             functools.partial(run, request, use_cache=False),
             ctx,
         )
+        if cached.cached_tokens:
+            self._warm += warm
+            self._cold += self._seconds
+            self.report.warm_seconds += warm
+            self.report.cold_seconds += self._seconds
         self._check(fault_problems(uncached, request), ctx, "uncached run: ")
         assert isinstance(uncached, Outcome)
         self._check(pair_problems(cached, uncached), ctx)
@@ -253,19 +275,31 @@ class Verifier:
             self.fail(first, ctx, problems[1:])
 
     def finish(self) -> None:
-        """Stream-level checks (``--prefixcache-min-efficiency``) after the last request."""
+        """Stream-level checks after the last request: ``--prefixcache-min-efficiency`` and
+        ``--prefixcache-min-speedup``."""
         __tracebackhide__ = True
+        ctx = Context(tuple(self.stream))
         floor = self.options.min_efficiency
-        if floor is None or self._reusable < EFFICIENCY_MIN_TOKENS:
-            return
-        eff = self._reused / self._reusable
-        if eff < floor:
-            head = (
-                f"the cache reused {self._reused} of {self._reusable} reusable tokens "
-                f"({eff:.1%}), below --prefixcache-min-efficiency={floor:g}"
-            )
-            why = "the cache invalidates more than it must (re-rendered history, coarse keys?)"
-            self.fail(Problem("min efficiency", head, (why,)), Context(tuple(self.stream)))
+        if floor is not None and self._reusable >= EFFICIENCY_MIN_TOKENS:
+            eff = self._reused / self._reusable
+            if eff < floor:
+                head = (
+                    f"the cache reused {self._reused} of {self._reusable} reusable tokens "
+                    f"({eff:.1%}), below --prefixcache-min-efficiency={floor:g}"
+                )
+                why = "the cache invalidates more than it must (re-rendered history, coarse keys?)"
+                self.fail(Problem("min efficiency", head, (why,)), ctx)
+        speedup = self.options.min_speedup
+        if speedup is not None and self._cold >= SPEEDUP_MIN_SECONDS and self._warm > 0:
+            got = self._cold / self._warm
+            if got < speedup:
+                head = (
+                    f"requests served from the cache took {self._warm:.3f} s against "
+                    f"{self._cold:.3f} s cold (speedup {got:.2f}x), below "
+                    f"--prefixcache-min-speedup={speedup:g}"
+                )
+                why = "restoring or managing the cache costs more than the prefill it saves"
+                self.fail(Problem("min speedup", head, (why,)), ctx)
 
     def expect_same_render(
         self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False

@@ -15,6 +15,7 @@ import hashlib
 import math
 import re
 import threading
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -73,7 +74,7 @@ class FakeEngine:
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
-            "keep_volatile",
+            "keep_volatile", "slow_hits",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -136,6 +137,9 @@ class FakeEngine:
         hit = cached > 0
         if hit and self.flags.get("raises"):
             raise RuntimeError("cache corrupted while restoring a block")
+        if self.flags.get("slow_hits"):
+            # prefill costs 50 us a token; restoring a cached token costs twice that
+            time.sleep((n - cached) * 50e-6 + cached * 100e-6)
         if hit and self.flags.get("hangs"):
             threading.Event().wait(float(self.flags["hangs"]))  # type: ignore[arg-type]
         merges = []
@@ -228,5 +232,6 @@ store_half = _variant(store_half=True)
 rerender_history = _variant(rerender_history=True)
 volatile = _variant(volatile=True)
 keep_volatile = _variant(keep_volatile=True)
+slow_hits = _variant(slow_hits=True)
 instance = FakeEngine()
 not_an_engine = object()

@@ -63,6 +63,7 @@ def test_validators_accept_good_values() -> None:
         ("--prefixcache-rtol=-1", "--prefixcache-rtol: '-1' is not a finite number >= 0"),
         ("--prefixcache-kl=none", "--prefixcache-kl: 'none' is not a finite number >= 0"),
         ("--prefixcache-min-efficiency=2", "--prefixcache-min-efficiency: '2' is not a number *"),
+        ("--prefixcache-min-speedup=0", "--prefixcache-min-speedup: '0' is not a positive number"),
         ("--prefixcache-engine=engine.py", "--prefixcache-engine: 'engine.py' is not MODULE:ATTR*"),
     ],
 )  # fmt: skip
@@ -290,3 +291,20 @@ def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester)
     )
     assert {"requests", "cache_hits", "reused_tokens", "oracle_tokens", "efficiency",
             "worst_diff", "merges_checked"} <= set(data)  # fmt: skip
+
+
+def test_min_speedup_catches_a_cache_slower_than_no_cache(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    run_suite(pytester, "slow_hits", "-k", "request_streams").assert_outcomes(passed=1)
+    result = run_suite(
+        pytester, "slow_hits", "-k", "request_streams", "--prefixcache-min-speedup=1.0"
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E   *SpeedupFailure: min speedup: requests served from the cache took * s against "
+            "* s cold (speedup *x), below --prefixcache-min-speedup=1",
+            "*restoring or managing the cache costs more than the prefill it saves",
+            "time on cache hits: * s warm vs * s cold (speedup *x)",
+        ]
+    )
