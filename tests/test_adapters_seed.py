@@ -68,6 +68,30 @@ def exports() -> str:
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
+NO_REUSE = "an identical repeat prefills the whole prompt again (the tap saw 0 tokens reused)"
+#: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed.
+KNOWN = {
+    ("vllm-mlx", "simple", "test_repeat_reuses"): f"vllm-mlx 0.6.0 simple engine: {NO_REUSE}",
+    ("vllm-mlx", "cb", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --continuous-batching: {NO_REUSE}",
+    ("vllm-mlx", "mllm", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --mllm, text: {NO_REUSE}",
+    ("rapid-mlx", "mllm", "test_repeat_reuses"): f"rapid-mlx 0.16.10 --mllm, text: {NO_REUSE}",
+    ("rapid-mlx", "simple", "test_api_agrees_with_the_tap"): "rapid-mlx 0.16.10: on an exact "
+    "repeat usage.prompt_tokens_details.cached_tokens is the whole prompt (89 of 89) while the "
+    "tap saw the last token prefilled again (88 reused)",
+    ("rapid-mlx", "mllm", "test_text_stream"): "rapid-mlx 0.16.10 --mllm: seen answering 503 "
+    "'Request cancelled by model replacement' to a text request",
+    ("rapid-mlx", "mllm", "test_api_agrees_with_the_tap"): "rapid-mlx 0.16.10 --mllm: seen "
+    "answering 503 'Request cancelled by model replacement' to a text request",
+}
+
+
+@pytest.fixture(autouse=True)
+def _known_findings(request: pytest.FixtureRequest) -> None:
+    reason = KNOWN.get((ENGINE, MODE, request.node.originalname))
+    if reason:
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+
+
 @pytest.fixture(scope="module")
 def engine() -> Iterator[OpenAIEngine]:
     cmd, cold = commands()
