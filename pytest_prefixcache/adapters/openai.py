@@ -28,6 +28,7 @@ import os
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -43,6 +44,14 @@ __all__ = ["OpenAIEngine"]
 
 Cold = Literal["restart", "reset", "server", "salt"]
 Command = Sequence[str] | str
+
+
+def _remove(path: str) -> None:
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 class OpenAIEngine:
@@ -136,6 +145,7 @@ class OpenAIEngine:
             path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
             proc.extra_env[ENV] = path
             self._readers[id(proc)] = TapReader(path)
+            weakref.finalize(self, _remove, path)  # also when never closed
         return proc.start()
 
     # -- the protocol -----------------------------------------------------------------------
@@ -144,12 +154,7 @@ class OpenAIEngine:
         for s in (self.server, self.cold_server):
             if isinstance(s, ServerProcess):
                 s.stop()
-                path = s.extra_env.get("PREFIXCACHE_TAP")
-                if path:
-                    try:
-                        os.remove(path)
-                    except OSError:
-                        pass
+                _remove(s.extra_env.get("PREFIXCACHE_TAP", ""))
 
     def __enter__(self) -> OpenAIEngine:
         return self
