@@ -116,6 +116,12 @@ def pair_problems(cached: Outcome, uncached: Outcome) -> list[Problem]:
                 f"the prompt's token_ids differ between runs from position {i} (lengths "
                 f"{len(a)} vs {len(b)}): rendering the same request is not deterministic"
             )
+    elif cached.prompt_tokens is not None and uncached.prompt_tokens is not None:
+        if cached.prompt_tokens != uncached.prompt_tokens:
+            msgs.append(
+                f"prompt_tokens differ between runs: cached {cached.prompt_tokens} vs uncached "
+                f"{uncached.prompt_tokens}: rendering the same request is not deterministic"
+            )
     if cached.image_spans is not None and uncached.image_spans is not None:
         if tuple(cached.image_spans) != tuple(uncached.image_spans):
             msgs.append(

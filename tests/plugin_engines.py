@@ -74,7 +74,7 @@ class FakeEngine:
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
-            "keep_volatile", "slow_hits",
+            "keep_volatile", "slow_hits", "minimal",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -199,6 +199,8 @@ class FakeEngine:
             top = np.argsort(-lp)[:5]
             return Outcome(top_logprobs={int(i): float(lp[i]) for i in top}, **common)
         step_logits = (out_logits, *steps[1:]) if tokens else ()
+        if self.flags.get("minimal"):  # the least an engine must return
+            return Outcome(logits=out_logits, tokens=tuple(tokens))
         return Outcome(logits=out_logits, step_logits=step_logits, **common)
 
 
@@ -233,5 +235,7 @@ rerender_history = _variant(rerender_history=True)
 volatile = _variant(volatile=True)
 keep_volatile = _variant(keep_volatile=True)
 slow_hits = _variant(slow_hits=True)
+minimal = _variant(minimal=True)
+minimal_ignore_digest = _variant(minimal=True, ignore_digest=True)
 instance = FakeEngine()
 not_an_engine = object()

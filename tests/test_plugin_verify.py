@@ -198,3 +198,13 @@ def test_corpus_catches_volatile_header_bytes(pytester: pytest.Pytester) -> None
             "*a volatile header line*",
         ]
     )
+
+
+def test_an_engine_that_reports_only_logits_is_still_checked(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    ok = run_suite(pytester, "minimal", "-k", "request_streams", examples=30)
+    ok.assert_outcomes(passed=1)
+    ok.stdout.fnmatch_lines(["cache efficiency vs oracle: n/a (nothing was reusable)"])
+    bad = run_suite(pytester, "minimal_ignore_digest", "-k", "request_streams", examples=30)
+    bad.assert_outcomes(failed=1)
+    bad.stdout.fnmatch_lines(["E   *EquivalenceFailure: equivalence: logits differ *"])
