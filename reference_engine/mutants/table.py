@@ -44,6 +44,9 @@ __all__ = [
 #: The row name of the unmodified engine (the false-positive control).
 REFERENCE = "reference (no bug)"
 
+#: The verifier only names replay paths (nothing is written there).
+_OPTIONS = VerifyOptions(failures_dir=Path(tempfile.gettempdir()) / "prefixcache-zoo", timeout=60.0)
+
 
 @dataclass
 class Detection:
@@ -67,6 +70,8 @@ class Detection:
     headline: str = ""
     corpus: list[tuple[str, str]] = field(default_factory=list)
     """(scenario, check) for every corpus scenario that failed."""
+    scenarios: int = 0
+    """Corpus scenarios run."""
 
     @property
     def as_expected(self) -> bool:
@@ -86,8 +91,7 @@ def stream_size(stream: Sequence[Request]) -> tuple[int, int, int]:
 def detect_in_corpus(engine: EngineProtocol) -> list[tuple[str, str]]:
     """Run every scenario of the plugin's corpus as the suite does; return the failures."""
     failed: list[tuple[str, str]] = []
-    tmp = Path(tempfile.mkdtemp(prefix="prefixcache-zoo-"))
-    verifier = Verifier(engine, options=VerifyOptions(failures_dir=tmp, timeout=60.0))
+    verifier = Verifier(engine, options=_OPTIONS)
     for path in corpus_files():
         stream, meta = load_stream(path)
         try:
@@ -109,8 +113,7 @@ def detect(
 ) -> Detection:
     """Run ``examples`` generated streams through every check of ``engine``."""
     found = Detection(name, None, None)
-    tmp = Path(tempfile.mkdtemp(prefix="prefixcache-zoo-"))
-    verifier = Verifier(engine, options=VerifyOptions(failures_dir=tmp, timeout=60.0))
+    verifier = Verifier(engine, options=_OPTIONS)
     phases = (Phase.explicit, Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     start = time.perf_counter()
 
@@ -172,6 +175,7 @@ def detection_table(
         engine = Engine(model) if mutant is None else mutant.build(model)
         row = detect(engine, name=name, examples=examples, seed_value=seed_value, shrink=shrink)
         row.corpus = detect_in_corpus(engine)
+        row.scenarios = len(corpus_files())
         if mutant is not None:
             row.bug_class, row.expected = mutant.bug_class, mutant.expected_check
         rows.append(row)
@@ -199,7 +203,8 @@ def format_table(rows: Sequence[Detection]) -> list[str]:
             verdict += "" if r.detected else " (corpus only)"
         else:
             verdict = "NO"
-        scenarios = ", ".join(f"{n} ({c})" for n, c in r.corpus) or "-"
+        checks = sorted({c for _, c in r.corpus})
+        scenarios = f"{len(r.corpus)}/{r.scenarios} ({', '.join(checks)})" if r.corpus else "-"
         caught = r.check or "-"
         if r.shrunk_check and r.shrunk_check != r.check:
             caught += f" (shrunk: {r.shrunk_check})"
