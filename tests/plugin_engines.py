@@ -17,6 +17,8 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -69,7 +71,7 @@ def _h(*parts: bytes) -> bytes:
 class FakeEngine:
     """A correct engine unless a flag breaks it."""
 
-    def __init__(self, capacity_blocks: int = 256, **flags: object) -> None:
+    def __init__(self, capacity_blocks: int = 256, **flags: Any) -> None:
         unknown = set(flags) - {
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
@@ -185,7 +187,7 @@ class FakeEngine:
         reported = cached
         if self.flags.get("lie"):
             reported = min(n, cached + BLOCK)
-        common = dict(
+        common: dict[str, Any] = dict(
             tokens=tuple(tokens),
             cached_tokens=reported,
             prompt_tokens=n,
@@ -208,7 +210,7 @@ def good() -> FakeEngine:
     return FakeEngine()
 
 
-def _variant(**flags: object):  # type: ignore[no-untyped-def]
+def _variant(**flags: Any) -> Callable[[], FakeEngine]:
     def build() -> FakeEngine:
         return FakeEngine(**flags)
 

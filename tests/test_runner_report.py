@@ -16,6 +16,7 @@ from pytest_prefixcache.runner import CallTimedOut, EngineWorker
 
 def test_worker_returns_values_and_errors_on_one_thread() -> None:
     w = EngineWorker()
+
     def name() -> str:
         return threading.current_thread().name
 

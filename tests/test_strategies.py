@@ -35,10 +35,10 @@ def stream_features(stream: tuple[Request, ...]) -> set[str]:
         if r.max_new_tokens > 0:
             f.add("max_new_tokens > 0")
         users = [m for m in r.messages if m.role == "user"]
-        for a, b in itertools.pairwise(users):
-            if not a.images and b.images:
+        for ua, ub in itertools.pairwise(users):
+            if not ua.images and ub.images:
                 f.add("text-only turn before an image turn")
-            if a.images and not b.images:
+            if ua.images and not ub.images:
                 f.add("text-only turn after an image turn")
     if any(len(ids) > 1 for ids in objects.values()):
         f.add("same pixels from another container")
