@@ -84,6 +84,7 @@ class FakeEngine:
         self.capacity = capacity_blocks
         self.cache: OrderedDict[bytes, bytes] = OrderedDict()
         self.resets = 0
+        self.evictions = 0
 
     def reset(self) -> None:
         self.cache.clear()
@@ -172,6 +173,7 @@ class FakeEngine:
                 self.cache.move_to_end(key)
             while len(self.cache) > self.capacity:
                 self.cache.popitem(last=False)
+                self.evictions += 1
         out_logits = logits
         if hit and self.flags.get("nan"):
             out_logits = logits.copy()
