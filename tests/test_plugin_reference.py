@@ -35,5 +35,7 @@ def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Py
             "failures by check: none",
         ]
     )
-    result.assert_outcomes(passed=7)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, outcomes
+    assert outcomes["passed"] >= 7  # the corpus scenarios, the streams, the state machine
     assert seconds < 120, f"default verification took {seconds:.0f} s"
