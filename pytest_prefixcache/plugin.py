@@ -47,7 +47,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=opt.positive_int,
         default=opt.DEFAULT_EXAMPLES,
         metavar="N",
-        help=f"Examples per property (default: {opt.DEFAULT_EXAMPLES})",
+        help=f"Examples per property (default: {opt.DEFAULT_EXAMPLES}; the state machine runs "
+        f"half as many, {opt.STATEFUL_STEPS} steps each)",
     )
     add(
         "--prefixcache-seed",

@@ -16,6 +16,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_ENGINE",
     "DEFAULT_EXAMPLES",
+    "STATEFUL_STEPS",
     "Settings",
     "engine_spec",
     "fraction",
@@ -28,6 +29,8 @@ __all__ = [
 
 DEFAULT_ENGINE = "reference_engine:default_engine"
 DEFAULT_EXAMPLES = 100
+#: Steps per state-machine example (the state machine runs DEFAULT_EXAMPLES // 2 examples).
+STATEFUL_STEPS = 8
 _SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 
 

@@ -14,14 +14,12 @@ from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pytest_prefixcache.replay import corpus_files, load_stream
+from pytest_prefixcache.settings import STATEFUL_STEPS
 from pytest_prefixcache.state import settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify import Verifier
-
-#: Steps per state-machine example.
-STATEFUL_STEPS = 8
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
