@@ -124,6 +124,9 @@ def test_mlx_lm_server_with_tap_is_bit_exact(lm: OpenAIEngine) -> None:
     assert check(lm, TEXT, exact_logits=True) > 0
     assert check(lm, TEXT_NEXT, exact_logits=True) > 0
     assert lm.tap_disagreements == []
+    out = lm.run(TEXT, use_cache=True)  # token ids rendered locally, as mlx-lm tokenizes
+    assert out.token_ids is not None and len(out.token_ids) == out.prompt_tokens
+    assert lm.render_mismatches == []
 
 
 def test_mlx_lm_refusals(lm: OpenAIEngine) -> None:
@@ -161,6 +164,9 @@ def test_mlx_vlm_server_apc_with_tap(vlm: OpenAIEngine) -> None:
     assert check(vlm, IMAGE, exact_logits=True) == 0
     assert check(vlm, IMAGE_NEXT, exact_logits=True) == 0  # APC block mode: media prefix dropped
     assert vlm.tap_disagreements == []
+    out = vlm.run(IMAGE, use_cache=True)  # token ids and image spans rendered locally
+    assert out.image_spans == ((47, 63, A.digest),) and len(out.token_ids or ()) == 82
+    assert vlm.render_mismatches == []
 
 
 def test_a_server_that_dies_is_reported() -> None:

@@ -24,34 +24,26 @@ the real full-vocabulary ``logits`` and ``step_logits`` plus the really prefille
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
-import time
 import uuid
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
-
-import numpy as np
 
 from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import openai_messages
 from .replies import Vocabulary, parse_reply, with_extension
-from .server import ServerProcess, http_json
+from .server import ServerProcess, http_json, remove_quietly
+from .tapped import apply_tap
 
 __all__ = ["OpenAIEngine"]
 
 Cold = Literal["restart", "reset", "server", "salt"]
 Command = Sequence[str] | str
-
-
-def _remove(path: str) -> None:
-    if path:
-        try:
-            os.remove(path)
-        except OSError:
-            pass
+Spans = tuple[tuple[int, int, str], ...]
 
 
 class OpenAIEngine:
@@ -75,6 +67,9 @@ class OpenAIEngine:
             that carry no ``id``. Default: None.
         extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
             image spans, merges, full logits). Default: ``False``.
+        render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
+            they fill the Outcome when their length is the reply's prompt_tokens, else the
+            request is listed in ``render_mismatches``. Default: None.
         timeout: seconds per HTTP request. Default: ``120``.
         start_timeout: seconds for a server to become ready. Default: ``120``.
         env: extra environment for started servers.
@@ -101,6 +96,7 @@ class OpenAIEngine:
         env: Mapping[str, str] | None = None,
         vocab: str | os.PathLike[str] | None = None,
         extensions: bool = False,
+        render: Callable[[Request], tuple[list[int], Spans]] | None = None,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
@@ -125,6 +121,8 @@ class OpenAIEngine:
         self.tap_disagreements: list[str] = []
         self.vocab = Vocabulary(vocab) if vocab is not None else None
         self.extensions = extensions
+        self.render = render
+        self.render_mismatches: list[str] = []
         self._readers: dict[int, Any] = {}
         opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
         self._env = dict(env or {})
@@ -145,7 +143,7 @@ class OpenAIEngine:
             path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
             proc.extra_env[ENV] = path
             self._readers[id(proc)] = TapReader(path)
-            weakref.finalize(self, _remove, path)  # also when never closed
+            weakref.finalize(self, remove_quietly, path)  # also when never closed
         return proc.start()
 
     # -- the protocol -----------------------------------------------------------------------
@@ -154,7 +152,7 @@ class OpenAIEngine:
         for s in (self.server, self.cold_server):
             if isinstance(s, ServerProcess):
                 s.stop()
-                _remove(s.extra_env.get("PREFIXCACHE_TAP", ""))
+                remove_quietly(s.extra_env.get("PREFIXCACHE_TAP", ""))
 
     def __enter__(self) -> OpenAIEngine:
         return self
@@ -224,11 +222,20 @@ class OpenAIEngine:
         )
         if self.extensions:
             out = with_extension(out, reply, request.max_new_tokens)
+        elif self.render is not None:
+            ids, spans = self.render(request)
+            if prompt is None or len(ids) == prompt:
+                out = dataclasses.replace(out, token_ids=tuple(ids), image_spans=spans)
+            else:
+                self.render_mismatches.append(f"rendered {len(ids)} tokens, server {prompt}")
         if self.tap:
             assert isinstance(target, ServerProcess)
             # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
             expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
-            out = self._with_tap(target, out, expected, request.max_new_tokens)
+            out, problems = apply_tap(
+                self._readers[id(target)], out, expected, request.max_new_tokens
+            )
+            self.tap_disagreements += problems
         return out
 
     def _post(
@@ -256,48 +263,3 @@ class OpenAIEngine:
         if status != 200:
             raise EngineError(f"{base}/v1/chat/completions answered {status}: {str(reply)[:500]}")
         return reply
-
-    def _with_tap(self, server: ServerProcess, out: Outcome, generated: int, n: int) -> Outcome:
-        from ..tap import decode_steps, find_prompt_call, prefill_start
-
-        reader = self._readers[id(server)]
-        if out.prompt_tokens is None:
-            raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")
-        records: list[Any] = []
-        deadline = time.monotonic() + 5.0
-        steps: list[Any] = []
-        while time.monotonic() < deadline:
-            records += reader.read_new()
-            i = find_prompt_call(records, out.prompt_tokens)
-            if i is not None:
-                steps = decode_steps(records, i, generated)
-                if len(steps) >= generated:
-                    break
-            time.sleep(0.02)
-        if not steps:
-            raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}")
-        assert i is not None
-        prefilled = out.prompt_tokens - prefill_start(records, i)
-        logits = [np.asarray(r.logprobs, dtype=np.float32) for r in steps]
-        real_tokens = tuple(int(np.argmax(lp)) for lp in logits)
-        problems: list[str] = []
-        if out.cached_tokens is not None and out.cached_tokens != out.prompt_tokens - prefilled:
-            problems.append(
-                f"API cached_tokens={out.cached_tokens} but the tap saw {prefilled} of "
-                f"{out.prompt_tokens} prompt tokens prefilled"
-            )
-        for tok, lp in (out.top_logprobs or {}).items():
-            if tok < len(logits[0]) and abs(float(logits[0][tok]) - lp) > 1e-4:
-                problems.append(f"API logprob of token {tok} is {lp}, the tap has {logits[0][tok]}")
-                break
-        if out.tokens != real_tokens[: len(out.tokens)]:
-            problems.append(f"API tokens {out.tokens} but the tap's argmax is {real_tokens}")
-        self.tap_disagreements += problems
-        return Outcome(
-            logits=logits[0],
-            top_logprobs=out.top_logprobs,
-            tokens=real_tokens[:n],
-            step_logits=tuple(logits[: min(n, len(steps))]),
-            cached_tokens=out.prompt_tokens - prefilled,
-            prompt_tokens=out.prompt_tokens,
-        )

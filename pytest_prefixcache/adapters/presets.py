@@ -12,6 +12,7 @@ import shlex
 from ..errors import EngineError
 from .chat import FIXTURES
 from .openai import OpenAIEngine
+from .render import TextRenderer, VlmRenderer
 
 __all__ = [
     "TAP",
@@ -41,7 +42,7 @@ def reference_server() -> OpenAIEngine:
 
 def mlx_lm_server() -> OpenAIEngine:
     """``mlx_lm.server`` on the tiny Llama under the logit tap; cold = a second server with
-    ``--prompt-cache-size 0``. Text only; it has no namespaces."""
+    ``--prompt-cache-size 0``; token ids rendered locally. Text only; it has no namespaces."""
     model = FIXTURES / "tiny-llama"
     cmd = f"{TAP} mlx_lm.server:main --model {model} --host 127.0.0.1 --port {{port}}"
     return OpenAIEngine(
@@ -50,12 +51,14 @@ def mlx_lm_server() -> OpenAIEngine:
         cold_cmd=cmd + " --prompt-cache-size 0",
         supports_images=False,
         tap=True,
+        render=TextRenderer(model),
     )
 
 
 def mlx_vlm_server() -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on the tiny Qwen2-VL under the logit tap;
-    cold = a fresh ``x-apc-tenant`` salt on the same server."""
+    cold = a fresh ``x-apc-tenant`` salt on the same server; token ids and image spans
+    rendered locally."""
     model = FIXTURES / "tiny-qwen2-vl"
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {model} --host 127.0.0.1 --port {{port}} "
@@ -70,6 +73,7 @@ def mlx_vlm_server() -> OpenAIEngine:
         tap=True,
         vocab=model,
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
+        render=VlmRenderer(model),
     )
 
 

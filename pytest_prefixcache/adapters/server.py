@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import EngineError
 
-__all__ = ["ServerProcess", "free_port", "http_json"]
+__all__ = ["ServerProcess", "free_port", "http_json", "remove_quietly"]
 
 ISOLATION_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -69,6 +69,15 @@ def http_json(
         return status, json.loads(raw or b"null")
     except ValueError:
         return status, raw.decode(errors="replace")
+
+
+def remove_quietly(path: str) -> None:
+    """Remove a file if it exists."""
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _stop(proc: subprocess.Popen[bytes], home: str) -> None:

@@ -1,0 +1,69 @@
+"""Completing an HTTP Outcome from the logit tap's records (see :mod:`pytest_prefixcache.tap`).
+
+The records since the last read are searched for the call whose KV offset after it equals the
+reply's ``prompt_tokens`` (the call that produced the first token); the chunks before it give
+the really prefilled count, the one-position calls after it the decode steps. Every figure the
+API also reports is cross-checked against the tap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import EngineError
+from ..types import Outcome
+
+__all__ = ["apply_tap"]
+
+
+def apply_tap(
+    reader: Any, out: Outcome, expected: int, n: int, *, wait: float = 5.0
+) -> tuple[Outcome, list[str]]:
+    """``out`` with the tap's logits, step logits, greedy tokens and really reused count,
+    and the list of API figures the tap contradicts. Waits up to ``wait`` seconds for the
+    ``expected`` steps to be written."""
+    from ..tap import decode_steps, find_prompt_call, prefill_start
+
+    if out.prompt_tokens is None:
+        raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")
+    records: list[Any] = []
+    steps: list[Any] = []
+    i = None
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        records += reader.read_new()
+        i = find_prompt_call(records, out.prompt_tokens)
+        if i is not None:
+            steps = decode_steps(records, i, expected)
+            if len(steps) >= expected:
+                break
+        time.sleep(0.02)
+    if not steps or i is None:
+        raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}")
+    reused = prefill_start(records, i)
+    logits = [np.asarray(r.logprobs, dtype=np.float32) for r in steps]
+    real_tokens = tuple(int(np.argmax(lp)) for lp in logits)
+    problems: list[str] = []
+    if out.cached_tokens is not None and out.cached_tokens != reused:
+        problems.append(
+            f"API cached_tokens={out.cached_tokens} but the tap saw "
+            f"{out.prompt_tokens - reused} of {out.prompt_tokens} prompt tokens prefilled"
+        )
+    for tok, lp in (out.top_logprobs or {}).items():
+        if tok < len(logits[0]) and abs(float(logits[0][tok]) - lp) > 1e-4:
+            problems.append(f"API logprob of token {tok} is {lp}, the tap has {logits[0][tok]}")
+            break
+    if out.tokens != real_tokens[: len(out.tokens)]:
+        problems.append(f"API tokens {out.tokens} but the tap's argmax is {real_tokens}")
+    tapped = dataclasses.replace(
+        out,
+        logits=logits[0],
+        tokens=real_tokens[:n],
+        step_logits=tuple(logits[: min(n, len(steps))]),
+        cached_tokens=reused,
+    )
+    return tapped, problems
