@@ -64,6 +64,7 @@ def exports() -> str:
         "PREFIXCACHE_TEXT_ONLY": "0" if IMAGES else "1",
         "PREFIXCACHE_RESET_PATH": "/v1/cache",
         "PREFIXCACHE_RESET_METHOD": "DELETE",
+        "PREFIXCACHE_RENDER": f"{'vlm' if IMAGES else 'text'}:{MODEL}",
     }
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 

@@ -86,13 +86,20 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_NAMESPACE_HEADER``; ``PREFIXCACHE_MODEL``; ``PREFIXCACHE_TOP_LOGPROBS``
     (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``; and
-    ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers).
+    ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
+    (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
     if not cmd and not url:
         raise EngineError("set PREFIXCACHE_SERVER_CMD (with {port}) or PREFIXCACHE_SERVER_URL")
     env = dict(kv.split("=", 1) for kv in shlex.split(e.get("PREFIXCACHE_SERVER_ENV", "")))
+    kind, _, model_dir = e.get("PREFIXCACHE_RENDER", "").partition(":")
+    if kind not in ("", "text", "vlm"):
+        raise EngineError(f"PREFIXCACHE_RENDER={kind}:... is not text:DIR or vlm:DIR")
+    render: TextRenderer | VlmRenderer | None = None
+    if kind:
+        render = TextRenderer(model_dir) if kind == "text" else VlmRenderer(model_dir)
     return OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
@@ -108,4 +115,5 @@ def from_env() -> OpenAIEngine:
         supports_images=e.get("PREFIXCACHE_TEXT_ONLY") != "1",
         env=env,
         start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
+        render=render,
     )
