@@ -192,3 +192,25 @@ def test_servers_are_stopped_by_pid_and_their_home_removed() -> None:
     assert proc is not None and proc.poll() is None and home.is_dir()
     engine.close()
     assert proc.poll() is not None and not home.exists()
+
+
+def test_from_env_builds_the_adapter_the_seed_script_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_prefixcache.adapters.presets import from_env
+
+    env = {
+        "PREFIXCACHE_SERVER_CMD": "{python} -m reference_engine.server --port {port}",
+        "PREFIXCACHE_COLD": "salt",
+        "PREFIXCACHE_NAMESPACE_HEADER": NS,
+        "PREFIXCACHE_TOP_LOGPROBS": "20",
+        "PREFIXCACHE_RENDER": f"vlm:{Path(__file__).parents[1] / 'fixtures' / 'tiny-qwen2-vl'}",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    engine = from_env()
+    try:
+        engine.run(IMAGE, use_cache=True)
+        assert check(engine, IMAGE) == 80  # a repeat: every full block of the 82 tokens
+        out = engine.run(IMAGE, use_cache=True)
+        assert out.image_spans == ((47, 63, A.digest),) and engine.render_mismatches == []
+    finally:
+        engine.close()
