@@ -7,10 +7,14 @@ is built, so importing this package costs nothing:
 - :mod:`.mlx_vlm_apc`: mlx-vlm in-process with Automatic Prefix Caching (images), in its block
   mode or its exact-snapshot mode, disk tier off.
 - :mod:`.openai`: any OpenAI-compatible HTTP server, started from a command line or reached at
-  a URL, with a cold baseline by restart, cache reset or salt, and an optional logit tap.
+  a URL, with a cold baseline by restart, cache reset, a cache-less server or a salt, the
+  logit tap (:mod:`.tapped`) and local rendering of token ids (:mod:`.render`).
+- :mod:`.presets`: ready HTTP setups (reference server, mlx_lm.server, mlx_vlm.server) and
+  ``from_env`` (configured by ``PREFIXCACHE_*`` variables; used by scripts/seed_engines.sh).
 
 Every adapter has a zero-argument factory, so it can be named on the command line, e.g.
-``--prefixcache-engine=pytest_prefixcache.adapters.mlx_lm:tiny_llama``.
+``--prefixcache-engine=pytest_prefixcache.adapters.mlx_lm:tiny_llama``. Adapters say
+``supports_images`` and ``supports_namespaces``.
 """
 
 from __future__ import annotations
