@@ -169,6 +169,19 @@ WRONG_ANSWER: dict[str, tuple[list[Request], Request, str]] = {
         ),
         "logits differ",
     ),
+    "evicts_in_use": (  # B outgrows the small pool while it holds A's blocks
+        [
+            req(SYSTEM, user("First question. " + LONG)),
+            req(
+                SYSTEM,
+                user("First question. " + LONG),
+                assistant("Sure."),
+                user(" ".join([LONG] * 4)),
+            ),
+        ],
+        req(SYSTEM, user("First question. " + LONG)),
+        "logits differ",
+    ),
     "lying_hit_count": (
         [req(SYSTEM, user("What is this?", I1))],
         req(user("A new conversation about the same image:", I1)),

@@ -77,8 +77,16 @@ def test_unmodified_engine_passes_the_corpus(model: LoadedModel) -> None:
     assert detect_in_corpus(Engine(model)) == []
 
 
-def test_unmodified_engine_passes_the_same_run(model: LoadedModel) -> None:
-    row = detect(Engine(model), name="reference", examples=EXAMPLES, seed_value=SEED, shrink=False)
+#: Every engine configuration a mutant runs with: the unmodified engine must pass each.
+CONFIGS = sorted({tuple(sorted(m.options.items())) for m in MUTANTS.values()})
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[str(dict(c)) if c else "default" for c in CONFIGS])
+def test_unmodified_engine_passes_the_same_run(
+    model: LoadedModel, config: tuple[tuple[str, int], ...]
+) -> None:
+    engine = Engine(model, **dict(config))
+    row = detect(engine, name="reference", examples=EXAMPLES, seed_value=SEED, shrink=False)
     assert not row.detected, row.headline
     assert row.examples == EXAMPLES
 

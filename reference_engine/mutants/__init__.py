@@ -20,7 +20,14 @@ from typing import Any
 
 from ..engine import Engine, default_model_path
 from ..model import LoadedModel
-from .accounting import LyingHitCount, NeverStores, SlowRestore, ZeroByteAccounting
+from .accounting import (
+    SMALL_BUDGET,
+    EvictsInUse,
+    LyingHitCount,
+    NeverStores,
+    SlowRestore,
+    ZeroByteAccounting,
+)
 from .concurrency import WrongBatchRow
 from .keys import (
     ImageOrderIgnored,
@@ -135,6 +142,8 @@ _ALL = (
            "the rope delta", "equivalence", MropeRestart),
     Mutant("zero_byte_accounting", 20, "blocks counted as 0 bytes: budget never enforced",
            "memory budget", ZeroByteAccounting),
+    Mutant("evicts_in_use", 20, "in-use blocks evicted; their memory reused while still "
+           "indexed", "equivalence", EvictsInUse, {"max_bytes": SMALL_BUDGET}),
     Mutant("slow_restore", 21, "restoring a hit costs more than recomputing it",
            "speedup", SlowRestore),
     Mutant("never_stores", 22, "store fails silently: nothing is ever cached",

@@ -19,6 +19,8 @@ from ..pool import Block, BlockPool
 
 __all__ = [
     "RESTORE_SECONDS_PER_TOKEN",
+    "SMALL_BUDGET",
+    "EvictsInUse",
     "LyingHitCount",
     "NeverStores",
     "SlowRestore",
@@ -27,6 +29,8 @@ __all__ = [
 
 #: What SlowRestore's restore costs per reused token: about 4x this fixture's prefill cost.
 RESTORE_SECONDS_PER_TOKEN = 1e-3
+#: A pool of about 16 blocks of the default fixture (8 KiB each): eviction in every stream.
+SMALL_BUDGET = 128 * 1024
 
 
 class _ZeroBytePool(BlockPool):
@@ -46,6 +50,53 @@ class ZeroByteAccounting(Engine):
     def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.pool = _ZeroBytePool(self.pool.max_bytes)
+
+
+class _InUseEvictingPool(BlockPool):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(max_bytes)
+        self._recycled: list[Block] = []
+
+    def _make_room(self, nbytes: int) -> bool:
+        for digest, block in list(self._blocks.items()):
+            if self._bytes + nbytes <= self.max_bytes:
+                break
+            if block.refcount == 0:
+                self._bytes -= self._blocks.pop(digest).nbytes
+                self.stats.evictions += 1
+            elif block.nbytes:
+                # BUG: a block in use is evicted too: its memory goes to the next new block,
+                # but it stays in the index (it is dropped on release, which forgets to).
+                self._bytes -= block.nbytes
+                block.nbytes = 0
+                self._recycled.append(block)
+        return self._bytes + nbytes <= self.max_bytes
+
+    def insert(self, key: BlockKey, payload: Any, nbytes: int) -> Block | None:
+        block = super().insert(key, payload, nbytes)
+        if block is not None and block.payload is payload and self._recycled:
+            self._recycled.pop(0).payload[:] = payload  # the recycled memory now holds it
+
+        return block
+
+    def clear(self) -> None:
+        super().clear()
+        self._recycled.clear()
+
+
+class EvictsInUse(Engine):
+    """Class 20, eviction accounting: under memory pressure the pool evicts blocks that a
+    running request still holds; their memory is reused for new blocks while their keys stay
+    in the index, so a later hit on them reads another block's KV.
+
+    Runs with a small pool (``SMALL_BUDGET``) so that every stream evicts. Reproduces the
+    eviction bugs of waybarrios/vllm-mlx #541 and #683 (agents evicting each other's entries
+    mid-request) and ml-explore/mlx-vlm #1901 (cache accounting that frees live entries).
+    """
+
+    def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self.pool = _InUseEvictingPool(self.pool.max_bytes)
 
 
 class SlowRestore(Engine):
