@@ -179,6 +179,12 @@ def _tolerance(s: opt.Settings) -> str:
     return Tolerance(s.atol, s.rtol, s.kl).describe()
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    worker = config.stash.get(WORKER_KEY, None)
+    if worker is not None:
+        worker.close()
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     s = settings_of(config)
     if not s.verify:

@@ -46,6 +46,9 @@ class _Job:
         self.result = CallResult()
 
 
+_STOP = _Job(lambda: None)
+
+
 class EngineWorker:
     """A single daemon thread that runs engine calls one at a time."""
 
@@ -59,6 +62,8 @@ class EngineWorker:
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is _STOP:
+                return
             start = time.perf_counter()
             try:
                 value = job.fn()
@@ -86,3 +91,10 @@ class EngineWorker:
             self.dead = f"{what} did not answer within {timeout:g} s"
             raise CallTimedOut(what, timeout)
         return job.result
+
+    def close(self) -> None:
+        """Let an idle worker thread end (a hung one is a daemon and is left behind)."""
+        if self._thread is not None and self.dead is None:
+            self._jobs.put(_STOP)
+            self._thread.join(timeout=1.0)
+        self._thread = None

@@ -27,6 +27,16 @@ def test_worker_returns_values_and_errors_on_one_thread() -> None:
     assert w.call(lambda: 7, timeout=5, what="after an error").value == 7
 
 
+def test_close_ends_the_idle_thread() -> None:
+    w = EngineWorker()
+    assert w.call(lambda: 1, timeout=5, what="x").value == 1
+    thread = w._thread
+    w.close()
+    assert thread is not None and not thread.is_alive()
+    assert w.call(lambda: 2, timeout=5, what="after close").value == 2  # starts a new one
+    w.close()
+
+
 def test_worker_times_out_and_stays_dead() -> None:
     w = EngineWorker()
     release = threading.Event()
