@@ -16,8 +16,10 @@ from .problems import Problem
 from .types import Outcome, Request
 
 __all__ = [
+    "CONTROL_MIN_TOKENS",
     "RENDER_SLACK",
     "Rendered",
+    "control_problems",
     "fault_problems",
     "merge_problems",
     "pair_problems",
@@ -27,6 +29,9 @@ __all__ = [
 ]
 
 Span = tuple[int, int, str]
+#: The positive control applies only when the oracle could reuse at least this many tokens
+#: (so block-granular caches with blocks up to this size are not flagged).
+CONTROL_MIN_TOKENS = 64
 #: An append-only next turn must keep all of the previous prompt but its last RENDER_SLACK
 #: tokens (the generation prompt, e.g. ``<|im_start|>assistant\n``).
 RENDER_SLACK = 8
@@ -240,3 +245,25 @@ def render_problems(
             )
         ]
     return []
+
+
+def control_problems(
+    req: Request, prev: Request | None, cached: Outcome, match: Match | None
+) -> list[Problem]:
+    """The positive control: an identical repeat or an append-only next turn of the previous
+    request (same namespace) must reuse something when the oracle says enough was reusable."""
+    if prev is None or cached.cached_tokens is None or cached.cached_tokens > 0:
+        return []
+    if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
+        return []
+    if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
+        return []
+    same = req.messages == prev.messages
+    kind = "an identical repeat" if same else "an append-only next turn"
+    return [
+        Problem(
+            "positive control",
+            f"{kind} of the previous request reused 0 tokens; {match.max_reuse} were reusable",
+            ("the cache never stores, drops every entry, or its key changes between turns",),
+        )
+    ]

@@ -17,8 +17,8 @@ from typing import NoReturn
 
 from . import errors
 from .checks import (
-    RENDER_SLACK,
     Rendered,
+    control_problems,
     fault_problems,
     merge_problems,
     pair_problems,
@@ -32,10 +32,10 @@ from .problems import Problem
 from .replay import stream_id
 from .report import Report
 from .runner import CallTimedOut, EngineWorker
+from .scenarios import expectation_problems
 from .types import Engine, Outcome, Request
 
 __all__ = [
-    "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "SPEEDUP_MIN_SECONDS",
     "Step",
@@ -43,9 +43,6 @@ __all__ = [
     "VerifyOptions",
 ]
 
-#: The positive control applies only when the oracle could reuse at least this many tokens
-#: (so block-granular caches with blocks up to this size are not flagged).
-CONTROL_MIN_TOKENS = 64
 #: --prefixcache-min-efficiency applies to a stream only when this many tokens were reusable.
 EFFICIENCY_MIN_TOKENS = 64
 #: --prefixcache-min-speedup applies to a stream only when its cache hits took this long cold.
@@ -228,7 +225,7 @@ class Verifier:
             + merge_problems(uncached)
             + comparison.problems
             + reuse_problems(cached, match)
-            + self._control(request, prev, cached, match)
+            + control_problems(request, prev, cached, match)
             + render,
             ctx,
         )
@@ -246,25 +243,6 @@ class Verifier:
             r.oracle_tokens += match.max_reuse
             self._reused += used
             self._reusable += match.max_reuse
-
-    def _control(
-        self, req: Request, prev: Request | None, cached: Outcome, match: Match | None
-    ) -> list[Problem]:
-        if prev is None or cached.cached_tokens is None or cached.cached_tokens > 0:
-            return []
-        if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
-            return []
-        if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
-            return []
-        same = req.messages == prev.messages
-        kind = "an identical repeat" if same else "an append-only next turn"
-        return [
-            Problem(
-                "positive control",
-                f"{kind} of the previous request reused 0 tokens; {match.max_reuse} were reusable",
-                ("the cache never stores, drops every entry, or its key changes between turns",),
-            )
-        ]
 
     def _check(self, problems: list[Problem], ctx: Context, prefix: str = "") -> None:
         __tracebackhide__ = True
@@ -304,34 +282,13 @@ class Verifier:
     def expect_same_render(
         self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False
     ) -> None:
-        """Scenario expectations: request j renders to the same prompt as request i (or, with
-        ``extends``, keeps all of it but the generation prompt), e.g. once volatile header
-        lines are normalised away. Checked on token_ids, else on cached_tokens > 0."""
+        """Scenario expectations (see :mod:`pytest_prefixcache.scenarios`): request j renders
+        to the same prompt as request i, or with ``extends`` keeps all of it."""
         __tracebackhide__ = True
-        key = "expect_extends" if extends else "expect_same_prompt"
-        for i, j in pairs:
-            meta: dict[str, object] = {key: [[i, j]]}
-            before, after = steps[i].cached, steps[j].cached
-            ctx = Context(tuple(self.stream[: j + 1]), j, after, steps[j].match)
-            if before.token_ids is None or after.token_ids is None:
-                if after.cached_tokens == 0:
-                    head = f"request {j} should reuse request {i}'s prompt but reused 0 tokens"
-                    self.fail(Problem("render stability", head), ctx, meta=meta)
-                continue
-            a, b = tuple(before.token_ids), tuple(after.token_ids)
-            need = len(a) - (RENDER_SLACK if extends else 0)
-            same = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            if same < need or (not extends and len(a) != len(b)):
-                what = "extend" if extends else "equal"
-                head = (
-                    f"request {j}'s prompt should {what} request {i}'s ({len(a)} tokens) but "
-                    f"shares only its first {same} tokens (now {len(b)} tokens)"
-                )
-                why = (
-                    "the requests differ only in bytes that carry no meaning (a volatile header "
-                    "line); normalise them away or nothing after them is ever reused",
-                )
-                self.fail(Problem("render stability", head, why, position=same), ctx, meta=meta)
+        outcomes = [(s.cached, s.match) for s in steps]
+        for j, problem, meta in expectation_problems(outcomes, pairs, extends=extends):
+            ctx = Context(tuple(self.stream[: j + 1]), j, steps[j].cached, steps[j].match)
+            self.fail(problem, ctx, meta=meta)
 
     def run(self, stream: Sequence[Request], *, reset: bool = True) -> list[Step]:
         """Reset (by default), run every request of ``stream`` and the stream-level checks."""
