@@ -173,3 +173,40 @@ def test_message_names_everything_a_bug_report_needs() -> None:
     assert describe_request(r1) == (
         f"namespace='t', max_new_tokens=1 | user: [image 16x16 {b.digest[:12]}] 'what colour?'"
     )
+
+
+def test_positive_control() -> None:
+    from pytest_prefixcache.checks import control_problems
+
+    prev = Request((Message("user", ("x" * 10,)),))
+    grown = Request((*prev.messages, Message("assistant", ("ok",)), Message("user", ("more",))))
+    other = Request((Message("user", ("y",)),))
+    big, small = Match(100, 100, 0), Match(10, 10, 0)
+    miss = out(logits(1), cached_tokens=0)
+    [p] = control_problems(prev, prev, miss, big)
+    assert p.headline.startswith("an identical repeat of the previous request reused 0 tokens")
+    [p] = control_problems(grown, prev, miss, big)
+    assert p.headline.startswith("an append-only next turn")
+    assert control_problems(grown, prev, out(logits(1), cached_tokens=16), big) == []
+    assert control_problems(grown, prev, miss, small) == []  # below CONTROL_MIN_TOKENS
+    assert control_problems(other, prev, miss, big) == []  # not a repeat or a next turn
+    moved = Request(prev.messages, namespace="t")
+    assert control_problems(moved, prev, miss, big) == []  # another namespace
+
+
+def test_scenario_expectations() -> None:
+    from pytest_prefixcache.scenarios import expectation_problems
+
+    a = (out(logits(1), token_ids=(1, 2, 3, 4)), None)
+    same = (out(logits(1), token_ids=(1, 2, 3, 4)), None)
+    changed = (out(logits(1), token_ids=(1, 9, 3, 4)), None)
+    grown = (out(logits(1), token_ids=(1, 2, 3, 4, 5, 6)), None)
+    assert list(expectation_problems([a, same], [[0, 1]])) == []
+    [(j, p, meta)] = expectation_problems([a, changed], [[0, 1]])
+    assert (j, p.check, meta) == (1, "render stability", {"expect_same_prompt": [[0, 1]]})
+    assert p.headline == "request 1's prompt should equal request 0's (4 tokens) but shares " \
+        "only its first 1 tokens (now 4 tokens)"  # fmt: skip
+    assert list(expectation_problems([a, grown], [[0, 1]], extends=True)) == []
+    blind = (out(logits(1), cached_tokens=0), None)
+    [(_, p, _)] = expectation_problems([blind, blind], [[0, 1]])
+    assert p.headline == "request 1 should reuse request 0's prompt but reused 0 tokens"
