@@ -30,6 +30,9 @@ SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "fixtures" / "corpus" / "mutants").glob("mutant_*.json"))
 
+#: Every opt-in check the mutants use (``--prefixcache-min-speedup=1``).
+OPT_IN = {k: v for m in MUTANTS.values() for k, v in m.verify.items()}
+
 #: Mutants that only the scenario corpus catches (the generated streams do not, yet).
 CORPUS_ONLY = {
     "weak_image_hash": "streams rarely hold two same-size solid images whose bytes fold alike",
@@ -65,28 +68,47 @@ def test_mutant_is_detected_by_its_expected_check(model: LoadedModel, name: str)
     mutant = MUTANTS[name]
     engine = mutant.build(model)
     if name in CORPUS_ONLY:
-        failed = detect_in_corpus(engine)
+        failed = detect_in_corpus(engine, mutant.verify)
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
         return
-    row = detect(engine, name=name, examples=EXAMPLES, seed_value=SEED, shrink=False)
+    row = detect(
+        engine, name=name, examples=EXAMPLES, seed_value=SEED, shrink=False, verify=mutant.verify
+    )
     assert row.detected, f"{name} was not detected in {EXAMPLES} examples (seed {SEED})"
     assert row.check == mutant.expected_check, (name, row.check, row.headline)
 
 
 def test_unmodified_engine_passes_the_corpus(model: LoadedModel) -> None:
-    assert detect_in_corpus(Engine(model)) == []
+    assert detect_in_corpus(Engine(model), OPT_IN) == []
 
 
-#: Every engine configuration a mutant runs with: the unmodified engine must pass each.
-CONFIGS = sorted({tuple(sorted(m.options.items())) for m in MUTANTS.values()})
+#: Every configuration a mutant runs with (engine options, opt-in checks): the unmodified
+#: engine must pass each. (A token-granular cache is slower than no cache on this tiny model,
+#: so the speedup check is only on where its mutant runs.)
+CONFIGS = sorted(
+    {(tuple(sorted(m.options.items())), tuple(sorted(m.verify.items()))) for m in MUTANTS.values()}
+)
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[str(dict(c)) if c else "default" for c in CONFIGS])
+def _config_id(config: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, float], ...]]) -> str:
+    return "-".join(f"{k}={v:g}" for part in config for k, v in part) or "default"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
 def test_unmodified_engine_passes_the_same_run(
-    model: LoadedModel, config: tuple[tuple[str, int], ...]
+    model: LoadedModel,
+    config: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, float], ...]],
 ) -> None:
-    engine = Engine(model, **dict(config))
-    row = detect(engine, name="reference", examples=EXAMPLES, seed_value=SEED, shrink=False)
+    options, verify = config
+    engine = Engine(model, **dict(options))
+    row = detect(
+        engine,
+        name="reference",
+        examples=EXAMPLES,
+        seed_value=SEED,
+        shrink=False,
+        verify=dict(verify),
+    )
     assert not row.detected, row.headline
     assert row.examples == EXAMPLES
 
@@ -98,7 +120,7 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
     stream, meta = load_stream(path)
     name = json.loads(path.read_text())["mutant"]
     mutant = MUTANTS[name]
-    options = VerifyOptions(failures_dir=tmp_path)
+    options = VerifyOptions(failures_dir=tmp_path, min_speedup=mutant.verify.get("min_speedup"))
     with pytest.raises(VerificationFailure) as info:
         Verifier(mutant.build(model), options=options).run(stream)
     assert info.value.check == mutant.expected_check

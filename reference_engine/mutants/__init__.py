@@ -58,6 +58,7 @@ PROTOCOL_CHECKS = frozenset(
         "positive control",
         "min efficiency",
         "render stability",
+        "min speedup",
         "fault",
     }
 )
@@ -74,6 +75,8 @@ class Mutant:
         expected_check: the check that must catch it.
         engine_class: the Engine subclass.
         options: keyword arguments for the engine (e.g. ``block_size``).
+        verify: ``VerifyOptions`` fields the check needs (opt-in checks such as
+            ``min_speedup``); see :attr:`flags` for the command-line equivalent.
     """
 
     name: str
@@ -82,6 +85,12 @@ class Mutant:
     expected_check: str
     engine_class: type[Engine]
     options: dict[str, Any] = field(default_factory=dict)
+    verify: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        """The ``--prefixcache-*`` options that enable :attr:`verify`."""
+        return tuple(f"--prefixcache-{k.replace('_', '-')}={v:g}" for k, v in self.verify.items())
 
     @property
     def source(self) -> str:
@@ -145,7 +154,7 @@ _ALL = (
     Mutant("evicts_in_use", 20, "in-use blocks evicted; their memory reused while still "
            "indexed", "equivalence", EvictsInUse, {"max_bytes": SMALL_BUDGET}),
     Mutant("slow_restore", 21, "restoring a hit costs more than recomputing it",
-           "speedup", SlowRestore),
+           "min speedup", SlowRestore, verify={"min_speedup": 1.0}),
     Mutant("never_stores", 22, "store fails silently: nothing is ever cached",
            "positive control", NeverStores),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",

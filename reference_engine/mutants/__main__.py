@@ -34,7 +34,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown mutant(s) {', '.join(unknown)}; known: {', '.join(MUTANTS)}")
     if not args.table:
         for m in MUTANTS.values():
-            print(f"{m.name:24} class {m.bug_class:<3} {m.expected_check:17} {m.breaks}")
+            flags = f" [{' '.join(m.flags)}]" if m.flags else ""
+            print(f"{m.name:24} class {m.bug_class:<3} {m.expected_check:17} {m.breaks}{flags}")
         return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import mlx.core as mx

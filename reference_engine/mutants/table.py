@@ -12,11 +12,13 @@ part of the corpus run.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import HypothesisException
@@ -88,10 +90,18 @@ def stream_size(stream: Sequence[Request]) -> tuple[int, int, int]:
     return len(stream), turns, images
 
 
-def detect_in_corpus(engine: EngineProtocol) -> list[tuple[str, str]]:
-    """Run every scenario of the plugin's corpus as the suite does; return the failures."""
+def _verifier(engine: EngineProtocol, verify: Mapping[str, float] | None) -> Verifier:
+    overrides: dict[str, Any] = dict(verify or {})
+    return Verifier(engine, options=dataclasses.replace(_OPTIONS, **overrides))
+
+
+def detect_in_corpus(
+    engine: EngineProtocol, verify: Mapping[str, float] | None = None
+) -> list[tuple[str, str]]:
+    """Run every scenario of the plugin's corpus as the suite does; return the failures.
+    ``verify`` sets ``VerifyOptions`` fields (opt-in checks such as ``min_speedup``)."""
     failed: list[tuple[str, str]] = []
-    verifier = Verifier(engine, options=_OPTIONS)
+    verifier = _verifier(engine, verify)
     for path in corpus_files():
         stream, meta = load_stream(path)
         try:
@@ -110,10 +120,11 @@ def detect(
     examples: int = 20,
     seed_value: int = 0,
     shrink: bool = True,
+    verify: Mapping[str, float] | None = None,
 ) -> Detection:
     """Run ``examples`` generated streams through every check of ``engine``."""
     found = Detection(name, None, None)
-    verifier = Verifier(engine, options=_OPTIONS)
+    verifier = _verifier(engine, verify)
     phases = (Phase.explicit, Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     start = time.perf_counter()
 
@@ -171,10 +182,20 @@ def detection_table(
     todo: list[tuple[str, Mutant | None]] = [(n, MUTANTS[n]) for n in (names or MUTANTS)]
     if reference:
         todo.append((REFERENCE, None))
+    merged = {k: v for _, m in todo if m is not None for k, v in m.verify.items()}
     for name, mutant in todo:
         engine = Engine(model) if mutant is None else mutant.build(model)
-        row = detect(engine, name=name, examples=examples, seed_value=seed_value, shrink=shrink)
-        row.corpus = detect_in_corpus(engine)
+        # the unmodified engine runs with every opt-in check the mutants need
+        verify = mutant.verify if mutant is not None else merged
+        row = detect(
+            engine,
+            name=name,
+            examples=examples,
+            seed_value=seed_value,
+            shrink=shrink,
+            verify=verify,
+        )
+        row.corpus = detect_in_corpus(engine, verify)
         row.scenarios = len(corpus_files())
         if mutant is not None:
             row.bug_class, row.expected = mutant.bug_class, mutant.expected_check
