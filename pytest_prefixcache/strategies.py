@@ -80,6 +80,14 @@ def images(
     )
 
 
+def _side(min_side: int, max_side: int) -> st.SearchStrategy[int]:
+    """Sides in range, often round ones (multiples of 16, as real images tend to be)."""
+    lo, hi = -(-min_side // 16) * 16, max_side // 16 * 16
+    rounds = list(range(lo, hi + 1, 16)) if lo <= hi else []
+    anything = st.integers(min_side, max_side)
+    return st.one_of(anything, st.sampled_from(rounds)) if rounds else anything
+
+
 @st.composite
 def _pools(
     draw: st.DrawFn,
@@ -90,15 +98,18 @@ def _pools(
     pats: tuple[str, ...],
 ) -> tuple[Image, ...]:
     n = draw(st.integers(min_size, max_size))
-    side = st.integers(min_side, max_side)
+    side = _side(min_side, max_side)
     base = (draw(side), draw(side))
+    first = draw(st.sampled_from(pats))
     out: list[Image] = []
     for i in range(n):
-        # The first two always share a size (same placeholder count); later ones often do.
-        fresh = i >= 2 and draw(st.booleans())
-        w, h = (draw(side), draw(side)) if fresh else base
+        # 0: a sibling of the first image (same pattern and size, other colours or noise),
+        # 1: the same size, any pattern; 2: any size (never for the second image).
+        kind = 0 if i == 0 else draw(st.integers(0, 1 if i == 1 else 2))
+        w, h = (draw(side), draw(side)) if kind == 2 else base
+        pattern = first if kind == 0 else draw(st.sampled_from(pats))
         seed = draw(st.integers(0, 2**16))
-        img = make_image(draw(st.sampled_from(pats)), w, h, seed=seed)
+        img = make_image(pattern, w, h, seed=seed)
         while img in out:
             seed += 1
             img = make_image("noise", w, h, seed=seed)
@@ -121,6 +132,10 @@ def image_pools(
         max_size: most images. Default: 5.
         min_side, max_side: image side range in pixels. Default: 16 and 96.
         patterns: patterns to draw from. Default: all.
+
+    The second image is always the same size as the first, often a sibling (the same
+    pattern, other colours or noise); later ones are siblings, the same size, or any size.
+    Sides are often round (multiples of 16).
 
     Shrinks toward ``min_size`` images that all share one small size and are solid colours.
     """
