@@ -1,0 +1,279 @@
+"""Reuse and time to first token of the reference engine, mlx-vlm APC and mlx-lm, side by side.
+
+    python benchmarks/side_by_side.py --size tiny --repeats 3     # the tiny fixture
+    python benchmarks/side_by_side.py --size large --repeats 1    # random hidden 512, 8 layers
+
+Every workload of ``workloads.py`` is fed, request by request and in order, to every engine
+that can serve it (the reference engine: all; mlx-vlm APC in block and exact-snapshot modes:
+the multimodal ones; mlx-lm's prompt cache: the text-only one), each engine on the same model
+weights. Per request: an uncached run (cold), then a cached run (warm), both timed to the
+first token (``max_new_tokens=0``; the peers' adapters always sample one token); the warm
+run's cached tokens against the oracle's maximum valid reuse (``ReuseOracle``) and against
+that maximum rounded down to the engine's 16-token blocks; for the reference engine also the
+time to prefill only the uncached suffix from an empty cache (the issue's physical limit of a
+prefix cache) and on top of its prefix KV already in place (compute-only: the suffix's
+unavoidable attention over the prefix included, see ``limits``); the resident cache bytes
+after the request. ``--repeats`` replays each workload (cache reset first) and keeps the
+median time per request. Writes
+``results/side_by_side_<size>.json`` and, with ``--charts``, PNG charts (``charts.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workloads import Workload, photo, workloads
+
+from pytest_prefixcache import Message, Request
+from pytest_prefixcache.oracle import ReuseOracle
+
+MODELS = {
+    "tiny": "tiny fixture (hidden 64, 2 layers)",
+    "large": "random hidden 512, 8 layers, 8 heads, 4 KV heads",
+}
+RESULTS = Path(__file__).resolve().parent / "results"
+BLOCK = 16
+LARGE = {
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 1408,
+}
+
+
+def model_path(size: str) -> Path:
+    if size == "tiny":
+        from reference_engine import default_model_path
+
+        return default_model_path()
+    from reference_engine.fixtures import build_qwen2_vl
+
+    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-bench-")), **LARGE)
+
+
+def engines(path: Path) -> dict[str, tuple[Callable[[], Any], bool]]:
+    """name -> (factory, multimodal); a text-only engine serves only text-only workloads."""
+    from pytest_prefixcache.adapters.mlx_lm import MlxLmEngine
+    from pytest_prefixcache.adapters.mlx_vlm_apc import MlxVlmApcEngine
+    from reference_engine import Engine
+
+    return {
+        "reference": (lambda: Engine.from_pretrained(path), True),
+        "mlx-vlm APC block": (lambda: MlxVlmApcEngine.from_pretrained(path, mode="block"), True),
+        "mlx-vlm APC snapshot": (
+            lambda: MlxVlmApcEngine.from_pretrained(path, mode="snapshot"),
+            True,
+        ),
+        "mlx-lm prompt cache": (lambda: MlxLmEngine.from_pretrained(path), False),
+    }
+
+
+def resident_bytes(engine: Any) -> int | None:
+    if hasattr(engine, "pool"):  # the reference engine
+        return int(engine.stats.resident_bytes)
+    if hasattr(engine, "manager"):  # mlx-vlm APC: blocks plus exact snapshots
+        return int(engine.manager.resident_bytes())
+    if hasattr(engine, "prompt_cache"):  # mlx-lm LRUPromptCache
+        return int(engine.prompt_cache.nbytes)
+    return None
+
+
+def limits(engine: Any, request: Request) -> tuple[int, float, float]:
+    """The reference engine only, before its warm run of ``request``: (reusable tokens,
+    compute-only seconds, suffix-only seconds). Compute-only prefills the uncached suffix on
+    top of the hit blocks' KV already restored (the suffix's attention over the prefix
+    included; hashing, lookup, restore and store excluded); suffix-only prefills the same
+    suffix from an empty KV cache (the issue's physical limit). Images are encoded afresh in
+    both, as in ``prefill.py``."""
+    import mlx.core as mx
+
+    model = engine.model
+    prepared = {img.digest: engine.vision.prepare(img, use_cache=False) for img in request.images}
+    rendered = engine.render(request, prepared)
+    ids = rendered.token_ids
+    positions, _ = model.positions(ids, [prepared[i.digest].grid for i in rendered.images])
+    mx.eval(positions)
+    hits = engine.lookup(engine.keys(rendered, request), len(ids))
+    start = len(hits) * engine.block_size
+    try:
+        cache = engine.restore(hits)
+        mx.eval([c.keys for c in cache], [c.values for c in cache])
+        t0 = time.perf_counter()
+        embeds, _ = engine.suffix_embeddings(rendered, prepared, start, use_cache=False)
+        model.forward(ids[start:], embeds, cache, positions[:, :, start:])
+        compute = time.perf_counter() - t0
+    finally:
+        engine.pool.release(hits)
+    t0 = time.perf_counter()
+    embeds, _ = engine.suffix_embeddings(rendered, prepared, start, use_cache=False)
+    model.forward(ids[start:], embeds, model.make_cache(), positions[:, :, start:])
+    return start, compute, time.perf_counter() - t0
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def one_pass(engine: Any, workload: Workload, reference: bool) -> list[dict[str, Any]]:
+    engine.reset()
+    oracle = ReuseOracle()
+    rows = []
+    for i, req in enumerate(workload.requests):
+        _, cold = timed(lambda r=req: engine.run(r, use_cache=False))  # type: ignore[misc]
+        start, compute, suffix = limits(engine, req) if reference else (None, None, None)
+        out, warm = timed(lambda r=req: engine.run(r, use_cache=True))  # type: ignore[misc]
+        ids, spans = tuple(out.token_ids), tuple(out.image_spans or ())
+        match = oracle.match(req.namespace, ids, spans)
+        oracle.add(i, req.namespace, ids, spans)
+        rows.append(
+            {
+                "prompt_tokens": out.prompt_tokens,
+                "cached_tokens": out.cached_tokens,
+                "oracle_max": match.max_reuse,
+                "oracle_block_max": match.max_reuse // BLOCK * BLOCK,
+                "cold_s": cold,
+                "warm_s": warm,
+                "compute_only_s": compute,
+                "suffix_only_s": suffix,
+                "limits_reuse_agrees": None if start is None else start == out.cached_tokens,
+                "resident_bytes": resident_bytes(engine),
+            }
+        )
+    return rows
+
+
+def median_rows(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Per request: the last pass's counts, the median of each time over the passes."""
+    rows = []
+    for per_pass in zip(*passes, strict=True):
+        row = dict(per_pass[-1])
+        for k in ("cold_s", "warm_s", "compute_only_s", "suffix_only_s"):
+            if row[k] is not None:
+                row[k] = statistics.median(p[k] for p in per_pass)
+        row["cached_tokens_same_every_pass"] = len({p["cached_tokens"] for p in per_pass}) == 1
+        rows.append(row)
+    return rows
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = ("prompt_tokens", "cached_tokens", "oracle_max", "oracle_block_max", "cold_s", "warm_s")
+    total = {k: sum(r[k] for r in rows) for k in keys}
+    per_request_vs_oracle = [r["cached_tokens"] / r["oracle_max"] for r in rows if r["oracle_max"]]
+    out: dict[str, Any] = {
+        **total,
+        "efficiency": ratio(total["cached_tokens"], total["prompt_tokens"]),
+        "vs_oracle": ratio(total["cached_tokens"], total["oracle_max"]),
+        "vs_block_oracle": ratio(total["cached_tokens"], total["oracle_block_max"]),
+        "min_request_vs_oracle": min(per_request_vs_oracle, default=None),
+        "cold_over_warm": ratio(total["cold_s"], total["warm_s"]),
+        "warm_slower_than_cold": sum(r["warm_s"] > r["cold_s"] for r in rows),
+        "worst_warm_over_cold": max(r["warm_s"] / r["cold_s"] for r in rows),
+        "max_resident_bytes": max((r["resident_bytes"] or 0) for r in rows),
+    }
+    if rows[0]["suffix_only_s"] is not None:
+        hits = [r for r in rows if r["cached_tokens"]]
+        out["warm_over_suffix"] = ratio(total["warm_s"], sum(r["suffix_only_s"] for r in rows))
+        out["warm_over_suffix_hits"] = ratio(
+            sum(r["warm_s"] for r in hits), sum(r["suffix_only_s"] for r in hits)
+        )
+        out["worst_warm_over_suffix"] = max(r["warm_s"] / r["suffix_only_s"] for r in rows)
+        out["warm_over_compute"] = ratio(total["warm_s"], sum(r["compute_only_s"] for r in rows))
+        out["worst_warm_over_compute"] = max(r["warm_s"] / r["compute_only_s"] for r in rows)
+    return out
+
+
+def warm_up(engine: Any, multimodal: bool) -> None:
+    """Two uncached runs of a small request: MLX builds its kernels on first use."""
+    parts = (photo(0, 64, 64), "warm up") if multimodal else ("warm up",)
+    for _ in range(2):
+        engine.run(Request((Message("user", parts),)), use_cache=False)
+
+
+def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any]:
+    import mlx.core as mx
+
+    mx.set_default_device(mx.cpu)
+    path = model_path(size)
+    loads = workloads(size)
+    results: dict[str, Any] = {}
+    t_start = time.perf_counter()
+    for name, (factory, multimodal) in engines(path).items():
+        if only and name not in only:
+            continue
+        engine = factory()
+        warm_up(engine, multimodal)
+        for w in loads:
+            if w.multimodal != multimodal and name != "reference":
+                continue
+            passes = [one_pass(engine, w, name == "reference") for _ in range(repeats)]
+            rows = median_rows(passes)
+            results.setdefault(w.name, {})[name] = {"summary": summary(rows), "requests": rows}
+            s = results[w.name][name]["summary"]
+            print(
+                f"{size} {w.name:>17} {name:>21}: reuse {s['efficiency']:.1%}, vs oracle "
+                f"{s['vs_oracle'] or 0:.1%} (block {s['vs_block_oracle'] or 0:.1%}), cold/warm "
+                f"{s['cold_over_warm']:.2f}x, warm>cold {s['warm_slower_than_cold']}"
+                + (
+                    f", warm/suffix {s['warm_over_suffix']:.2f}, warm/compute "
+                    f"{s['warm_over_compute']:.2f}"
+                    if "warm_over_suffix" in s
+                    else ""
+                ),
+                flush=True,
+            )
+        del engine
+    return {
+        "size": size,
+        "model": MODELS[size],
+        "repeats": repeats,
+        "block_size": BLOCK,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, MLX CPU",
+        "wall_s": time.perf_counter() - t_start,
+        "workloads": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "large"], default="tiny", help="Model and workloads")
+    ap.add_argument("--repeats", type=int, default=1, help="Passes per workload (default 1)")
+    ap.add_argument("--engine", action="append", help="Only this engine (repeatable)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="Output directory")
+    ap.add_argument("--charts", action="store_true", help="Also write PNG charts")
+    args = ap.parse_args(argv)
+    figures = run(args.size, args.repeats, args.engine)
+    figures["command"] = "python benchmarks/side_by_side.py " + " ".join(argv or sys.argv[1:])
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"side_by_side_{args.size}.json"
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"wrote {path} ({figures['wall_s']:.0f} s)")
+    if args.charts:
+        from charts import write_charts
+
+        for png in write_charts(figures, args.out):
+            print(f"wrote {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The benchmark workloads are deterministic and the side-by-side runner works (no timings)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import workloads as wl
+
+
+def fingerprint(loads: list[wl.Workload]) -> list[tuple[str, int, tuple[str, ...]]]:
+    return [
+        (
+            w.name,
+            len(w.requests),
+            tuple(
+                f"{m.role}:" + "|".join(p if isinstance(p, str) else p.digest for p in m.content)
+                for r in w.requests
+                for m in r.messages
+            ),
+        )
+        for w in loads
+    ]
+
+
+def test_workloads_are_deterministic_and_seeded() -> None:
+    for size in wl.SIZES:
+        assert fingerprint(wl.workloads(size)) == fingerprint(wl.workloads(size))
+    assert fingerprint(wl.workloads("tiny", seed=1)) != fingerprint(wl.workloads("tiny"))
+
+
+def test_workload_shapes() -> None:
+    loads = {w.name: w for w in wl.workloads("tiny")}
+    assert list(loads) == ["agentic_loop", "multimodal_agent", "photo_extraction", "image_edit"]
+    assert not loads["agentic_loop"].multimodal
+    assert not any(r.images for r in loads["agentic_loop"].requests)
+    # the conversations grow: each request starts with all of the previous one's messages
+    for name in ("agentic_loop", "multimodal_agent"):
+        reqs = loads[name].requests
+        for a, b in itertools.pairwise(reqs):
+            assert b.messages[: len(a.messages)] == a.messages
+    # earlier screenshots are re-attached in later turns
+    mm = loads["multimodal_agent"].requests[-1]
+    per_message = [img.digest for m in mm.messages for img in m.images]
+    assert len(per_message) > len(set(per_message))
+    # photos: one shared system prompt, every photo unique, several sizes
+    photos = loads["photo_extraction"].requests
+    assert len({r.messages[0] for r in photos}) == 1
+    assert len({r.images[0].digest for r in photos}) == len(photos)
+    assert len({r.images[0].size for r in photos}) > 1
+    # image edit: A-E grown turn by turn, then A-E again with only image 2 changed
+    edit = loads["image_edit"].requests
+    full, changed = edit[4].images, edit[5].images
+    assert len(full) == len(changed) == 5
+    assert [a == b for a, b in zip(full, changed)] == [True, False, True, True, True]
+    assert full[1].size == changed[1].size
+
+
+def test_unknown_size() -> None:
+    with pytest.raises(ValueError, match="'huge' is not one of tiny, large"):
+        wl.workloads("huge")
+
+
+def test_runner_on_two_tiny_requests() -> None:
+    pytest.importorskip("mlx_vlm")
+    import side_by_side as sbs
+
+    from reference_engine import default_engine
+
+    edit = wl.workloads("tiny")[3]
+    two = wl.Workload("edit2", edit.requests[:2], multimodal=True)
+    rows = sbs.one_pass(default_engine(), two, reference=True)
+    assert [r["prompt_tokens"] for r in rows] == [166, 278]
+    assert rows[0]["cached_tokens"] == rows[0]["oracle_max"] == 0
+    assert rows[1]["oracle_max"] == 166 and rows[1]["cached_tokens"] == 160
+    assert rows[1]["oracle_block_max"] == 160 and rows[1]["limits_reuse_agrees"]
+    assert all(r["resident_bytes"] > 0 for r in rows)
+    s = sbs.summary(rows)
+    assert s["vs_block_oracle"] == 1.0
+    assert {"warm_over_suffix", "warm_over_compute", "warm_slower_than_cold"} <= set(s)
