@@ -1,0 +1,236 @@
+"""The timing side channel: does time to first token reveal another namespace's cached prefix?
+
+Following Gu et al., "Auditing Prompt Caching in Language Model APIs" (ICML 2025), bug zoo
+class 24 (CVE-2025-46570). Each sample uses fresh random prompts:
+
+- cross-namespace: namespace ``A`` sends prompt ``P``; namespace ``B`` then sends ``P`` (the
+  candidate hit) and a fresh prompt ``Q`` of the same length (a miss), in random order. If
+  B's timings of ``P`` and ``Q`` differ (two-sample Kolmogorov-Smirnov, p < alpha), B learns
+  what A sent: the cache leaks across tenants.
+- positive control: the same measurement within namespace ``A``. It must show a difference;
+  otherwise the measurement has no power (no cache, or hits no faster than misses) and the
+  verdict is ``"inconclusive"``, never ``"pass"`` (vllm-project/vllm #53347).
+
+The KS test is implemented here with numpy (scipy is not a dependency).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from .errors import VerificationFailure
+from .types import Engine, Message, Outcome, Request
+
+__all__ = [
+    "ALPHA",
+    "SAMPLES",
+    "WORDS",
+    "IsolationFailure",
+    "IsolationResult",
+    "KSResult",
+    "TimedRun",
+    "audit",
+    "ks_2samp",
+    "timed",
+]
+
+#: Significance level of both KS tests.
+ALPHA = 1e-3
+#: Timed requests per group (candidate, fresh, control hit, control miss).
+SAMPLES = 30
+#: Words per prompt: long enough that a cache hit is clearly faster than a prefill.
+WORDS = 80
+_WARMUP = 3
+_VOCAB = (
+    "amber basalt cedar delta ember fjord granite harbor island juniper kestrel lagoon meadow "
+    "nectar orchid pebble quartz raven saffron tundra umber valley willow xenon yarrow zephyr "
+    "anchor beacon canyon dune estuary falcon glacier heron inlet jasper kelp lantern marble "
+    "nimbus oasis prairie quiver reef summit thistle upland vortex wharf yonder zenith"
+).split()
+
+TimedRun = Callable[[Request], tuple[Outcome, float]]
+"""Runs a request with the cache on and returns its outcome and seconds to first token."""
+Verdict = Literal["pass", "leak", "inconclusive"]
+
+
+class IsolationFailure(VerificationFailure):
+    """Time to first token reveals whether another namespace cached a prefix."""
+
+    check = "isolation"
+
+
+@dataclass(frozen=True)
+class KSResult:
+    """A two-sample Kolmogorov-Smirnov test: the statistic D and its p-value."""
+
+    statistic: float
+    pvalue: float
+
+
+def _kolmogorov_sf(lam: float) -> float:
+    """P(K > lam) for the Kolmogorov distribution: 2 sum (-1)^(j-1) exp(-2 j^2 lam^2)."""
+    if lam < 0.2:
+        return 1.0
+    total, sign = 0.0, 1.0
+    for j in range(1, 101):
+        term = sign * 2.0 * math.exp(-2.0 * j * j * lam * lam)
+        total += term
+        if abs(term) < 1e-16 * max(abs(total), 1e-300):
+            break
+        sign = -sign
+    return min(1.0, max(0.0, total))
+
+
+def ks_2samp(a: Sequence[float], b: Sequence[float]) -> KSResult:
+    """Two-sided two-sample KS test with the asymptotic p-value (Stephens' correction,
+    ``lam = (en + 0.12 + 0.11 / en) * D`` with ``en = sqrt(n m / (n + m))``)."""
+    x = np.sort(np.asarray(a, dtype=np.float64))
+    y = np.sort(np.asarray(b, dtype=np.float64))
+    if x.size == 0 or y.size == 0:
+        raise ValueError(f"ks_2samp needs two non-empty samples, got {x.size} and {y.size}")
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        raise ValueError("ks_2samp samples must be finite")
+    both = np.concatenate([x, y])
+    cdf_x = np.searchsorted(x, both, side="right") / x.size
+    cdf_y = np.searchsorted(y, both, side="right") / y.size
+    d = float(np.max(np.abs(cdf_x - cdf_y)))
+    en = math.sqrt(x.size * y.size / (x.size + y.size))
+    return KSResult(d, _kolmogorov_sf((en + 0.12 + 0.11 / en) * d))
+
+
+def _ms(xs: Sequence[float]) -> str:
+    return f"{1e3 * float(np.median(xs)):.1f} ms"
+
+
+@dataclass(frozen=True)
+class IsolationResult:
+    """The two measurements and the verdict.
+
+    Attributes:
+        cross: KS of namespace B's timings, candidate (A's prompt) vs fresh prompts.
+        control: KS within namespace A, repeated prompt vs fresh prompts.
+        candidate, fresh, control_hit, control_miss: the timings in seconds.
+        candidate_cached: the cached_tokens B's candidates reported (None if not reported).
+        alpha: the significance level.
+    """
+
+    cross: KSResult
+    control: KSResult
+    candidate: tuple[float, ...]
+    fresh: tuple[float, ...]
+    control_hit: tuple[float, ...]
+    control_miss: tuple[float, ...]
+    candidate_cached: tuple[int | None, ...]
+    alpha: float = ALPHA
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.cross.pvalue < self.alpha:
+            return "leak"
+        if self.control.pvalue >= self.alpha:
+            return "inconclusive"
+        return "pass"
+
+    def lines(self) -> list[str]:
+        n = len(self.candidate)
+        reported = [c for c in self.candidate_cached if c is not None]
+        out = [
+            f"across namespaces: KS D={self.cross.statistic:.2f}, p={self.cross.pvalue:.2g} "
+            f"over {n}+{len(self.fresh)} samples (median {_ms(self.candidate)} for another "
+            f"namespace's prefix vs {_ms(self.fresh)} for a fresh one), alpha={self.alpha:g}",
+            f"positive control, one namespace: KS D={self.control.statistic:.2f}, "
+            f"p={self.control.pvalue:.2g} (median {_ms(self.control_hit)} hit vs "
+            f"{_ms(self.control_miss)} miss)",
+        ]
+        if reported:
+            out.append(
+                f"cached_tokens reported for another namespace's prefix: max {max(reported)}"
+            )
+        return out
+
+
+def timed(engine: Engine) -> TimedRun:
+    """A :data:`TimedRun` that calls ``engine.run(request, use_cache=True)`` directly."""
+
+    def run(request: Request) -> tuple[Outcome, float]:
+        start = time.perf_counter()
+        out = engine.run(request, use_cache=True)
+        return out, time.perf_counter() - start
+
+    return run
+
+
+def _prompt(rng: np.random.Generator, words: int) -> str:
+    return " ".join(_VOCAB[i] for i in rng.integers(0, len(_VOCAB), size=words))
+
+
+def _request(text: str, namespace: str) -> Request:
+    return Request((Message("user", (text,)),), namespace=namespace)
+
+
+def audit(
+    run: TimedRun,
+    *,
+    samples: int = SAMPLES,
+    words: int = WORDS,
+    alpha: float = ALPHA,
+    seed: int = 0,
+    reset: Callable[[], None] | None = None,
+) -> IsolationResult:
+    """Measure time to first token across namespaces and within one (the positive control).
+
+    Args:
+        run: runs one request with the cache on; returns the outcome and its seconds.
+        samples: timed requests per group. Default: ``SAMPLES``.
+        words: words per prompt. Default: ``WORDS``.
+        alpha: significance level. Default: ``ALPHA``.
+        seed: seed of the prompts and of the order within each sample. Default: ``0``.
+        reset: called first and last (the engine's ``reset``), if given. Default: ``None``.
+    """
+    if samples < 2 or words < 1 or not 0 < alpha < 1:
+        raise ValueError(f"need samples >= 2, words >= 1, 0 < alpha < 1: {samples=} {words=} "
+                         f"{alpha=}")  # fmt: skip
+    rng = np.random.default_rng(seed)
+    if reset is not None:
+        reset()
+    for i in range(_WARMUP):
+        run(_request(_prompt(rng, words), f"warmup-{i}"))
+    candidate: list[float] = []
+    fresh: list[float] = []
+    hit: list[float] = []
+    miss: list[float] = []
+    cached: list[int | None] = []
+    for _ in range(samples):
+        shared, other, own, new = (_prompt(rng, words) for _ in range(4))
+        run(_request(shared, "A"))  # the victim caches a prefix
+        run(_request(own, "A"))
+        order = rng.permutation(4)
+        for k in order:
+            if k == 0:
+                out, t = run(_request(shared, "B"))
+                candidate.append(t)
+                cached.append(out.cached_tokens)
+            elif k == 1:
+                fresh.append(run(_request(other, "B"))[1])
+            elif k == 2:
+                hit.append(run(_request(own, "A"))[1])
+            else:
+                miss.append(run(_request(new, "A"))[1])
+    if reset is not None:
+        reset()
+    return IsolationResult(
+        cross=ks_2samp(candidate, fresh),
+        control=ks_2samp(hit, miss),
+        candidate=tuple(candidate),
+        fresh=tuple(fresh),
+        control_hit=tuple(hit),
+        control_miss=tuple(miss),
+        candidate_cached=tuple(cached),
+        alpha=alpha,
+    )
