@@ -17,7 +17,7 @@ from .errors import VerificationFailure
 from .replay import save_stream
 from .report import FailureRecord, Report
 from .state import REPORT_KEY, SETTINGS_KEY, WORKER_KEY, report_of, settings_of
-from .suite import SUITE_FILE
+from .suite import ISOLATION_FILE, SUITE_FILE
 from .types import Request
 
 pytest_plugins = ["pytest_prefixcache.fixtures"]
@@ -107,6 +107,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Fail when a stream's cache hits are not X times faster than their cold runs",
     )
     add(
+        "--prefixcache-isolation",
+        action="store_true",
+        default=False,
+        help="Add the timing side-channel test: time to first token must not reveal another "
+        "namespace's cached prefix (KS test; implies --prefixcache-verify)",
+    )
+    add(
         "--prefixcache-replay",
         default=None,
         metavar="PATH",
@@ -142,8 +149,9 @@ def pytest_configure(config: pytest.Config) -> None:
         replay_path = Path(replay) if Path(replay).is_absolute() else invocation / replay
         if not replay_path.exists():
             raise pytest.UsageError(f"--prefixcache-replay={replay}: no such file or directory")
+    isolation = bool(config.getoption("prefixcache_isolation"))
     s = opt.Settings(
-        verify=bool(config.getoption("prefixcache_verify")) or replay is not None,
+        verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
         examples=config.getoption("prefixcache_examples"),
@@ -160,6 +168,7 @@ def pytest_configure(config: pytest.Config) -> None:
         min_speedup=config.getoption("prefixcache_min_speedup"),
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
+        isolation=isolation,
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(seed=s.seed, engine=s.engine, tolerance=_tolerance(s))
@@ -168,7 +177,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
-    if file_path == SUITE_FILE and settings_of(parent.config).verify:
+    s = settings_of(parent.config)
+    if (file_path == SUITE_FILE and s.verify) or (file_path == ISOLATION_FILE and s.isolation):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
@@ -197,7 +207,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _is_suite(item: pytest.Item) -> bool:
-    return Path(str(item.path)) == SUITE_FILE
+    return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -116,6 +116,7 @@ class Settings:
     min_speedup: float | None = None
     replay: Path | None = None
     invocation_dir: Path = Path(".")
+    isolation: bool = False
 
     @staticmethod
     def random_seed() -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["SUITE_FILE"]
+__all__ = ["ISOLATION_FILE", "SUITE_FILE"]
 
 SUITE_FILE = Path(__file__).with_name("verification.py")
+ISOLATION_FILE = Path(__file__).with_name("isolation.py")
+"""Collected only with ``--prefixcache-isolation``."""
