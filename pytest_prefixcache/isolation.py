@@ -87,7 +87,7 @@ def _kolmogorov_sf(lam: float) -> float:
     return min(1.0, max(0.0, total))
 
 
-def ks_2samp(a: Sequence[float], b: Sequence[float]) -> KSResult:
+def ks_2samp(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray) -> KSResult:
     """Two-sided two-sample KS test with the asymptotic p-value (Stephens' correction,
     ``lam = (en + 0.12 + 0.11 / en) * D`` with ``en = sqrt(n m / (n + m))``)."""
     x = np.sort(np.asarray(a, dtype=np.float64))
@@ -181,7 +181,7 @@ def audit(
     words: int = WORDS,
     alpha: float = ALPHA,
     seed: int = 0,
-    reset: Callable[[], None] | None = None,
+    reset: Callable[[], object] | None = None,
 ) -> IsolationResult:
     """Measure time to first token across namespaces and within one (the positive control).
 

@@ -8,6 +8,7 @@ control), else the result is inconclusive and the test is skipped.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import pytest
 
@@ -28,7 +29,9 @@ def test_isolation(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) 
         [*s.flags(), "--prefixcache-isolation", f"--prefixcache-seed={s.seed}", "-k isolation"]
     )
 
-    def call(fn: functools.partial[object], what: str) -> object:
+    seconds = [0.0]
+
+    def call(fn: Callable[[], object], what: str) -> object:
         try:
             res = worker.call(fn, timeout=s.timeout, what=what)
         except CallTimedOut as exc:
@@ -36,7 +39,7 @@ def test_isolation(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) 
         if res.error is not None:
             name = type(res.error).__name__
             raise EngineFault(f"fault: {what} raised {name}: {res.error}\n  replay: {command}")
-        call.seconds = res.seconds  # type: ignore[attr-defined]
+        seconds[0] = res.seconds
         return res.value
 
     def run(request: Request) -> tuple[Outcome, float]:
@@ -44,11 +47,9 @@ def test_isolation(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) 
         out = call(fn, f"run(namespace {request.namespace!r}, use_cache=True)")
         if not isinstance(out, Outcome):
             raise EngineFault(f"fault: run() returned a {type(out).__name__}, not an Outcome")
-        return out, call.seconds  # type: ignore[attr-defined]
+        return out, seconds[0]
 
-    result = audit(
-        run, seed=s.seed, reset=lambda: call(functools.partial(engine.reset), "engine.reset()")
-    )
+    result = audit(run, seed=s.seed, reset=lambda: call(engine.reset, "engine.reset()"))
     detail = "\n  ".join(result.lines())
     if result.verdict == "leak":
         raise IsolationFailure(
