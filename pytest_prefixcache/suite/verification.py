@@ -6,6 +6,7 @@ Order: the scenario corpus first, then generated request streams, then the state
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,6 +44,18 @@ def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
     return hsettings(**kwargs)
 
 
+def _timeout_first(verifier: Verifier, test: Callable[[], None]) -> None:
+    """Run ``test``. After an engine call hangs, Hypothesis replays and shrinks against a dead
+    engine and reports a flaky or shrunk example: report the timeout, with the stream that hung."""
+    __tracebackhide__ = True
+    try:
+        test()
+    except Exception:
+        if verifier.dead is not None:
+            raise verifier.dead.with_traceback(None) from None
+        raise
+
+
 def _run_scenario(verifier: Verifier, path: Any) -> None:
     """Run a saved stream, then the scenario's expectations (``expect_same_prompt`` pairs)."""
     __tracebackhide__ = True
@@ -66,18 +79,18 @@ def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Veri
     def property_stream(stream: tuple[Request, ...]) -> None:
         prefixcache_verifier.run(stream)
 
-    property_stream()
+    _timeout_first(prefixcache_verifier, property_stream)
 
 
 def test_state_machine(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
     """The same checks driven one request at a time by a RuleBasedStateMachine."""
     machine = seed(settings_of(pytestconfig).seed)(machine_for(prefixcache_verifier))
     examples = max(1, settings_of(pytestconfig).examples // 2)
-    run_state_machine_as_test(
-        machine,
-        settings=_hypothesis_settings(
-            pytestconfig, max_examples=examples, stateful_step_count=STATEFUL_STEPS
-        ),
+    settings = _hypothesis_settings(
+        pytestconfig, max_examples=examples, stateful_step_count=STATEFUL_STEPS
+    )
+    _timeout_first(
+        prefixcache_verifier, lambda: run_state_machine_as_test(machine, settings=settings)
     )
 
 
