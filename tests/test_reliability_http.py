@@ -1,0 +1,126 @@
+"""The plugin against an OpenAI-compatible server that breaks mid-run: it dies, answers 500,
+or answers malformed JSON. Each ends in a specific failure with a replay path, promptly.
+
+The servers are small stdlib ``http.server`` fakes on 127.0.0.1 (ephemeral ports), run in
+a daemon thread of the pytest session under test.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+FAKE_SERVER = """
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+
+
+def _reply(body):
+    seed = hashlib.sha256(json.dumps(body["messages"], sort_keys=True).encode()).digest()
+    steps = []
+    for i in range(body["max_tokens"]):
+        top = [{"id": (seed[i % 32] + k) % 200, "logprob": -0.1 - k} for k in range(5)]
+        steps.append({"top_logprobs": top})
+    usage = {"prompt_tokens": 40, "completion_tokens": len(steps),
+             "prompt_tokens_details": {"cached_tokens": 0}}
+    return {"choices": [{"logprobs": {"content": steps}}], "usage": usage}
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status, raw):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_POST(self):
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        if srv.dead:
+            self.close_connection = True
+            return
+        if self.path == "/v1/cache/reset":
+            return self._send(200, b"{}")
+        srv.count += 1
+        if srv.count <= srv.after:
+            return self._send(200, json.dumps(_reply(body)).encode())
+        if srv.mode == "dies":  # no reply on this connection, and nobody listens any more
+            srv.dead = True
+            self.close_connection = True
+            threading.Thread(target=lambda: (srv.shutdown(), srv.server_close()),
+                             daemon=True).start()
+            return
+        if srv.mode == "error500":
+            return self._send(500, b'{"error": {"message": "internal error: KV pool exhausted"}}')
+        self._send(200, b'{"choices": [{"logprobs": {"content": [')  # truncated JSON
+
+
+def _serve(mode, after=6):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    srv.mode, srv.after, srv.count, srv.dead = mode, after, 0, False
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    return OpenAIEngine(url=url, cold="salt", namespace_header="x-tenant", timeout=10)
+
+
+healthy = lambda: _serve("ok", after=10**9)
+dies = lambda: _serve("dies")
+error500 = lambda: _serve("error500")
+malformed = lambda: _serve("malformed")
+"""
+
+
+def _run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
+    pytester.makepyfile(fakeserver=FAKE_SERVER)
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--prefixcache-verify",
+        f"--prefixcache-engine=fakeserver:{engine}", "--prefixcache-examples=10", "--prefixcache-seed=1", "--prefixcache-timeout=20",
+        "-k", "request_streams", timeout=120,
+    )  # fmt: skip
+
+
+def test_a_healthy_fake_server_passes(pytester: pytest.Pytester) -> None:
+    """The control: the fake server itself is a correct (cacheless) engine."""
+    _run(pytester, "healthy").assert_outcomes(passed=1)
+
+
+BROKEN = [
+    # after the death Hypothesis shrinks, so the reported call may be a run or the reset
+    ("dies", "fault: * raised EngineError: http://127.0.0.1:*"),
+    ("error500", "fault: run(request *, use_cache=*) raised EngineError: "
+     "http://127.0.0.1:*/v1/chat/completions answered 500: *KV pool exhausted*"),
+    ("malformed", "fault: run(request *, use_cache=*) raised EngineError: unexpected chat "
+     "completion reply (*): *"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("engine", "line"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_a_broken_server_fails_clearly_and_promptly(
+    pytester: pytest.Pytester, engine: str, line: str
+) -> None:
+    start = time.monotonic()
+    result = _run(pytester, engine)
+    assert time.monotonic() - start < 60
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"E *pytest_prefixcache.errors.EngineFault: {line}",
+            "E *replay: pytest --prefixcache-verify "
+            f"--prefixcache-engine=fakeserver:{engine} --prefixcache-timeout=20 "
+            "--prefixcache-replay=.prefixcache/failures/*/stream.json",
+        ]
+    )
+    result.stdout.fnmatch_lines(["failures by check: fault: 1"])
+    assert list(pytester.path.glob(".prefixcache/failures/*/stream.json"))
