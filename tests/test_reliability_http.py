@@ -86,7 +86,8 @@ def _run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
     pytester.makepyfile(fakeserver=FAKE_SERVER)
     return pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--prefixcache-verify",
-        f"--prefixcache-engine=fakeserver:{engine}", "--prefixcache-examples=10", "--prefixcache-seed=1", "--prefixcache-timeout=20",
+        f"--prefixcache-engine=fakeserver:{engine}", "--prefixcache-examples=10",
+        "--prefixcache-seed=1", "--prefixcache-timeout=20",
         "-k", "request_streams", timeout=120,
     )  # fmt: skip
 
