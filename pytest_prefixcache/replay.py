@@ -83,18 +83,87 @@ def save_stream(stream: Sequence[Request], directory: str | os.PathLike[str], **
     return path
 
 
-def _image(part: Any, named: dict[str, Any], base: Path, where: str) -> Image:
+class _Malformed(Exception):
+    """A field of a stream file is wrong: ``path`` names it (``requests[2].messages[0].role``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+
+
+_MISSING = object()
+
+
+def _field(
+    obj: Any, key: str, at: str, kind: type | tuple[type, ...], default: Any = _MISSING
+) -> Any:
+    """``obj[key]`` checked to be a ``kind``; ``at`` is the path of ``obj`` in the file."""
+    where = f"{at}.{key}" if at else key
+    if not isinstance(obj, dict):
+        raise _Malformed(at or "the file", f"is {obj!r:.60}, expected a JSON object")
+    if key not in obj:
+        if default is not _MISSING:
+            return default
+        raise _Malformed(where, "is missing")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise _Malformed(where, f"is {value!r:.60}, expected {_JSON_NAMES.get(names, names)}")
+    return value
+
+
+_JSON_NAMES = {"list": "a JSON array", "dict": "a JSON object", "str": "a string",
+               "int": "an integer"}  # fmt: skip
+
+
+def _image(part: Any, named: dict[str, Any], base: Path) -> Image:
     if isinstance(part, dict):
         return image_from_spec(part)
     if not isinstance(part, str):
-        raise PrefixCacheError(f"{where}: an image must be a name, a file or a spec, got {part!r}")
+        raise PrefixCacheError(f"an image must be a name, a file or a spec, got {part!r}")
     if part in named:
         return named[part] if isinstance(named[part], Image) else image_from_spec(named[part])
     return Image.open(base / part)
 
 
+def _requests(data: dict[str, Any], base: Path) -> list[Request]:
+    named: dict[str, Any] = dict(_field(data, "images", "", (dict, type(None)), None) or {})
+    cache: dict[str, Image] = {}
+    requests = []
+    for i, r in enumerate(_field(data, "requests", "", list)):
+        at = f"requests[{i}]"
+        messages = []
+        for j, m in enumerate(_field(r, "messages", at, list)):
+            mat = f"{at}.messages[{j}]"
+            role = _field(m, "role", mat, str)
+            parts: list[str | Image] = []
+            for k, part in enumerate(_field(m, "content", mat, list)):
+                if isinstance(part, str):
+                    parts.append(part)
+                    continue
+                ref = _field(part, "image", f"{mat}.content[{k}]", (str, dict))
+                key = json.dumps(ref, sort_keys=True)
+                if key not in cache:
+                    try:
+                        cache[key] = _image(ref, named, base)
+                    except PrefixCacheError as exc:
+                        raise _Malformed(f"{mat}.content[{k}].image", str(exc)) from exc
+                parts.append(cache[key])
+            try:
+                messages.append(Message(role, tuple(parts)))
+            except PrefixCacheError as exc:
+                raise _Malformed(f"{mat}.role", str(exc)) from exc
+        namespace = _field(r, "namespace", at, str, "")
+        max_new = _field(r, "max_new_tokens", at, int, 0)
+        try:
+            requests.append(Request(tuple(messages), namespace=namespace, max_new_tokens=max_new))
+        except PrefixCacheError as exc:
+            raise _Malformed(at, str(exc)) from exc
+    return requests
+
+
 def load_stream(path: str | os.PathLike[str]) -> tuple[tuple[Request, ...], dict[str, Any]]:
-    """Read a stream file (or a failure directory holding ``stream.json``)."""
+    """Read a stream file (or a failure directory holding ``stream.json``); an error names the
+    file and the field (``requests[2].messages[0].role``) that is wrong."""
     p = Path(path)
     if p.is_dir():
         p = p / STREAM_FILE
@@ -102,37 +171,14 @@ def load_stream(path: str | os.PathLike[str]) -> tuple[tuple[Request, ...], dict
         data = json.loads(p.read_text(encoding="utf-8"))
     except OSError as exc:
         raise PrefixCacheError(f"cannot read stream file {str(p)!r}: {exc.strerror}") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise PrefixCacheError(f"stream file {str(p)!r} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise PrefixCacheError(f"stream file {str(p)!r} does not declare format {FORMAT!r}")
-    named: dict[str, Any] = dict(data.get("images") or {})
-    cache: dict[str, Image] = {}
-    requests = []
     try:
-        for i, r in enumerate(data["requests"]):
-            messages = []
-            for j, m in enumerate(r["messages"]):
-                parts: list[str | Image] = []
-                for part in m["content"]:
-                    if isinstance(part, str):
-                        parts.append(part)
-                        continue
-                    ref = part["image"]
-                    key = json.dumps(ref, sort_keys=True)
-                    if key not in cache:
-                        cache[key] = _image(ref, named, p.parent, f"{p} request {i} message {j}")
-                    parts.append(cache[key])
-                messages.append(Message(m["role"], tuple(parts)))
-            requests.append(
-                Request(
-                    tuple(messages),
-                    namespace=r.get("namespace", ""),
-                    max_new_tokens=r.get("max_new_tokens", 0),
-                )
-            )
-    except (KeyError, TypeError) as exc:
-        raise PrefixCacheError(f"stream file {str(p)!r} is malformed: {exc!r}") from exc
+        requests = _requests(data, p.parent)
+    except _Malformed as exc:
+        raise PrefixCacheError(f"stream file {str(p)!r}: {exc}") from exc
     if not requests:
         raise PrefixCacheError(f"stream file {str(p)!r} has no requests")
     meta = {k: v for k, v in data.items() if k not in ("requests", "images", "format")}
