@@ -270,6 +270,8 @@ class Verifier:
         speedup = self.options.min_speedup
         if speedup is not None and self._cold >= SPEEDUP_MIN_SECONDS and self._warm > 0:
             got = self._cold / self._warm
+            if got < speedup:  # timing is noisy: fail only if a second measurement agrees
+                got = max(got, self._remeasure_speedup())
             if got < speedup:
                 head = (
                     f"requests served from the cache took {self._warm:.3f} s against "
@@ -278,6 +280,21 @@ class Verifier:
                 )
                 why = "restoring or managing the cache costs more than the prefill it saves"
                 self.fail(Problem("min speedup", head, (why,)), ctx)
+
+    def _remeasure_speedup(self) -> float:
+        """Reset, replay the stream (no checks) and return warm/cold speedup on its hits."""
+        warm = cold = 0.0
+        self._call("engine.reset()", self.engine.reset, Context(tuple(self.stream)))
+        for i, req in enumerate(self.stream):
+            ctx = Context(tuple(self.stream), i)
+            hit = self._call(
+                "remeasure", functools.partial(self.engine.run, req, use_cache=True), ctx
+            )
+            t = self._seconds
+            self._call("remeasure", functools.partial(self.engine.run, req, use_cache=False), ctx)
+            if isinstance(hit, Outcome) and hit.cached_tokens:
+                warm, cold = warm + t, cold + self._seconds
+        return cold / warm if warm > 0 else float("inf")
 
     def expect_same_render(
         self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False

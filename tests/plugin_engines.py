@@ -141,8 +141,8 @@ class FakeEngine:
         if hit and self.flags.get("raises"):
             raise RuntimeError("cache corrupted while restoring a block")
         if self.flags.get("slow_hits"):
-            # prefill costs 50 us a token; restoring a cached token costs twice that
-            time.sleep((n - cached) * 50e-6 + cached * 100e-6)
+            # prefill costs 50 us a token; restoring a cached token costs five times that
+            time.sleep((n - cached) * 50e-6 + cached * 250e-6)
         if hit and self.flags.get("hangs"):
             threading.Event().wait(float(self.flags["hangs"]))  # type: ignore[arg-type]
         merges = []
