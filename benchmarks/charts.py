@@ -1,11 +1,15 @@
 """PNG charts of a ``side_by_side.py`` result: reuse per turn and time to first token per turn.
 
+    python benchmarks/charts.py benchmarks/results/side_by_side_tiny.json   # redraw from JSON
+
 matplotlib when installed (``pip install matplotlib``); otherwise nothing is drawn and the
 caller is told so.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         print("matplotlib is not installed: no charts (pip install matplotlib)")
         return []
@@ -52,6 +57,7 @@ def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
                         ax.plot(turns, [r["suffix_only_s"] for r in rows], "k--", lw=1,
                                 label="suffix-only (reference)")  # fmt: skip
             ax.set_title(wname)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("request")
             ax.set_ylabel("cached tokens" if kind == "reuse" else "time to first token (s)")
             ax.grid(alpha=0.3)
@@ -64,3 +70,9 @@ def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        for png in write_charts(json.loads(Path(arg).read_text()), Path(arg).parent):
+            print(f"wrote {png}")

@@ -198,6 +198,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         )
         out["worst_warm_over_suffix"] = max(r["warm_s"] / r["suffix_only_s"] for r in rows)
         out["warm_over_compute"] = ratio(total["warm_s"], sum(r["compute_only_s"] for r in rows))
+        out["warm_over_compute_hits"] = ratio(
+            sum(r["warm_s"] for r in hits), sum(r["compute_only_s"] for r in hits)
+        )
         out["worst_warm_over_compute"] = max(r["warm_s"] / r["compute_only_s"] for r in rows)
     return out
 
