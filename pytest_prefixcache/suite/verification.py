@@ -7,6 +7,7 @@ Order: the scenario corpus first, then generated request streams, then the state
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, Phase, given, seed
 from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
+from pytest_prefixcache.generate import MOVES, StreamSpec
 from pytest_prefixcache.replay import corpus_files, load_stream
 from pytest_prefixcache.settings import STATEFUL_STEPS
 from pytest_prefixcache.state import settings_of
@@ -56,10 +58,45 @@ def _timeout_first(verifier: Verifier, test: Callable[[], None]) -> None:
         raise
 
 
+IMAGE_MOVES = ("replace", "swap", "reencode")
+
+
+def _capabilities(verifier: Verifier) -> tuple[bool, bool]:
+    """(images, namespaces): what the engine says it supports (``supports_images`` and
+    ``supports_namespaces`` attributes; both assumed when absent)."""
+    engine = verifier.engine
+    return (
+        getattr(engine, "supports_images", True) is not False,
+        getattr(engine, "supports_namespaces", True) is not False,
+    )
+
+
+def _stream_kwargs(verifier: Verifier) -> dict[str, Any]:
+    """request_streams() arguments that stay within the engine's capabilities."""
+    images, namespaces = _capabilities(verifier)
+    moves = [m for m in MOVES if (images or m not in IMAGE_MOVES)]
+    moves = [m for m in moves if (namespaces or m != "namespace")]
+    kwargs: dict[str, Any] = {"moves": tuple(moves)}
+    if not images:
+        kwargs["max_images_per_message"] = 0
+    if not namespaces:
+        kwargs["namespaces"] = ("",)
+    return kwargs
+
+
+def _skip_unsupported(verifier: Verifier, stream: tuple[Request, ...], name: str) -> None:
+    images, namespaces = _capabilities(verifier)
+    if not images and any(r.images for r in stream):
+        pytest.skip(f"{name} has images and the engine says supports_images = False")
+    if not namespaces and any(r.namespace for r in stream):
+        pytest.skip(f"{name} uses namespaces and the engine says supports_namespaces = False")
+
+
 def _run_scenario(verifier: Verifier, path: Any) -> None:
     """Run a saved stream, then the scenario's expectations (``expect_same_prompt`` pairs)."""
     __tracebackhide__ = True
     stream, meta = load_stream(path)
+    _skip_unsupported(verifier, tuple(stream), f"scenario {Path(path).name}")
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
@@ -75,7 +112,7 @@ def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Veri
 
     @seed(settings_of(pytestconfig).seed)
     @_hypothesis_settings(pytestconfig)
-    @given(stream=request_streams())
+    @given(stream=request_streams(**_stream_kwargs(prefixcache_verifier)))
     def property_stream(stream: tuple[Request, ...]) -> None:
         prefixcache_verifier.run(stream)
 
@@ -84,7 +121,12 @@ def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Veri
 
 def test_state_machine(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
     """The same checks driven one request at a time by a RuleBasedStateMachine."""
-    machine = seed(settings_of(pytestconfig).seed)(machine_for(prefixcache_verifier))
+    images, namespaces = _capabilities(prefixcache_verifier)
+    spec = StreamSpec(
+        namespaces=StreamSpec().namespaces if namespaces else ("",),
+        max_images_per_message=StreamSpec().max_images_per_message if images else 0,
+    )
+    machine = seed(settings_of(pytestconfig).seed)(machine_for(prefixcache_verifier, spec))
     examples = max(1, settings_of(pytestconfig).examples // 2)
     settings = _hypothesis_settings(
         pytestconfig, max_examples=examples, stateful_step_count=STATEFUL_STEPS
