@@ -9,6 +9,7 @@ __all__ = [
     "EngineTimeout",
     "EquivalenceFailure",
     "ImageError",
+    "MemoryBudgetFailure",
     "PositiveControlFailure",
     "PrefixCacheError",
     "RenderStabilityFailure",
@@ -121,3 +122,9 @@ class SpeedupFailure(VerificationFailure):
     """Requests served from the cache were not faster than ``--prefixcache-min-speedup``."""
 
     check = "min speedup"
+
+
+class MemoryBudgetFailure(VerificationFailure):
+    """The engine's reported cache memory breaks its budget or counts entries as 0 bytes."""
+
+    check = "memory budget"

@@ -197,7 +197,13 @@ class Outcome:
 
 @runtime_checkable
 class Engine(Protocol):
-    """What the plugin drives. ``use_cache=False`` neither reads nor writes the cache."""
+    """What the plugin drives. ``use_cache=False`` neither reads nor writes the cache.
+
+    Optional extras the plugin uses when present: ``cache_usage() -> Mapping[str, int]`` with
+    ``resident_bytes``, ``entries`` and ``max_bytes`` (the memory-budget check), and
+    ``supports_images = False`` / ``supports_namespaces = False`` (streams and scenarios are
+    restricted to what the engine can serve).
+    """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...
 

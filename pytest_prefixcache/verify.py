@@ -34,6 +34,7 @@ from .report import Report
 from .runner import CallTimedOut, EngineWorker
 from .scenarios import expectation_problems
 from .types import Engine, Outcome, Request
+from .usage import usage_problems
 
 __all__ = [
     "EFFICIENCY_MIN_TOKENS",
@@ -60,6 +61,7 @@ FAILURES: dict[str, type[errors.VerificationFailure]] = {
         errors.EngineTimeout,
         errors.RenderStabilityFailure,
         errors.SpeedupFailure,
+        errors.MemoryBudgetFailure,
     )
 }
 
@@ -192,6 +194,9 @@ class Verifier:
         self._check(fault_problems(cached, request), ctx, "cached run: ")
         assert isinstance(cached, Outcome)
         warm = self._seconds
+        usage = getattr(self.engine, "cache_usage", None)
+        if callable(usage):
+            self._check(usage_problems(self._call("cache_usage()", usage, ctx)), ctx)
         ctx = Context(ctx.stream, index, cached)
         uncached = self._call(
             f"run(request {index}, use_cache=False)",

@@ -115,6 +115,14 @@ class Engine:
             vision_hits=self.vision.hits,
         )
 
+    def cache_usage(self) -> dict[str, int]:
+        """Memory of the block pool, for the plugin's memory-budget check."""
+        return {
+            "resident_bytes": self.pool.resident_bytes,
+            "entries": len(self.pool),
+            "max_bytes": self.pool.max_bytes,
+        }
+
     def reset(self) -> None:
         """Drop every cached block and image, and zero the counters."""
         with self._lock:

@@ -60,6 +60,7 @@ PROTOCOL_CHECKS = frozenset(
         "render stability",
         "min speedup",
         "fault",
+        "memory budget",
     }
 )
 
