@@ -23,14 +23,6 @@ from reference_engine import engine as engine_mod  # noqa: E402
 BS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(previous)
-
-
 @pytest.fixture(scope="module")
 def engine() -> Engine:
     return Engine.from_pretrained(default_model_path(), block_size=BS)

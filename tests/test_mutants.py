@@ -16,26 +16,13 @@ mx = pytest.importorskip("mlx.core")
 from pytest_prefixcache import Image, Message, Outcome, Request  # noqa: E402
 from pytest_prefixcache.images import make_image  # noqa: E402
 from pytest_prefixcache.oracle import ReuseOracle  # noqa: E402
-from reference_engine import Engine, default_model_path  # noqa: E402
-from reference_engine.model import LoadedModel, load_model  # noqa: E402
+from reference_engine import Engine  # noqa: E402
+from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, Mutant  # noqa: E402
 from reference_engine.mutants.keys import xor_fold_digest  # noqa: E402
 from reference_engine.mutants.prompts import billing_header  # noqa: E402
 
 BS = 16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(previous)
-
-
-@pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model(default_model_path())
 
 
 def build(model: LoadedModel, name: str | None, **kw: Any) -> Engine:

@@ -20,8 +20,8 @@ mx = pytest.importorskip("mlx.core")
 from pytest_prefixcache.errors import VerificationFailure  # noqa: E402
 from pytest_prefixcache.replay import load_stream  # noqa: E402
 from pytest_prefixcache.verify import Verifier, VerifyOptions  # noqa: E402
-from reference_engine import Engine, default_model_path  # noqa: E402
-from reference_engine.model import LoadedModel, load_model  # noqa: E402
+from reference_engine import Engine  # noqa: E402
+from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
@@ -38,19 +38,6 @@ CORPUS_ONLY = {
     "weak_image_hash": "streams rarely hold two same-size solid images whose bytes fold alike",
     "volatile_header_kept": "streams never carry a volatile header line in the system prompt",
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _cpu():
-    previous = mx.default_device()
-    mx.set_default_device(mx.cpu)
-    yield
-    mx.set_default_device(previous)
-
-
-@pytest.fixture(scope="module")
-def model() -> LoadedModel:
-    return load_model(default_model_path())
 
 
 def _cases() -> list[object]:
