@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,15 +67,14 @@ def test_unknown_size() -> None:
         wl.workloads("huge")
 
 
-def test_runner_on_two_tiny_requests() -> None:
-    pytest.importorskip("mlx_vlm")
+def test_runner_on_two_tiny_requests(model: Any) -> None:
     import side_by_side as sbs
 
-    from reference_engine import default_engine
+    from reference_engine import Engine
 
     edit = wl.workloads("tiny")[3]
     two = wl.Workload("edit2", edit.requests[:2], multimodal=True)
-    rows = sbs.one_pass(default_engine(), two, reference=True)
+    rows = sbs.one_pass(Engine(model), two, reference=True)
     assert [r["prompt_tokens"] for r in rows] == [166, 278]
     assert rows[0]["cached_tokens"] == rows[0]["oracle_max"] == 0
     assert rows[1]["oracle_max"] == 166 and rows[1]["cached_tokens"] == 160
