@@ -6,6 +6,7 @@ Cheap to import: neither MLX nor any engine is imported here; the engine is buil
 
 from __future__ import annotations
 
+import os
 from collections.abc import Generator
 from pathlib import Path
 from typing import cast
@@ -22,6 +23,7 @@ from .types import Request
 
 pytest_plugins = ["pytest_prefixcache.fixtures"]
 
+SERVER_ENGINE = "pytest_prefixcache.adapters.presets:from_env"
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
 
 
@@ -119,13 +121,31 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="PATH",
         help="Replay exactly the stream saved at PATH (a stream.json or its directory)",
     )
+    add(
+        "--prefixcache-server-cmd",
+        type=opt.server_cmd,
+        default=None,
+        metavar="CMD",
+        help="Verify an OpenAI-compatible server started from CMD ({port} is replaced by an "
+        "ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* variables (see "
+        "pytest_prefixcache.adapters.presets.from_env)",
+    )
     parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)
 
 
 def _engine(config: pytest.Config) -> tuple[str, str]:
     value = config.getoption("prefixcache_engine")
+    server = config.getoption("prefixcache_server_cmd")
+    if value and server:
+        raise pytest.UsageError(
+            "--prefixcache-server-cmd and --prefixcache-engine both name the engine; give one"
+        )
     if value:
         return value, "option"
+    if server:
+        # read by the zero-argument factory when the engine is built
+        os.environ["PREFIXCACHE_SERVER_CMD"] = server
+        return SERVER_ENGINE, "--prefixcache-server-cmd"
     ini = config.getini("prefixcache_engine")
     if ini:
         ini = str(ini).strip()

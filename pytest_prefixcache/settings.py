@@ -97,6 +97,15 @@ def engine_spec(value: str) -> str:
     return value
 
 
+def server_cmd(value: str) -> str:
+    if "{port}" not in value:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} has no {{port}} placeholder (for example "
+            "'python -m mlx_lm.server --model DIR --host 127.0.0.1 --port {port}')"
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin's options for this session, resolved."""
