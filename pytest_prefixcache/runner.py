@@ -10,6 +10,7 @@ engine is treated as dead.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 import traceback
@@ -97,4 +98,21 @@ class EngineWorker:
         if self._thread is not None and self.dead is None:
             self._jobs.put(_STOP)
             self._thread.join(timeout=1.0)
+            _drain_mlx()
         self._thread = None
+
+
+def _drain_mlx() -> None:
+    """If the engine used MLX, wait for its streams from the calling (main) thread.
+
+    Without this, a process whose MLX work ran on the worker thread aborts at exit about one
+    time in ten ("terminate called without an active exception", exit -6) on MLX 0.32 CPU;
+    with it, 0 of 40 runs did. MLX is never imported here, only used if already loaded.
+    """
+    mx = sys.modules.get("mlx.core")
+    synchronize = getattr(mx, "synchronize", None)
+    if callable(synchronize):
+        try:
+            synchronize()
+        except Exception:  # a broken engine must not turn a clean exit into a crash
+            pass

@@ -1,0 +1,45 @@
+"""A session whose engine ran MLX on the plugin's worker thread exits with pytest's own code.
+
+Before the worker drained MLX's streams from the main thread at close, about half of these
+runs aborted at interpreter exit ("terminate called without an active exception", -6) after
+reporting the failure correctly (11 of 20 in one measurement; 0 of 20 after the fix).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mlx.core")
+
+CASE = (
+    Path(__file__).resolve().parent.parent
+    / "fixtures"
+    / "corpus"
+    / "mutants"
+    / "mutant_placeholder_collision.json"
+)
+
+
+def test_failing_replay_exits_with_code_1_every_time(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "--prefixcache-verify",
+        "--prefixcache-engine=reference_engine.mutants:placeholder_collision",
+        f"--prefixcache-replay={CASE}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
+    codes = [
+        subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode
+        for _ in range(4)
+    ]
+    assert codes == [1, 1, 1, 1]
