@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import FIXTURES, add_generation_prompt, hf_messages
+from .render import placeholder_runs
 
 __all__ = ["MlxVlmApcEngine", "tiny_qwen2_vl", "tiny_qwen2_vl_snapshot"]
 
@@ -185,7 +186,7 @@ class MlxVlmApcEngine:
             raise EngineError("mlx_vlm.stream_generate yielded no logprobs")
         spans = tuple(
             (start, end, img.digest)
-            for (start, end), img in zip(_runs(ids, self.image_token_id), request.images)
+            for (start, end), img in zip(placeholder_runs(ids, self.image_token_id), request.images)
         )
         n = request.max_new_tokens
         return Outcome(
@@ -197,18 +198,6 @@ class MlxVlmApcEngine:
             token_ids=tuple(ids),
             image_spans=spans,
         )
-
-
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
-    runs: list[tuple[int, int]] = []
-    start = None
-    for i, t in enumerate([*ids, None]):
-        if t == token and start is None:
-            start = i
-        elif t != token and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 def tiny_qwen2_vl() -> MlxVlmApcEngine:
