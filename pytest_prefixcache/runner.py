@@ -47,9 +47,6 @@ class _Job:
         self.result = CallResult()
 
 
-_STOP = _Job(lambda: None)
-
-
 class EngineWorker:
     """A single daemon thread that runs engine calls one at a time."""
 
@@ -63,8 +60,6 @@ class EngineWorker:
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
-            if job is _STOP:
-                return
             start = time.perf_counter()
             try:
                 value = job.fn()
@@ -94,12 +89,15 @@ class EngineWorker:
         return job.result
 
     def close(self) -> None:
-        """Let an idle worker thread end (a hung one is a daemon and is left behind)."""
+        """End of session: drain MLX's streams from the calling (main) thread.
+
+        The idle worker is left blocked on its queue (a daemon, so it cannot keep the process
+        alive) and later calls still run on it: a thread that ran MLX work and then ended makes
+        MLX 0.32 abort at interpreter exit now and then ("terminate called without an active
+        exception"); a live, blocked daemon does not. A hung worker is left behind as it is.
+        """
         if self._thread is not None and self.dead is None:
-            self._jobs.put(_STOP)
-            self._thread.join(timeout=1.0)
             _drain_mlx()
-        self._thread = None
 
 
 def _drain_mlx() -> None:
