@@ -23,6 +23,11 @@ COLORS = {
 
 def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
     """Write reuse_<size>.png and ttft_<size>.png into ``out``; return their paths."""
+    import os
+    import tempfile
+
+    # matplotlib caches fonts under ~/.cache/matplotlib by default: keep it out of ~/.cache
+    os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="prefixcache-mpl-"))
     try:
         import matplotlib
 
