@@ -20,6 +20,7 @@ import pytest
 from .compare import Tolerance
 from .errors import EngineError
 from .images import ImageFactory
+from .runner import CallTimedOut
 from .settings import DEFAULT_ENGINE
 from .state import report_of, settings_of, worker_of
 from .types import Engine, Request
@@ -93,17 +94,23 @@ def load_engine(spec: str, *search_dirs: Path) -> Engine:
 def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
     """The engine under test (override this fixture in conftest.py to build your own)."""
     s = settings_of(pytestconfig)
-    res = worker_of(pytestconfig).call(
-        lambda: load_engine(s.engine, s.invocation_dir, pytestconfig.rootpath),
-        timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
-        what=f"building the engine {s.engine}",
-    )
+    try:
+        res = worker_of(pytestconfig).call(
+            lambda: load_engine(s.engine, s.invocation_dir, pytestconfig.rootpath),
+            timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
+            what=f"building the engine {s.engine}",
+        )
+    except CallTimedOut as exc:
+        report_of(pytestconfig).engine_error = str(exc)
+        raise
     if res.error is not None:
         if isinstance(res.error, EngineError):
-            raise EngineError(str(res.error)) from res.error
-        raise EngineError(
-            f"building the engine {s.engine!r} raised {type(res.error).__name__}: {res.error}"
-        ) from res.error
+            error = EngineError(str(res.error))
+        else:
+            kind = type(res.error).__name__
+            error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
+        report_of(pytestconfig).engine_error = str(error)  # the CLI exits 2 on this
+        raise error from res.error
     return res.value  # type: ignore[no-any-return]
 
 

@@ -16,7 +16,7 @@ import pytest
 from . import settings as opt
 from .errors import VerificationFailure
 from .replay import save_stream
-from .report import FailureRecord, Report
+from .report import MAX_MESSAGE, FailureRecord, Report
 from .state import REPORT_KEY, SETTINGS_KEY, WORKER_KEY, report_of, settings_of
 from .suite import ISOLATION_FILE, SUITE_FILE
 from .types import Request
@@ -277,9 +277,13 @@ def pytest_runtest_makereport(
                 path = f"(could not save {path}: {err})"
         summary = str(exc).splitlines()[0] if str(exc) else exc.check
         command = s.replay_command(path) if path else None
+        stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
         report_of(item.config).failures.append(
-            FailureRecord(exc.check, item.nodeid, summary, command)
-        )
+            FailureRecord(
+                exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
+                stream_dir if path == exc.replay_path else None, exc.request_index,
+            )
+        )  # fmt: skip
         if command:
             report.sections.append(("prefixcache replay", command))
     return report

@@ -1,7 +1,9 @@
 """The session report: counters the checks fill in, a terminal summary and a JSON file.
 
 :class:`Report` is a plain object: the plugin keeps one in ``config.stash``, the verifier
-adds to it, and the terminal summary only prints :meth:`Report.lines`.
+adds to it, and the terminal summary only prints :meth:`Report.lines`. Under pytest-xdist
+each worker sends :meth:`Report.to_json` back to the controller, which :meth:`Report.merge`\\ s
+them; :func:`pytest_prefixcache.html.render_html` turns the JSON into a page people read.
 """
 
 from __future__ import annotations
@@ -10,10 +12,16 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["FailureRecord", "Report"]
+__all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
+
+FORMAT = "pytest-prefixcache/report/v2"
+#: Per-request records kept in one report (the counters always cover every request).
+MAX_RECORDS = 20_000
+#: Characters of a failure's full message kept in the report.
+MAX_MESSAGE = 8_000
 
 
 def _finite(x: float) -> float | str:
@@ -21,14 +29,43 @@ def _finite(x: float) -> float | str:
     return x if math.isfinite(x) else str(x)
 
 
+def _number(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float, str)) else 0.0
+
+
 @dataclass(frozen=True)
 class FailureRecord:
-    """One failed test: which check, where, the first line of the message, the replay file."""
+    """One failed test: which check, where, the first line of the message, the replay command,
+    the full message and the directory holding the saved stream (its images are PNGs there)."""
 
     check: str
     test: str
     summary: str
     replay: str | None = None
+    message: str = ""
+    stream_dir: str | None = None
+    request_index: int | None = None
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request the verifier ran (cached, then uncached)."""
+
+    stream: int
+    request: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    """Prompt tokens the engine reported as reused."""
+    reusable: int | None
+    """The oracle's maximum valid reuse for this request (None without token ids)."""
+    diff: float
+    """Worst |cached - uncached| over the compared positions."""
+    kl: float
+    warm_seconds: float
+    cold_seconds: float
+    images: int
+    worker: str = ""
 
 
 @dataclass
@@ -52,6 +89,12 @@ class Report:
     cold_seconds: float = 0.0
     """Engine time of the uncached runs of the same requests."""
     failures: list[FailureRecord] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+    records_dropped: int = 0
+    workers: int = 0
+    """pytest-xdist workers merged into this report (0: the run was not distributed)."""
+    engine_error: str = ""
+    """Why the engine could not be built, when it could not."""
 
     @property
     def efficiency(self) -> float | None:
@@ -68,6 +111,12 @@ class Report:
         if diff > self.worst_diff or (diff != diff):  # NaN counts as worst
             self.worst_diff, self.worst_diff_where = diff, where
 
+    def add_record(self, record: RequestRecord) -> None:
+        if len(self.records) < MAX_RECORDS:
+            self.records.append(record)
+        else:
+            self.records_dropped += 1
+
     def lines(self) -> list[str]:
         """The terminal summary, one line per item."""
         eff = self.efficiency
@@ -79,14 +128,17 @@ class Report:
         worst = f"{self.worst_diff:.3g}"
         if self.worst_diff_where:
             worst += f" ({self.worst_diff_where})"
+        workers = f" on {self.workers} workers" if self.workers else ""
         out = [
             f"engine: {self.engine or '?'}; tolerance: {self.tolerance}",
-            f"requests run: {self.requests} in {self.streams} stream(s), "
+            f"requests run: {self.requests} in {self.streams} stream(s){workers}, "
             f"{self.cache_hits} with cache hits",
             f"cache efficiency vs oracle: {eff_text}",
             f"worst |cached - uncached|: {worst}",
             f"merges checked: {self.merges_checked}",
         ]
+        if self.engine_error:
+            out.insert(1, f"engine could not be built: {self.engine_error}")
         if self.warm_seconds > 0:
             out.append(
                 f"time on cache hits: {self.warm_seconds:.2f} s warm vs {self.cold_seconds:.2f} s "
@@ -106,11 +158,34 @@ class Report:
             out.append(f"reproduce with --prefixcache-seed={self.seed}")
         return out
 
+    def merge(self, other: Report, worker: str = "") -> None:
+        """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""
+        for name in ("requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.merges_checked += other.merges_checked
+        self.warm_seconds += other.warm_seconds
+        self.cold_seconds += other.cold_seconds
+        where = f"{worker}: {other.worst_diff_where}" if worker else other.worst_diff_where
+        self.add_diff(other.worst_diff, where)
+        self.worst_kl = max(self.worst_kl, other.worst_kl)
+        self.failures.extend(
+            f if f.worker or not worker else FailureRecord(**{**asdict(f), "worker": worker})
+            for f in other.failures
+        )
+        for r in other.records:
+            tagged = r.worker or not worker
+            self.add_record(r if tagged else RequestRecord(**{**asdict(r), "worker": worker}))
+        self.records_dropped += other.records_dropped
+        self.workers += 1 if worker else other.workers
+        self.engine_error = self.engine_error or other.engine_error
+
     def to_json(self) -> dict[str, Any]:
         return {
+            "format": FORMAT,
             "seed": self.seed,
             "engine": self.engine,
             "tolerance": self.tolerance,
+            "workers": self.workers,
             "streams": self.streams,
             "requests": self.requests,
             "cache_hits": self.cache_hits,
@@ -123,17 +198,52 @@ class Report:
             "merges_checked": self.merges_checked,
             "warm_seconds": self.warm_seconds,
             "cold_seconds": self.cold_seconds,
+            "engine_error": self.engine_error,
             "failures_by_check": self.failures_by_check,
-            "failures": [
-                {"check": f.check, "test": f.test, "summary": f.summary, "replay": f.replay}
-                for f in self.failures
+            "failures": [asdict(f) for f in self.failures],
+            "records_dropped": self.records_dropped,
+            "records": [
+                {k: _finite(v) if isinstance(v, float) else v for k, v in asdict(r).items()}
+                for r in self.records
             ],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        """The report written by :meth:`to_json` (older files without records load too)."""
+        if not isinstance(data, dict) or "requests" not in data:
+            raise ValueError("not a pytest-prefixcache report (no 'requests' field)")
+        scalars = {f.name for f in fields(cls)} - {"failures", "records"}
+        out = cls(**{k: data[k] for k in scalars if k in data})
+        for name in ("worst_diff", "worst_kl"):
+            setattr(out, name, _number(getattr(out, name)))
+        fail_keys = {f.name for f in fields(FailureRecord)}
+        out.failures = [
+            FailureRecord(**{k: v for k, v in f.items() if k in fail_keys})
+            for f in data.get("failures", [])
+        ]
+        rec_keys = {f.name for f in fields(RequestRecord)}
+        out.records = []
+        for r in data.get("records", []):
+            values = {k: v for k, v in r.items() if k in rec_keys}
+            values["diff"] = _number(values.get("diff", 0.0))
+            values["kl"] = _number(values.get("kl", 0.0))
+            out.records.append(RequestRecord(**values))
+        return out
+
+    @classmethod
+    def read_json(cls, path: str | os.PathLike[str]) -> Report:
+        """Load a report file; a missing or malformed file raises ValueError naming it."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return cls.from_json(json.load(fh))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"{os.fspath(path)}: cannot read the report: {exc}") from None
 
     def write_json(self, path: str | os.PathLike[str]) -> None:
         parent = os.path.dirname(os.fspath(path))
         if parent:
             os.makedirs(parent, exist_ok=True)
         with open(path, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(), fh, indent=2, allow_nan=False, default=str)
+            json.dump(self.to_json(), fh, indent=1, allow_nan=False, default=str)
             fh.write("\n")

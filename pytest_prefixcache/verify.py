@@ -30,7 +30,7 @@ from .messages import Context, format_failure
 from .oracle import Match, ReuseOracle
 from .problems import Problem
 from .replay import stream_id
-from .report import Report
+from .report import Report, RequestRecord
 from .runner import CallTimedOut, EngineWorker
 from .scenarios import expectation_problems
 from .types import Engine, Outcome, Request
@@ -225,6 +225,13 @@ class Verifier:
         comparison = compare(cached, uncached, self.options.tolerance)
         self.report.add_diff(comparison.worst_diff, f"request {index}")
         self.report.worst_kl = max(self.report.worst_kl, comparison.worst_kl)
+        self.report.add_record(
+            RequestRecord(
+                self.report.streams, index, cached.prompt_tokens, cached.cached_tokens,
+                None if match is None else match.max_reuse, comparison.worst_diff,
+                comparison.worst_kl, warm, self._seconds, len(request.images),
+            )
+        )  # fmt: skip
         self._check(
             merge_problems(cached)
             + merge_problems(uncached)
