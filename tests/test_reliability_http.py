@@ -7,9 +7,16 @@ a daemon thread of the pytest session under test.
 
 from __future__ import annotations
 
+import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
+
+from pytest_prefixcache import EngineError, Message, Request
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.server import free_port
 
 pytest_plugins = ["pytester"]
 
@@ -99,7 +106,8 @@ def test_a_healthy_fake_server_passes(pytester: pytest.Pytester) -> None:
 
 BROKEN = [
     # after the death Hypothesis shrinks, so the reported call may be a run or the reset
-    ("dies", "fault: * raised EngineError: http://127.0.0.1:*"),
+    ("dies", "fault: * raised EngineError: *connection refused by 127.0.0.1:*: the server is "
+     "not listening (did it exit?)"),
     ("error500", "fault: run(request *, use_cache=*) raised EngineError: "
      "http://127.0.0.1:*/v1/chat/completions answered 500: *KV pool exhausted*"),
     ("malformed", "fault: run(request *, use_cache=*) raised EngineError: unexpected chat "
@@ -125,3 +133,62 @@ def test_a_broken_server_fails_clearly_and_promptly(
     )
     result.stdout.fnmatch_lines(["failures by check: fault: 1"])
     assert list(pytester.path.glob(".prefixcache/failures/*/stream.json"))
+
+
+HELLO = Request((Message("user", ("hello",)),), max_new_tokens=1)
+
+
+def test_connection_refused_says_nobody_listens() -> None:
+    """Nothing listens on the port: the message says so in words (it once read
+    'answered 0' for the reset), for the request and for the reset."""
+    url = f"http://127.0.0.1:{free_port()}"
+    engine = OpenAIEngine(url=url, cold="reset", cold_url=url, timeout=5)
+    where = re.escape(url.removeprefix("http://"))
+    refused = f"connection refused by {where}: the server is not listening \\(did it exit\\?\\)"
+    with pytest.raises(EngineError, match=f"^POST {re.escape(url)}/v1/chat/completions: {refused}"):
+        engine.run(HELLO, use_cache=True)
+    with pytest.raises(
+        EngineError, match=f"^cannot reset {re.escape(url)}: POST /v1/cache/reset: "
+    ):
+        engine.reset()
+    with pytest.raises(EngineError, match=refused):
+        engine.reset()
+
+
+#: A server that is ready, then exits with code 3 on the first chat request, without a reply.
+EXITS = """
+import os, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class H(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"{}")
+    def do_POST(self):
+        print("the fake server gives up", flush=True)
+        os._exit(3)
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_started_server_that_exits_is_named_with_its_exit_code_and_log(tmp_path: Path) -> None:
+    script = tmp_path / "exits.py"  # a file: the command's {port} is substituted by format()
+    script.write_text(EXITS)
+    engine = OpenAIEngine(
+        [sys.executable, str(script), "{port}"], cold="salt", namespace_header="x-ns", timeout=10
+    )
+    try:
+        closed = "closed the connection without a reply .* [(]it exited with code 3; its log"
+        with pytest.raises(EngineError, match=closed):
+            engine.run(HELLO, use_cache=True)
+        with pytest.raises(EngineError) as info:
+            engine.run(HELLO, use_cache=True)
+        message = str(info.value)
+        assert "connection refused by 127.0.0.1:" in message
+        assert "the server is not listening (it exited with code 3; its log, " in message
+        assert message.rstrip().endswith("the fake server gives up)")
+    finally:
+        engine.close()

@@ -36,7 +36,7 @@ from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import openai_messages
 from .replies import Vocabulary, parse_reply, with_extension
-from .server import ServerProcess, http_json, remove_quietly
+from .server import ServerProcess, connection_problem, http_json, remove_quietly
 from .tapped import apply_tap
 
 __all__ = ["OpenAIEngine"]
@@ -166,17 +166,23 @@ class OpenAIEngine:
 
     def _reset_or_restart(self, server: ServerProcess | str | None) -> None:
         base = server.url if isinstance(server, ServerProcess) else str(server)
+        proc = server if isinstance(server, ServerProcess) else None
         try:
             status, _ = http_json(
                 self.reset_method, base + self.reset_path, {}, timeout=self.timeout
             )
-        except OSError:
-            status = 0
+        except OSError as exc:
+            if proc is None:
+                raise EngineError(
+                    f"cannot reset {base}: {self.reset_method} {self.reset_path}: "
+                    f"{connection_problem(exc, base)}"
+                ) from exc
+            status = None
         if status == 200:
             return
-        if not isinstance(server, ServerProcess):
+        if proc is None:
             raise EngineError(f"{base}{self.reset_path} answered {status}; cannot reset {base}")
-        server.start()
+        proc.start()  # no reset endpoint, or a dead server: a restart empties the cache
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
@@ -259,7 +265,10 @@ class OpenAIEngine:
                 "POST", base + "/v1/chat/completions", body, headers=headers, timeout=self.timeout
             )
         except OSError as exc:
-            raise EngineError(f"{base} did not answer: {exc}") from exc
+            proc = target if isinstance(target, ServerProcess) else None
+            raise EngineError(
+                f"POST {base}/v1/chat/completions: {connection_problem(exc, base, proc)}"
+            ) from exc
         if status != 200:
             raise EngineError(f"{base}/v1/chat/completions answered {status}: {str(reply)[:500]}")
         return reply

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 
 from ..errors import EngineError
 
-__all__ = ["ServerProcess", "free_port", "http_json", "remove_quietly"]
+__all__ = ["ServerProcess", "connection_problem", "free_port", "http_json", "remove_quietly"]
 
 ISOLATION_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -69,6 +70,32 @@ def http_json(
         return status, json.loads(raw or b"null")
     except ValueError:
         return status, raw.decode(errors="replace")
+
+
+def connection_problem(exc: OSError, url: str, server: ServerProcess | None = None) -> str:
+    """What an OSError from :func:`http_json` means, in words: refused (nobody listens),
+    closed without a reply, timed out; with the exit code and log tail of a server started
+    here."""
+    reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    where = urllib.parse.urlsplit(url).netloc or url
+    if isinstance(reason, ConnectionRefusedError):
+        what = f"connection refused by {where}: the server is not listening"
+    elif isinstance(reason, (ConnectionResetError, ConnectionAbortedError, BrokenPipeError)):
+        what = f"{where} closed the connection without a reply ({reason})"
+    elif isinstance(reason, TimeoutError):
+        what = f"no reply from {where} within the timeout ({reason})"
+    else:
+        what = f"{where} did not answer: {reason}"
+    if server is None:
+        return f"{what} (did it exit?)" if isinstance(reason, ConnectionRefusedError) else what
+    code = None
+    if server.proc is not None:
+        try:  # a server that drops connections is often on its way out: let it finish
+            code = server.proc.wait(timeout=2 if isinstance(reason, ConnectionError) else 0.01)
+        except subprocess.TimeoutExpired:
+            pass
+    state = "it is still running" if code is None else f"it exited with code {code}"
+    return f"{what} ({state}; its log, {server.log_path}:\n{server.log_tail()})"
 
 
 def remove_quietly(path: str) -> None:
