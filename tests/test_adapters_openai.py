@@ -3,6 +3,7 @@ mlx_vlm.server on the tiny fixtures (127.0.0.1, ephemeral ports, servers stopped
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,26 @@ def test_mlx_lm_server_with_tap_is_bit_exact(lm: OpenAIEngine) -> None:
     out = lm.run(TEXT, use_cache=True)  # token ids rendered locally, as mlx-lm tokenizes
     assert out.token_ids is not None and len(out.token_ids) == out.prompt_tokens
     assert lm.render_mismatches == []
+
+
+def test_tap_log_has_the_api_and_the_tap_reuse_per_request(
+    lm: OpenAIEngine, tmp_path: Path
+) -> None:
+    lm.tap_log = tmp_path / "tap.jsonl"
+    try:
+        lm.reset()
+        lm.run(TEXT, use_cache=True)
+        lm.run(TEXT, use_cache=False)
+        lm.run(TEXT, use_cache=True)
+    finally:
+        lm.tap_log = None
+    lines = [json.loads(x) for x in (tmp_path / "tap.jsonl").read_text().splitlines()]
+    assert [x["use_cache"] for x in lines] == [True, False, True]
+    assert {x["prompt_tokens"] for x in lines} == {lines[0]["prompt_tokens"]} != {None}
+    assert lines[0]["tap_reused_tokens"] == lines[1]["tap_reused_tokens"] == 0
+    assert lines[2]["tap_reused_tokens"] > 0  # mlx_lm.server reports what the tap sees
+    assert [x["api_cached_tokens"] for x in lines] == [x["tap_reused_tokens"] for x in lines]
+    assert sum(x["disagreements"] for x in lines) == 0
 
 
 def test_mlx_lm_refusals(lm: OpenAIEngine) -> None:

@@ -37,7 +37,7 @@ from ..types import Outcome, Request
 from .chat import openai_messages
 from .replies import Vocabulary, parse_reply, with_extension
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
-from .tapped import apply_tap
+from .tapped import apply_tap, log_tap
 
 __all__ = ["OpenAIEngine"]
 
@@ -73,6 +73,9 @@ class OpenAIEngine:
         timeout: seconds per HTTP request. Default: ``120``.
         start_timeout: seconds for a server to become ready. Default: ``120``.
         env: extra environment for started servers.
+        tap_log: with ``tap``, a JSON-lines file that gets, per request, the prompt length, the
+            reuse the API reported and the reuse the tap saw (see :func:`.tapped.log_tap`).
+            Default: None.
     """
 
     def __init__(
@@ -97,6 +100,7 @@ class OpenAIEngine:
         vocab: str | os.PathLike[str] | None = None,
         extensions: bool = False,
         render: Callable[[Request], tuple[list[int], Spans]] | None = None,
+        tap_log: str | os.PathLike[str] | None = None,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
@@ -117,6 +121,7 @@ class OpenAIEngine:
         self.reset_method = reset_method
         self.supports_images = supports_images
         self.tap = tap
+        self.tap_log = tap_log
         self.timeout = timeout
         self.tap_disagreements: list[str] = []
         self.vocab = Vocabulary(vocab) if vocab is not None else None
@@ -238,10 +243,15 @@ class OpenAIEngine:
             assert isinstance(target, ServerProcess)
             # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
             expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
+            api = out
             out, problems = apply_tap(
                 self._readers[id(target)], out, expected, request.max_new_tokens
             )
             self.tap_disagreements += problems
+            if self.tap_log is not None:
+                log_tap(
+                    self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems)
+                )
         return out
 
     def _post(

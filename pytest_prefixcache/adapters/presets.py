@@ -87,7 +87,8 @@ def from_env() -> OpenAIEngine:
     (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``; and
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
-    (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory).
+    (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
+    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -116,4 +117,5 @@ def from_env() -> OpenAIEngine:
         env=env,
         start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
         render=render,
+        tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
     )

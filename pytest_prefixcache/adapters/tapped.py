@@ -9,6 +9,8 @@ API also reports is cross-checked against the tap.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from typing import Any
 
@@ -17,7 +19,7 @@ import numpy as np
 from ..errors import EngineError
 from ..types import Outcome
 
-__all__ = ["apply_tap"]
+__all__ = ["apply_tap", "log_tap"]
 
 
 def apply_tap(
@@ -67,3 +69,20 @@ def apply_tap(
         cached_tokens=reused,
     )
     return tapped, problems
+
+
+def log_tap(
+    path: str | os.PathLike[str], *, use_cache: bool, api: Outcome, tapped: Outcome, problems: int
+) -> None:
+    """Append one request's figures to a JSON-lines file: the prompt length, the reuse the API
+    reported (``null`` when it reports none), the reuse the tap saw and how many of the
+    API's figures the tap contradicted."""
+    line = {
+        "use_cache": use_cache,
+        "prompt_tokens": tapped.prompt_tokens,
+        "api_cached_tokens": api.cached_tokens,
+        "tap_reused_tokens": tapped.cached_tokens,
+        "disagreements": problems,
+    }
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
