@@ -1,0 +1,221 @@
+"""The findings of one seed-engine mode, and the table of all of them (used by seed_engines.sh).
+
+Each mode's directory (``$SEED_DIR/reports/<engine>-<mode>/``) holds what one run of
+``scripts/seed_engines.sh`` wrote there: ``suite.json`` (the plugin's JSON report of the
+built-in suite), ``tap.jsonl`` (per request, the reuse the API reported and the reuse the logit
+tap saw), ``checks.xml`` (JUnit XML of tests/test_adapters_seed.py) and ``checks.jsonl``.
+
+    python scripts/seed_findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
+    python scripts/seed_findings.py table REPORTS                 prints the Markdown table
+    python scripts/seed_findings.py save REPORTS CORPUS           copies each failure's shrunk
+                                                                   counterexample into CORPUS
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+FLAGS = {"simple": "default", "mllm": "`--mllm`", "cb": "`--continuous-batching`"}
+FLAGS["paged"] = "`--continuous-batching --use-paged-cache`"
+RAPID_FLAGS = {"simple": "default (batched)", "mllm": "`--mllm`", "paged": "`--use-paged-cache`"}
+
+
+def known() -> dict[tuple[str, str, str], str]:
+    """tests/test_adapters_seed.py's xfail reasons, by (engine, mode, test)."""
+    sys.path.insert(0, str(TESTS))
+    import test_adapters_seed
+
+    return dict(test_adapters_seed.KNOWN)
+
+
+def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
+    """test name -> passed, failed: ..., xfailed, xpassed, skipped, error: ... (JUnit XML)."""
+    if not path.is_file():
+        return {}
+    reasons = known()
+    out: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        kinds = {child.tag: child for child in case}
+        if "failure" in kinds or "error" in kinds:
+            node = kinds.get("failure", kinds.get("error"))
+            tag = "failed" if "failure" in kinds else "error"
+            out[name] = f"{tag}: {(node.get('message') or '')[:200]}"  # type: ignore[union-attr]
+        elif "skipped" in kinds:
+            kind = kinds["skipped"].get("type", "")
+            out[name] = "xfailed" if kind == "pytest.xfail" else "skipped"
+        else:
+            out[name] = "xpassed" if (engine, mode, name.split("[")[0]) in reasons else "passed"
+    return out
+
+
+def tap_figures(path: Path) -> dict[str, Any]:
+    """Over the cached runs: prompt tokens, the reuse the API reported (None when it never
+    reports one), the reuse the tap saw, and the requests where the two disagree."""
+    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+    warm = [r for r in rows if r["use_cache"]]
+    reported = [r["api_cached_tokens"] for r in warm if r["api_cached_tokens"] is not None]
+    return {
+        "requests": len(warm),
+        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in warm),
+        "api_reused": sum(reported) if reported else None,
+        "api_reported_on": len(reported),
+        "tap_reused": sum(r["tap_reused_tokens"] or 0 for r in warm),
+        "disagreeing_requests": sum(
+            1
+            for r in warm
+            if r["api_cached_tokens"] is not None
+            and r["api_cached_tokens"] != r["tap_reused_tokens"]
+        ),
+        "cold_reused": sum(r["tap_reused_tokens"] or 0 for r in rows if not r["use_cache"]),
+    }
+
+
+def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
+    suite_path = directory / "suite.json"
+    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
+    failures = [
+        {k: f.get(k) for k in ("check", "test", "summary", "stream_dir", "replay")}
+        for f in suite.get("failures", [])
+    ]
+    return {
+        "engine": engine,
+        "version": version,
+        "mode": mode,
+        "suite_ran": bool(suite),
+        "requests": suite.get("requests"),
+        "streams": suite.get("streams"),
+        "cache_hits": suite.get("cache_hits"),
+        "reused_tokens": suite.get("reused_tokens"),
+        "oracle_tokens": suite.get("oracle_tokens"),
+        "efficiency": suite.get("efficiency"),
+        "worst_diff": suite.get("worst_diff"),
+        "failures_by_check": suite.get("failures_by_check", {}),
+        "failures": failures,
+        "tap": tap_figures(directory / "tap.jsonl"),
+        "checks": checks(directory / "checks.xml", engine, mode),
+    }
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def counterexample_name(r: dict[str, Any], f: dict[str, Any], taken: set[str]) -> str:
+    base = f"{r['engine']}-{r['mode']}-{slug(f['check'])}"
+    name, n = base, 2
+    while name in taken:
+        name, n = f"{base}-{n}", n + 1
+    taken.add(name)
+    return name
+
+
+def save(reports: Path, corpus: Path) -> list[str]:
+    """Copy every failure's stream.json + PNGs to CORPUS/<engine>-<mode>-<check>[-n]/ with a
+    description naming the engine, version, mode and what went wrong; returns the names."""
+    saved: list[str] = []
+    taken: set[str] = set()
+    for path in sorted(reports.glob("*/row.json")):
+        r = json.loads(path.read_text())
+        for f in r["failures"]:
+            source = Path(f["stream_dir"] or "")
+            if not (source / "stream.json").is_file():
+                continue
+            name = counterexample_name(r, f, taken)
+            target = corpus / name
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(source, target)
+            data = json.loads((target / "stream.json").read_text())
+            flag = mode_flags(r["engine"], r["mode"]).replace("`", "")
+            data["description"] = (
+                f"{r['engine']} {r['version']}, {flag}, found by scripts/seed_engines.sh: "
+                f"{f['summary']}"
+            )
+            data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
+            (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
+            f["saved"] = name
+            saved.append(name)
+        path.write_text(json.dumps(r, indent=1) + "\n")
+    return saved
+
+
+def mode_flags(engine: str, mode: str) -> str:
+    return (RAPID_FLAGS if engine == "rapid-mlx" else FLAGS).get(mode, mode)
+
+
+def _prefill(t: dict[str, Any]) -> str:
+    p = t["prompt_tokens"]
+    real = p - t["tap_reused"]
+    if t["api_reused"] is None:
+        return f"not reported / {real} of {p}"
+    reported = p - t["api_reused"] if t["api_reported_on"] == t["requests"] else None
+    text = f"{reported if reported is not None else '?'} / {real} of {p}"
+    if t["disagreeing_requests"]:
+        text += f" ({t['disagreeing_requests']} of {t['requests']} requests disagree)"
+    return text
+
+
+def _failures(r: dict[str, Any], corpus_link: str) -> str:
+    parts = []
+    for f in r["failures"]:
+        text = f"{f['check']}: {f['summary'].split(': ', 1)[-1][:160]}"
+        if f.get("saved"):
+            text += f" ([counterexample]({corpus_link}/{f['saved']}/stream.json))"
+        parts.append(text.replace("|", "\\|"))
+    bad = {k: v for k, v in r["checks"].items() if v not in ("passed", "skipped")}
+    checks = "; ".join(f"`{k}` {v.split(':')[0]}" for k, v in sorted(bad.items()))
+    out = "<br>".join(parts) or "none"
+    return out + (f"<br>targeted checks: {checks}" if checks else "")
+
+
+def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
+    lines = [
+        "| engine, version | mode | requests | efficiency vs oracle | prefilled, reported / "
+        "really (tap) | worst diff | failures |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path in sorted(reports.glob("*/row.json")):
+        r = json.loads(path.read_text())
+        if not r["suite_ran"]:
+            lines.append(f"| {r['engine']} {r['version']} | {mode_flags(r['engine'], r['mode'])} "
+                         "| the suite did not run | | | | |")  # fmt: skip
+            continue
+        eff = r["efficiency"]
+        eff_text = "n/a" if eff is None else f"{100 * eff:.1f}%"
+        eff_text += f" ({r['reused_tokens']} of {r['oracle_tokens']})"
+        lines.append(
+            f"| {r['engine']} {r['version']} | {mode_flags(r['engine'], r['mode'])} | "
+            f"{r['requests']} ({r['cache_hits']} hits) | {eff_text} | {_prefill(r['tap'])} | "
+            f"{r['worst_diff']:g} | {_failures(r, corpus_link)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[0] == "row":
+        directory = Path(argv[1])
+        r = row(directory, *argv[2:5])
+        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
+        return 0
+    if len(argv) == 2 and argv[0] == "table":
+        print(table(Path(argv[1])))
+        return 0
+    if len(argv) == 3 and argv[0] == "save":
+        for name in save(Path(argv[1]), Path(argv[2])):
+            print(f"saved {Path(argv[2]) / name}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
