@@ -1,0 +1,231 @@
+"""The whole page: header with the verdict and counters, the two charts, the failures."""
+
+from __future__ import annotations
+
+import math
+import os
+from html import escape
+from pathlib import Path
+
+from ..report import FORMAT, FailureRecord, Report
+from .charts import MAX_BARS, diff_chart, is_over, reuse_chart
+from .conversation import find_stream_dir, render_stream
+from .style import CSS
+
+__all__ = ["render_html", "write_html"]
+
+
+def _stat(label: str, value: str, detail: str = "", tone: str = "") -> str:
+    cls = f"stat {tone}".strip()
+    extra = f'<div class="detail">{escape(detail)}</div>' if detail else ""
+    return (
+        f'<div class="{cls}"><div class="label">{escape(label)}</div>'
+        f'<div class="value">{escape(value)}</div>{extra}</div>'
+    )
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3g} s" if x < 10 else f"{x:.1f} s"
+
+
+def verdict(report: Report) -> tuple[str, str]:
+    """``(css class, text)``: fail on any failure or engine error, empty when nothing ran."""
+    if report.failures or report.engine_error:
+        n = len(report.failures)
+        return "fail", f"FAIL: {n} failure{'s' if n != 1 else ''}" if n else "FAIL: engine error"
+    if report.requests == 0:
+        return "empty", "NOTHING VERIFIED"
+    return "pass", "PASS"
+
+
+def _header(report: Report) -> str:
+    tone, text = verdict(report)
+    eff = report.efficiency
+    over = sum(is_over(r) for r in report.records)
+    shards = getattr(report, "shards", 1)
+    seed_flag = ""
+    if report.seed is not None:
+        seed_flag = f"--prefixcache-seed={report.seed}"
+        seed_flag += f" --prefixcache-shards={shards}" if shards > 1 else ""
+    hits = f"{report.cache_hits / report.requests:.0%} of requests" if report.requests else ""
+    speed = ""
+    if report.warm_seconds > 0 and report.cold_seconds > 0:
+        speed = f"cold / warm: {report.cold_seconds / report.warm_seconds:.2f}x on cache hits"
+    worst = "NaN" if math.isnan(report.worst_diff) else f"{report.worst_diff:.3g}"
+    exact = report.tolerance.strip() == "exact"
+    per_stream = f"{report.requests / report.streams:.1f} requests each" if report.streams else ""
+    by_check = ", ".join(f"{k}: {v}" for k, v in sorted(report.failures_by_check.items()))
+    stats = [
+        _stat("Seed", "?" if report.seed is None else str(report.seed), seed_flag, "wide seed"),
+        _stat("Tolerance", report.tolerance or "?"),
+        _stat("Requests", str(report.requests), f"{len(report.records)} drawn below"),
+        _stat("Streams", str(report.streams), per_stream),
+        _stat(
+            "Workers",
+            str(report.workers) if report.workers else "1",
+            "" if report.workers else "not distributed",
+        ),
+        _stat("Cache hits", str(report.cache_hits), hits),
+        _stat(
+            "Efficiency vs oracle",
+            "n/a" if eff is None else f"{eff:.1%}",
+            "nothing was reusable"
+            if eff is None
+            else f"{report.reused_tokens} of {report.oracle_tokens} reusable tokens",
+        ),
+        _stat(
+            "Reported > oracle",
+            str(over),
+            "requests claiming impossible reuse",
+            "bad" if over else "good",
+        ),
+        _stat(
+            "Worst logit difference",
+            worst,
+            report.worst_diff_where,
+            "bad" if exact and report.worst_diff != 0 else "",
+        ),
+        _stat(
+            "Warm vs cold time",
+            f"{_seconds(report.warm_seconds)} vs {_seconds(report.cold_seconds)}",
+            speed,
+            "wide",
+        ),
+        _stat("Merges checked", str(report.merges_checked), "slots == embedding rows"),
+        _stat(
+            "Failures",
+            str(len(report.failures)),
+            by_check or "none",
+            "wide bad" if report.failures else "wide good",
+        ),
+    ]
+    if report.worst_kl:
+        stats.append(_stat("Worst estimated KL", f"{report.worst_kl:.3g}"))
+    error = ""
+    if report.engine_error:
+        error = (
+            f'<p class="note error">The engine could not be built: '
+            f"{escape(report.engine_error)}</p>"
+        )
+    return (
+        '<section class="card" id="summary"><div class="header"><div class="title">'
+        f"<h1>pytest-prefixcache report</h1>"
+        f'<div class="engine">{escape(report.engine or "engine not recorded")}</div></div>'
+        f'<div id="verdict" class="verdict {tone}">{escape(text)}</div></div>'
+        f'{error}<div class="stats">{"".join(stats)}</div></section>'
+    )
+
+
+def _charts(report: Report) -> str:
+    notes = []
+    if report.records_dropped:
+        notes.append(
+            f"{report.records_dropped} request(s) ran after the per-request record limit and "
+            "are counted above but not drawn."
+        )
+    if len(report.records) > MAX_BARS:
+        notes.append(f"More than {MAX_BARS} requests: each bar is the maximum of a group.")
+    if report.workers:
+        notes.append("Requests of the workers follow each other (worker by worker).")
+    note = "".join(f'<p class="caption">{escape(n)}</p>' for n in notes)
+    tol = escape(report.tolerance)
+    return (
+        '<section class="card" id="reuse"><h2>Reuse per request against the oracle</h2>'
+        f"{reuse_chart(report.records)}"
+        '<p class="caption">Grey: the most prompt tokens the oracle says could validly come from '
+        "the cache; blue: what the engine reported as cached. Red bars, flagged above the plot, "
+        "report more reuse than the oracle allows (the engine served a prefix it should not "
+        f"have); grey above blue is reuse left on the table.</p>{note}</section>"
+        '<section class="card" id="diffs"><h2>Distribution of logit differences</h2>'
+        f"{diff_chart(report.records, report.tolerance)}"
+        '<p class="caption">Each request\'s worst |cached - uncached| logit difference over '
+        f"the compared positions, on a log scale; tolerance: <code>{tol}</code>.</p></section>"
+    )
+
+
+def _failure(i: int, f: FailureRecord, base_dir: str | os.PathLike[str] | None) -> str:
+    meta = []
+    if f.worker:
+        meta.append(f"worker {f.worker}")
+    if f.request_index is not None:
+        meta.append(f"failing request {f.request_index}")
+    parts = [
+        f'<section class="card failure" id="failure-{i}" data-check="{escape(f.check)}">',
+        f'<div class="head"><span class="badge check">{escape(f.check)}</span>'
+        f'<h3 class="test">{escape(f.test)}</h3>'
+        f'<span class="muted">{escape(" · ".join(meta))}</span></div>',
+        f'<p class="summary">{escape(f.summary)}</p>',
+    ]
+    if f.replay:
+        parts.append(
+            f'<div class="section-label">Replay</div><pre class="replay">{escape(f.replay)}</pre>'
+        )
+    parts.append(
+        '<div class="section-label">Message</div>'
+        f'<pre class="message">{escape(f.message or f.summary)}</pre>'
+    )
+    parts.append('<div class="section-label">Failing stream</div>')
+    directory = find_stream_dir(f.stream_dir, base_dir)
+    if directory is not None:
+        parts.append(render_stream(directory, f.request_index))
+    elif f.stream_dir:
+        parts.append(
+            '<p class="note missing-stream">The saved stream is not there: '
+            f"<code>{escape(f.stream_dir)}</code> holds no {escape('stream.json')} "
+            "(was the report moved without its .prefixcache/failures/ directory?)</p>"
+        )
+    else:
+        parts.append('<p class="note missing-stream">No stream was saved for this failure.</p>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _failures(report: Report, base_dir: str | os.PathLike[str] | None) -> str:
+    if not report.failures:
+        return (
+            '<section class="card" id="failures"><h2>Failures</h2>'
+            '<p id="no-failures">No failures: every check passed.</p></section>'
+        )
+    toc = "".join(
+        f'<li><a href="#failure-{i}">{escape(f.check)}</a>: <code>{escape(f.test)}</code></li>'
+        for i, f in enumerate(report.failures, 1)
+    )
+    items = "".join(_failure(i, f, base_dir) for i, f in enumerate(report.failures, 1))
+    return (
+        f'<section class="card" id="failures"><h2>Failures ({len(report.failures)})</h2>'
+        f'<ol class="toc">{toc}</ol></section>{items}'
+    )
+
+
+def render_html(report: Report, *, base_dir: str | os.PathLike[str] | None = None) -> str:
+    """One self-contained HTML page for ``report``: no network, images inlined as data URIs,
+    charts as inline SVG. ``base_dir`` (the report file's directory) resolves relative and
+    moved ``stream_dir`` paths, see :func:`~pytest_prefixcache.html.conversation.find_stream_dir`.
+    """
+    tone, text = verdict(report)
+    title = f"{text} - {report.engine or 'pytest-prefixcache'}"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "img-src data:; style-src 'unsafe-inline'\">"
+        f"<title>{escape(title)}</title><style>{CSS}</style></head>"
+        f'<body class="{tone}"><main>{_header(report)}{_charts(report)}'
+        f"{_failures(report, base_dir)}"
+        "<footer>pytest-prefixcache · report format "
+        f"{escape(FORMAT)}</footer></main></body></html>\n"
+    )
+
+
+def write_html(
+    report: Report,
+    path: str | os.PathLike[str],
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Write :func:`render_html` to ``path`` (creating its directory) and return the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(report, base_dir=base_dir), encoding="utf-8")
+    return out
