@@ -22,7 +22,7 @@ from .errors import EngineError
 from .images import ImageFactory
 from .runner import CallTimedOut
 from .settings import DEFAULT_ENGINE
-from .state import report_of, settings_of, worker_of
+from .state import PROGRESS_KEY, report_of, settings_of, worker_of
 from .types import Engine, Request
 from .verify import Step, Verifier, VerifyOptions
 
@@ -124,7 +124,11 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
         failures_dir=s.failures_dir,
         replay_command=s.replay_command,
     )
-    return Verifier(engine, worker_of(config), options, report_of(config))
+    verifier = Verifier(engine, worker_of(config), options, report_of(config))
+    progress = config.stash.get(PROGRESS_KEY, None)
+    if progress is not None and progress.every > 0:
+        verifier.on_step = progress.on_step
+    return verifier
 
 
 @pytest.fixture(scope="session")

@@ -7,130 +7,38 @@ Cheap to import: neither MLX nor any engine is imported here; the engine is buil
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import cast
 
 import pytest
 
+from . import distributed as xd
 from . import settings as opt
+from .database import DatabaseError, example_database
 from .errors import VerificationFailure
+from .progress import Progress
 from .replay import save_stream
 from .report import MAX_MESSAGE, FailureRecord, Report
-from .state import REPORT_KEY, SETTINGS_KEY, WORKER_KEY, report_of, settings_of
+from .state import (
+    DATABASE_KEY,
+    PROGRESS_KEY,
+    REPORT_KEY,
+    SETTINGS_KEY,
+    START_KEY,
+    WORKER_KEY,
+    report_of,
+    settings_of,
+)
 from .suite import ISOLATION_FILE, SUITE_FILE
 from .types import Request
 
-pytest_plugins = ["pytest_prefixcache.fixtures"]
+pytest_plugins = ["pytest_prefixcache.options", "pytest_prefixcache.fixtures"]
 
 SERVER_ENGINE = "pytest_prefixcache.adapters.presets:from_env"
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("prefixcache", "prefix-cache verification (pytest-prefixcache)")
-    add = group.addoption
-    add(
-        "--prefixcache-verify",
-        action="store_true",
-        default=False,
-        help="Add the built-in prefix-cache verification suite to the session",
-    )
-    add(
-        "--prefixcache-engine",
-        type=opt.engine_spec,
-        default=None,
-        metavar="MODULE:ATTR",
-        help="Engine under test: an Engine instance or a zero-argument callable returning one "
-        f"(default: ini prefixcache_engine, else {opt.DEFAULT_ENGINE})",
-    )
-    add(
-        "--prefixcache-examples",
-        type=opt.positive_int,
-        default=opt.DEFAULT_EXAMPLES,
-        metavar="N",
-        help=f"Examples per property (default: {opt.DEFAULT_EXAMPLES}; the state machine runs "
-        f"half as many, {opt.STATEFUL_STEPS} steps each)",
-    )
-    add(
-        "--prefixcache-seed",
-        type=opt.seed,
-        default=None,
-        metavar="S",
-        help="Seed for the generated streams (default: random, printed in the header)",
-    )
-    add(
-        "--prefixcache-report",
-        default=None,
-        metavar="PATH",
-        help="Write a JSON report: requests, hits, reuse vs oracle, worst difference, failures",
-    )
-    add(
-        "--prefixcache-timeout",
-        type=opt.positive_float,
-        default=60.0,
-        metavar="SECONDS",
-        help="Fail an engine call that takes longer, and treat the engine as dead (default: 60)",
-    )
-    add(
-        "--prefixcache-atol",
-        type=opt.non_negative_float,
-        default=0.0,
-        metavar="X",
-        help="Absolute tolerance for cached vs uncached logits (default: 0, exact)",
-    )
-    add(
-        "--prefixcache-rtol",
-        type=opt.non_negative_float,
-        default=0.0,
-        metavar="X",
-        help="Relative tolerance for cached vs uncached logits (default: 0, exact)",
-    )
-    add(
-        "--prefixcache-kl",
-        type=opt.non_negative_float,
-        default=None,
-        metavar="X",
-        help="Use the top-k/KL rule instead: estimated KL per step at most X and top tokens "
-        "agreeing (for GPU engines and top_logprobs-only engines)",
-    )
-    add(
-        "--prefixcache-min-efficiency",
-        type=opt.fraction,
-        default=None,
-        metavar="F",
-        help="Fail when a stream reuses less than F of what the oracle says was reusable",
-    )
-    add(
-        "--prefixcache-min-speedup",
-        type=opt.positive_ratio,
-        default=None,
-        metavar="X",
-        help="Fail when a stream's cache hits are not X times faster than their cold runs",
-    )
-    add(
-        "--prefixcache-isolation",
-        action="store_true",
-        default=False,
-        help="Add the timing side-channel test: time to first token must not reveal another "
-        "namespace's cached prefix (KS test; implies --prefixcache-verify)",
-    )
-    add(
-        "--prefixcache-replay",
-        default=None,
-        metavar="PATH",
-        help="Replay exactly the stream saved at PATH (a stream.json or its directory)",
-    )
-    add(
-        "--prefixcache-server-cmd",
-        type=opt.server_cmd,
-        default=None,
-        metavar="CMD",
-        help="Verify an OpenAI-compatible server started from CMD ({port} is replaced by an "
-        "ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* variables (see "
-        "pytest_prefixcache.adapters.presets.from_env)",
-    )
-    parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)
 
 
 def _engine(config: pytest.Config) -> tuple[str, str]:
@@ -163,6 +71,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     engine, source = _engine(config)
     given_seed = config.getoption("prefixcache_seed")
+    worker = xd.worker_input(config)
+    if xd.SEED in worker:  # an xdist worker runs the controller's seed
+        given_seed = worker[xd.SEED] if given_seed is None else given_seed
     replay = config.getoption("prefixcache_replay")
     invocation = config.invocation_params.dir
     if replay is not None:
@@ -189,11 +100,52 @@ def pytest_configure(config: pytest.Config) -> None:
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
         isolation=isolation,
+        shards=config.getoption("prefixcache_shards") or xd.worker_count(config),
+        database=config.getoption("prefixcache_database")
+        or _env_database()
+        or opt.DEFAULT_DATABASE,
+        progress=config.getoption("prefixcache_progress"),
+        budget=config.getoption("prefixcache_budget"),
     )
     config.stash[SETTINGS_KEY] = s
-    config.stash[REPORT_KEY] = Report(seed=s.seed, engine=s.engine, tolerance=_tolerance(s))
+    config.stash[REPORT_KEY] = Report(
+        seed=s.seed, engine=s.engine, tolerance=_tolerance(s), shards=s.shards
+    )
+    progress = Progress(0.0 if xd.is_worker(config) else s.progress, _writer(config))
+    config.stash[PROGRESS_KEY] = progress
+    if s.verify:
+        try:
+            config.stash[DATABASE_KEY] = example_database(s.database, invocation)
+        except DatabaseError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    if config.pluginmanager.hasplugin("xdist") and not xd.is_worker(config):
+        config.pluginmanager.register(xd.Controller(config, progress), "prefixcache-xdist")
     if s.verify and str(SUITE_FILE.parent) not in config.args:
         config.args.append(str(SUITE_FILE.parent))
+
+
+def _env_database() -> str | None:
+    value = os.environ.get("PREFIXCACHE_DATABASE")
+    if not value:
+        return None
+    try:
+        return opt.database_spec(value)
+    except Exception as exc:
+        raise pytest.UsageError(f"PREFIXCACHE_DATABASE: {exc}") from None
+
+
+def _writer(config: pytest.Config) -> Callable[[str], None]:
+    """Write a line to the terminal, even while a test's output is being captured."""
+
+    def write(line: str) -> None:
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else nullcontext():
+            tr.write_line(line)
+
+    return write
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
@@ -219,11 +171,20 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     s = settings_of(config)
     if not s.verify:
         return []
-    return [
+    lines = [
         f"prefixcache: engine {s.engine} ({s.engine_source}), {s.examples} examples per "
         f"property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s",
-        f"prefixcache: using --prefixcache-seed={s.seed}",
+        f"prefixcache: using {s.seed_command()}",
+        f"prefixcache: example database {s.database}",
     ]
+    if s.shards > 1:
+        lines.append(
+            f"prefixcache: generated tests split into {s.shards} shards (seeds derived from "
+            f"{s.seed}; examples {-(-s.examples // s.shards)} per shard)"
+        )
+    if s.budget:
+        lines.append(f"prefixcache: budget {s.budget:g} s of new rounds of examples")
+    return lines
 
 
 def _is_suite(item: pytest.Item) -> bool:
@@ -286,7 +247,17 @@ def pytest_runtest_makereport(
         )  # fmt: skip
         if command:
             report.sections.append(("prefixcache replay", command))
+    if _is_suite(item) and report.when == "call":
+        xd.attach_progress(item.config, report)
     return report
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[START_KEY] = time.monotonic()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    xd.send_report(session.config)
 
 
 def pytest_terminal_summary(
@@ -294,7 +265,7 @@ def pytest_terminal_summary(
 ) -> None:
     s = settings_of(config)
     rep = report_of(config)
-    if not (s.verify or rep.requests or rep.failures):
+    if xd.is_worker(config) or not (s.verify or rep.requests or rep.failures):
         return
     terminalreporter.write_sep("=", "prefixcache")
     for line in rep.lines():

@@ -73,6 +73,7 @@ class Report:
     """What the verification saw in this session."""
 
     seed: int | None = None
+    shards: int = 1
     engine: str = ""
     tolerance: str = "exact"
     requests: int = 0
@@ -155,7 +156,8 @@ class Report:
         else:
             out.append("failures by check: none")
         if self.seed is not None:
-            out.append(f"reproduce with --prefixcache-seed={self.seed}")
+            shards = f" --prefixcache-shards={self.shards}" if self.shards > 1 else ""
+            out.append(f"reproduce with --prefixcache-seed={self.seed}{shards}")
         return out
 
     def merge(self, other: Report, worker: str = "") -> None:
@@ -163,6 +165,7 @@ class Report:
         for name in ("requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.merges_checked += other.merges_checked
+        self.shards = max(self.shards, other.shards)
         self.warm_seconds += other.warm_seconds
         self.cold_seconds += other.cold_seconds
         where = f"{worker}: {other.worst_diff_where}" if worker else other.worst_diff_where
@@ -183,6 +186,7 @@ class Report:
         return {
             "format": FORMAT,
             "seed": self.seed,
+            "shards": self.shards,
             "engine": self.engine,
             "tolerance": self.tolerance,
             "workers": self.workers,

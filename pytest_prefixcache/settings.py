@@ -6,6 +6,7 @@ Every validator's error repeats the bad value, e.g. ``'abc' is not a positive in
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import random
 import re
@@ -14,10 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "DEFAULT_DATABASE",
     "DEFAULT_ENGINE",
     "DEFAULT_EXAMPLES",
     "STATEFUL_STEPS",
     "Settings",
+    "database_spec",
     "engine_spec",
     "fraction",
     "non_negative_float",
@@ -29,6 +32,7 @@ __all__ = [
 
 DEFAULT_ENGINE = "reference_engine:default_engine"
 DEFAULT_EXAMPLES = 100
+DEFAULT_DATABASE = ".prefixcache/examples"
 #: Steps per state-machine example (the state machine runs DEFAULT_EXAMPLES // 2 examples).
 STATEFUL_STEPS = 8
 _SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
@@ -97,6 +101,20 @@ def engine_spec(value: str) -> str:
     return value
 
 
+def database_spec(value: str) -> str:
+    """``none``, ``redis://HOST:PORT[/DB]`` or a directory path."""
+    v = value.strip()
+    if not v:
+        raise argparse.ArgumentTypeError("'' is not 'none', a directory or a redis:// URL")
+    if v.lower() in ("none", "off"):
+        return "none"
+    if "://" in v and not v.startswith(("redis://", "rediss://", "unix://")):
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: only redis://, rediss:// and unix:// URLs are supported, or a directory"
+        )
+    return v
+
+
 def server_cmd(value: str) -> str:
     if "{port}" not in value:
         raise argparse.ArgumentTypeError(
@@ -126,6 +144,23 @@ class Settings:
     replay: Path | None = None
     invocation_dir: Path = Path(".")
     isolation: bool = False
+    shards: int = 1
+    """Generated tests are split into this many shards, each with its own seed (one per
+    pytest-xdist worker by default)."""
+    database: str = DEFAULT_DATABASE
+    """Hypothesis example database: a directory (relative to the invocation directory),
+    a redis:// URL, or "none"."""
+    progress: float = 30.0
+    """Seconds between progress lines (0: none)."""
+    budget: float | None = None
+    """Wall-clock seconds: generated tests start new rounds of examples until it is spent."""
+
+    def shard_seed(self, shard: int, round_: int = 0) -> int:
+        """The seed of one shard's round: the session seed itself for shard 0, round 0."""
+        if shard == 0 and round_ == 0:
+            return self.seed
+        blob = f"{self.seed}:{shard}:{round_}".encode()
+        return int.from_bytes(hashlib.sha256(blob).digest()[:4], "big")
 
     @staticmethod
     def random_seed() -> int:
@@ -152,6 +187,13 @@ class Settings:
             out.append(f"--prefixcache-min-speedup={self.min_speedup:g}")
         if self.timeout != 60.0:
             out.append(f"--prefixcache-timeout={self.timeout:g}")
+        return out
+
+    def seed_command(self) -> str:
+        """The options that regenerate this run's streams (shards included)."""
+        out = f"--prefixcache-seed={self.seed}"
+        if self.shards > 1:
+            out += f" --prefixcache-shards={self.shards}"
         return out
 
     def replay_command(self, path: str) -> str:

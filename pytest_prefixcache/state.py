@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import pytest
 
+from .progress import Progress
 from .report import Report
 from .runner import EngineWorker
 from .settings import Settings
 
-__all__ = ["REPORT_KEY", "SETTINGS_KEY", "WORKER_KEY", "report_of", "settings_of", "worker_of"]
+__all__ = [
+    "DATABASE_KEY",
+    "PROGRESS_KEY",
+    "REPORT_KEY",
+    "SETTINGS_KEY",
+    "START_KEY",
+    "WORKER_KEY",
+    "report_of",
+    "settings_of",
+    "worker_of",
+]
 
 SETTINGS_KEY = pytest.StashKey[Settings]()
 REPORT_KEY = pytest.StashKey[Report]()
 WORKER_KEY = pytest.StashKey[EngineWorker]()
+PROGRESS_KEY = pytest.StashKey[Progress]()
+DATABASE_KEY = pytest.StashKey[object]()
+START_KEY = pytest.StashKey[float]()
 
 
 def settings_of(config: pytest.Config) -> Settings:

@@ -105,6 +105,9 @@ class Verifier:
     oracle: ReuseOracle = field(default_factory=ReuseOracle)
     dead: errors.VerificationFailure | None = None
     """The timeout failure, once an engine call hung; every later call raises it again."""
+    on_step: Callable[[Report, int], None] | None = None
+    """Called before each request with the report and the failing examples seen so far."""
+    failing_examples: int = 0
     _rendered: list[Rendered] = field(default_factory=list)
     _seconds: float = 0.0
     _warm: float = 0.0
@@ -126,6 +129,7 @@ class Verifier:
         meta: dict[str, object] | None = None,
     ) -> errors.VerificationFailure:
         """The exception for ``problem``, with the full message and the replay command."""
+        self.failing_examples += 1
         stream = tuple(ctx.stream)
         path = self.replay_path(stream)
         ctx = Context(stream, ctx.index, ctx.cached, ctx.match, self.options.replay_command(path))
@@ -181,6 +185,8 @@ class Verifier:
         __tracebackhide__ = True
         if not isinstance(request, Request):
             raise errors.RequestError(f"expected a Request, got {type(request).__name__}")
+        if self.on_step is not None:
+            self.on_step(self.report, self.failing_examples)
         index = len(self.stream)
         prev = self.stream[-1] if self.stream else None
         self.stream.append(request)

@@ -6,7 +6,8 @@ Order: the scenario corpus first, then generated request streams, then the state
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pytest_prefixcache.generate import MOVES, StreamSpec
 from pytest_prefixcache.replay import corpus_files, load_stream
 from pytest_prefixcache.settings import STATEFUL_STEPS
-from pytest_prefixcache.state import settings_of
+from pytest_prefixcache.state import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Request
@@ -29,17 +30,45 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "corpus_file" in metafunc.fixturenames:
         files = corpus_files(metafunc.config.rootpath)
         metafunc.parametrize("corpus_file", files, ids=[f.stem for f in files])
+    shards = settings_of(metafunc.config).shards
+    if "shard" in metafunc.fixturenames and shards > 1:
+        metafunc.parametrize("shard", range(shards), ids=[f"shard{i}" for i in range(shards)])
+
+
+@pytest.fixture
+def shard() -> int:
+    """Which shard of the generated tests this is (0 when they are not split)."""
+    return 0
+
+
+def _examples(config: pytest.Config, divisor: int = 1) -> int:
+    s = settings_of(config)
+    return max(1, -(-s.examples // (s.shards * divisor)))
+
+
+def _rounds(config: pytest.Config, shard: int, share: float) -> Iterator[int]:
+    """Seeds for one shard: one round, then more while ``share`` of --prefixcache-budget,
+    counted from the session start, is left."""
+    s = settings_of(config)
+    yield s.shard_seed(shard)
+    if s.budget is None:
+        return
+    deadline = config.stash.get(START_KEY, time.monotonic()) + s.budget * share
+    n = 1
+    while time.monotonic() < deadline:
+        yield s.shard_seed(shard, n)
+        n += 1
 
 
 def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
     kwargs: dict[str, Any] = {
-        "max_examples": settings_of(config).examples,
+        "max_examples": _examples(config),
         "deadline": None,
-        "database": None,
+        "database": config.stash.get(DATABASE_KEY, None),
         "derandomize": False,
         "report_multiple_bugs": False,
         "print_blob": False,
-        "phases": (Phase.explicit, Phase.generate, Phase.shrink),
+        "phases": (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
         "suppress_health_check": list(HealthCheck),
     }
     kwargs.update(extra)
@@ -107,33 +136,39 @@ def test_corpus(corpus_file: Any, prefixcache_verifier: Verifier) -> None:
     _run_scenario(prefixcache_verifier, corpus_file)
 
 
-def test_request_streams(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+def test_request_streams(
+    pytestconfig: pytest.Config, prefixcache_verifier: Verifier, shard: int
+) -> None:
     """Generated request streams: every cached outcome equals the uncached one, and more."""
+    streams = request_streams(**_stream_kwargs(prefixcache_verifier))
+    for round_seed in _rounds(pytestconfig, shard, share=0.6):
+        # settings above seed: @seed alone would switch the example database off
+        @_hypothesis_settings(pytestconfig)
+        @seed(round_seed)
+        @given(stream=streams)
+        def property_stream(stream: tuple[Request, ...]) -> None:
+            prefixcache_verifier.run(stream)
 
-    @seed(settings_of(pytestconfig).seed)
-    @_hypothesis_settings(pytestconfig)
-    @given(stream=request_streams(**_stream_kwargs(prefixcache_verifier)))
-    def property_stream(stream: tuple[Request, ...]) -> None:
-        prefixcache_verifier.run(stream)
-
-    _timeout_first(prefixcache_verifier, property_stream)
+        _timeout_first(prefixcache_verifier, property_stream)
 
 
-def test_state_machine(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+def test_state_machine(
+    pytestconfig: pytest.Config, prefixcache_verifier: Verifier, shard: int
+) -> None:
     """The same checks driven one request at a time by a RuleBasedStateMachine."""
     images, namespaces = _capabilities(prefixcache_verifier)
     spec = StreamSpec(
         namespaces=StreamSpec().namespaces if namespaces else ("",),
         max_images_per_message=StreamSpec().max_images_per_message if images else 0,
     )
-    machine = seed(settings_of(pytestconfig).seed)(machine_for(prefixcache_verifier, spec))
-    examples = max(1, settings_of(pytestconfig).examples // 2)
     settings = _hypothesis_settings(
-        pytestconfig, max_examples=examples, stateful_step_count=STATEFUL_STEPS
+        pytestconfig, max_examples=_examples(pytestconfig, 2), stateful_step_count=STATEFUL_STEPS
     )
-    _timeout_first(
-        prefixcache_verifier, lambda: run_state_machine_as_test(machine, settings=settings)
-    )
+    for round_seed in _rounds(pytestconfig, shard, share=1.0):
+        machine = seed(round_seed)(machine_for(prefixcache_verifier, spec))
+        _timeout_first(
+            prefixcache_verifier, lambda m=machine: run_state_machine_as_test(m, settings=settings)
+        )
 
 
 def test_replay(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:

@@ -1,0 +1,163 @@
+"""The ``prefixcache`` command: gate a release on the verification suite.
+
+``prefixcache verify`` runs the suite against an engine and writes ``report.json``,
+``junit.xml`` and a self-contained ``report.html`` into ``--out``; ``prefixcache replay PATH``
+runs one saved failing stream; ``prefixcache report REPORT.json`` renders the HTML page.
+
+Exit codes: 0 the engine passed, 1 a verification check failed, 2 usage error or the engine
+could not be loaded (the report names why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import settings as opt
+
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _workers(value: str) -> str:
+    if value != "auto":
+        opt.positive_int(value)
+    return value
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (default: the embedded reference engine)")
+    g.add_argument("--engine", type=opt.engine_spec, metavar="MODULE:ATTR",
+                   help="an Engine instance or a zero-argument callable returning one")
+    g.add_argument("--server-cmd", type=opt.server_cmd, metavar="CMD",
+                   help="an OpenAI-compatible server command with a {port} placeholder")
+    g.add_argument("--timeout", type=opt.positive_float, metavar="SECONDS",
+                   help="per engine call (default: 60)")
+    g.add_argument("--atol", type=opt.non_negative_float, metavar="X")
+    g.add_argument("--rtol", type=opt.non_negative_float, metavar="X")
+    g.add_argument("--kl", type=opt.non_negative_float, metavar="X")
+    p.add_argument("--out", type=Path, default=Path("prefixcache-report"), metavar="DIR",
+                   help="where report.json, junit.xml and report.html go "
+                   "(default: prefixcache-report)")
+    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
+                   help="more pytest arguments, after --")  # fmt: skip
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="prefixcache",
+        description="Verify an inference engine's prefix cache (pytest-prefixcache).",
+        epilog="exit codes: 0 passed, 1 verification failed, 2 usage or engine-load error",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    v = sub.add_parser("verify", help="run the verification suite and write the reports")
+    _engine_args(v)
+    v.add_argument("--examples", type=opt.positive_int, metavar="N",
+                   help=f"examples per property (default: {opt.DEFAULT_EXAMPLES})")
+    v.add_argument("--seed", type=opt.seed, metavar="S", help="default: random, printed")
+    v.add_argument("--budget", type=opt.positive_float, metavar="SECONDS",
+                   help="keep fuzzing with fresh seeds until SECONDS of wall time are spent")
+    v.add_argument("--workers", type=_workers, metavar="N|auto",
+                   help="split across pytest-xdist workers, one engine each")
+    v.add_argument("--database", type=opt.database_spec, metavar="DIR|URL|none",
+                   help="Hypothesis example database (a directory or redis://HOST:PORT/DB)")
+    v.add_argument("--min-efficiency", type=opt.fraction, metavar="F")
+    v.add_argument("--isolation", action="store_true", help="add the timing side-channel test")
+    r = sub.add_parser("replay", help="run one saved failing stream (stream.json or its dir)")
+    r.add_argument("path", type=Path, metavar="PATH")
+    _engine_args(r)
+    h = sub.add_parser("report", help="render a JSON report as a self-contained HTML page")
+    h.add_argument("report", type=Path, metavar="REPORT.json")
+    h.add_argument("-o", "--output", type=Path, metavar="OUT.html",
+                   help="default: next to the JSON file, with .html")  # fmt: skip
+    return p
+
+
+def _flag(name: str, value: object) -> list[str]:
+    return [] if value is None or value is False else [f"--prefixcache-{name}={value}"]
+
+
+def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
+    args = ["-c", str(ini), "--rootdir", str(Path.cwd()), "-p", "no:cacheprovider"]
+    args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
+    args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
+    for name in ("engine", "server_cmd", "timeout", "atol", "rtol", "kl"):
+        args += _flag(name.replace("_", "-"), getattr(a, name))
+    if a.command == "verify":
+        for name in ("examples", "seed", "budget", "database", "min_efficiency"):
+            args += _flag(name.replace("_", "-"), getattr(a, name))
+        if a.isolation:
+            args.append("--prefixcache-isolation")
+        if a.workers:
+            args += ["-n", a.workers]
+    else:
+        args.append(f"--prefixcache-replay={a.path.resolve()}")
+    return args + list(a.pytest_args)
+
+
+def _usage(message: str) -> int:
+    print(f"prefixcache: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _render(report_path: Path, output: Path | None) -> int:
+    from .html import write_html
+    from .report import Report
+
+    try:
+        report = Report.read_json(report_path)
+    except ValueError as exc:
+        return _usage(str(exc))
+    path = write_html(report, output or report_path.with_suffix(".html"))
+    print(f"prefixcache: HTML report written to {path}")
+    return EXIT_OK
+
+
+def _run(a: argparse.Namespace) -> int:
+    import pytest
+
+    if a.engine and a.server_cmd:
+        return _usage("--engine and --server-cmd both name the engine; give one")
+    if a.command == "replay" and not a.path.exists():
+        return _usage(f"{a.path}: no such file or directory")
+    if getattr(a, "workers", None) and importlib.util.find_spec("xdist") is None:
+        return _usage("--workers needs pytest-xdist (pip install 'pytest-prefixcache[xdist]')")
+    out = a.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        ini = Path(tmp) / "pytest.ini"  # the project's own pytest config does not apply
+        ini.write_text("[pytest]\n", encoding="utf-8")
+        rc = int(pytest.main(_pytest_args(a, out, ini)))
+    report_json = out / "report.json"
+    if not report_json.exists():
+        return _usage(f"pytest exited {rc} before writing a report (see its output above)")
+    _render(report_json, out / "report.html")
+    from .report import Report
+
+    report = Report.read_json(report_json)
+    if report.engine_error:
+        print(f"prefixcache: the engine could not be loaded: {report.engine_error}",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    if rc == pytest.ExitCode.OK:
+        return EXIT_OK
+    if rc == pytest.ExitCode.TESTS_FAILED:
+        return EXIT_FAILED
+    return _usage(f"pytest exited {rc} ({pytest.ExitCode(rc).name})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    if a.command == "report":
+        return _render(a.report, a.output)
+    return _run(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Command-line options of pytest-prefixcache (``pytest --help``, group "prefixcache")."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import settings as opt
+
+__all__ = ["pytest_addoption"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("prefixcache", "prefix-cache verification (pytest-prefixcache)")
+    add = group.addoption
+    add(
+        "--prefixcache-verify",
+        action="store_true",
+        default=False,
+        help="Add the built-in prefix-cache verification suite to the session",
+    )
+    add(
+        "--prefixcache-engine",
+        type=opt.engine_spec,
+        default=None,
+        metavar="MODULE:ATTR",
+        help="Engine under test: an Engine instance or a zero-argument callable returning one "
+        f"(default: ini prefixcache_engine, else {opt.DEFAULT_ENGINE})",
+    )
+    add(
+        "--prefixcache-examples",
+        type=opt.positive_int,
+        default=opt.DEFAULT_EXAMPLES,
+        metavar="N",
+        help=f"Examples per property (default: {opt.DEFAULT_EXAMPLES}; the state machine runs "
+        f"half as many, {opt.STATEFUL_STEPS} steps each)",
+    )
+    add(
+        "--prefixcache-seed",
+        type=opt.seed,
+        default=None,
+        metavar="S",
+        help="Seed for the generated streams (default: random, printed in the header)",
+    )
+    add(
+        "--prefixcache-report",
+        default=None,
+        metavar="PATH",
+        help="Write a JSON report: requests, hits, reuse vs oracle, worst difference, failures",
+    )
+    add(
+        "--prefixcache-timeout",
+        type=opt.positive_float,
+        default=60.0,
+        metavar="SECONDS",
+        help="Fail an engine call that takes longer, and treat the engine as dead (default: 60)",
+    )
+    add(
+        "--prefixcache-atol",
+        type=opt.non_negative_float,
+        default=0.0,
+        metavar="X",
+        help="Absolute tolerance for cached vs uncached logits (default: 0, exact)",
+    )
+    add(
+        "--prefixcache-rtol",
+        type=opt.non_negative_float,
+        default=0.0,
+        metavar="X",
+        help="Relative tolerance for cached vs uncached logits (default: 0, exact)",
+    )
+    add(
+        "--prefixcache-kl",
+        type=opt.non_negative_float,
+        default=None,
+        metavar="X",
+        help="Use the top-k/KL rule instead: estimated KL per step at most X and top tokens "
+        "agreeing (for GPU engines and top_logprobs-only engines)",
+    )
+    add(
+        "--prefixcache-min-efficiency",
+        type=opt.fraction,
+        default=None,
+        metavar="F",
+        help="Fail when a stream reuses less than F of what the oracle says was reusable",
+    )
+    add(
+        "--prefixcache-min-speedup",
+        type=opt.positive_ratio,
+        default=None,
+        metavar="X",
+        help="Fail when a stream's cache hits are not X times faster than their cold runs",
+    )
+    add(
+        "--prefixcache-isolation",
+        action="store_true",
+        default=False,
+        help="Add the timing side-channel test: time to first token must not reveal another "
+        "namespace's cached prefix (KS test; implies --prefixcache-verify)",
+    )
+    add(
+        "--prefixcache-replay",
+        default=None,
+        metavar="PATH",
+        help="Replay exactly the stream saved at PATH (a stream.json or its directory)",
+    )
+    add(
+        "--prefixcache-server-cmd",
+        type=opt.server_cmd,
+        default=None,
+        metavar="CMD",
+        help="Verify an OpenAI-compatible server started from CMD ({port} is replaced by an "
+        "ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* variables (see "
+        "pytest_prefixcache.adapters.presets.from_env)",
+    )
+    add(
+        "--prefixcache-shards",
+        type=opt.positive_int,
+        default=None,
+        metavar="N",
+        help="Split the generated tests into N shards, each with its own seed derived from "
+        "--prefixcache-seed and examples/N examples (default: one per pytest-xdist worker)",
+    )
+    add(
+        "--prefixcache-database",
+        type=opt.database_spec,
+        default=None,
+        metavar="DIR|URL|none",
+        help="Hypothesis example database, replayed first: a directory, a redis://HOST:PORT/DB "
+        "URL shared by many machines, or none (default: $PREFIXCACHE_DATABASE, else "
+        f"{opt.DEFAULT_DATABASE})",
+    )
+    add(
+        "--prefixcache-budget",
+        type=opt.positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="Keep generating new rounds of examples (fresh seeds) until SECONDS of wall time "
+        "are spent; a round in progress finishes (default: one round)",
+    )
+    add(
+        "--prefixcache-progress",
+        type=opt.non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="Print requests done, hits and failures so far every SECONDS (0: never; default: 30)",
+    )
+    parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)
