@@ -1,0 +1,115 @@
+"""The ``prefixcache`` command: verify / replay / report, the files they write and the exit
+codes (0 passed, 1 verification failed, 2 usage or engine-load error)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from plugin_support import ENGINES_SOURCE
+
+from pytest_prefixcache.cli import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "fakeengines.py").write_text(ENGINES_SOURCE, encoding="utf-8")
+    return tmp_path
+
+
+def prefixcache(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest_prefixcache.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+FAST = ("--examples", "5", "--seed", "1", "--database", "none")
+
+
+def test_verify_passes_and_writes_every_report(workdir: Path) -> None:
+    res = prefixcache(workdir, "verify", "--engine", "fakeengines:good", *FAST, "--out", "out")
+    assert res.returncode == EXIT_OK, res.stdout + res.stderr
+    out = workdir / "out"
+    report = json.loads((out / "report.json").read_text())
+    assert report["engine"] == "fakeengines:good" and report["requests"] > 0
+    assert report["failures"] == [] and report["seed"] == 1
+    junit = (out / "junit.xml").read_text()
+    assert "<testsuite" in junit and 'failures="0"' in junit
+    html = (out / "report.html").read_text()
+    assert "fakeengines:good" in html and 'id="chart-reuse"' in html
+    assert f"HTML report written to {out / 'report.html'}" in res.stdout
+
+
+def test_verify_failure_exits_1_and_replay_reproduces_it(workdir: Path) -> None:
+    res = prefixcache(
+        workdir, "verify", "--engine", "fakeengines:ignore_digest", *FAST[:-2], "--examples", "30",
+        "--", "-k", "request_streams",
+    )  # fmt: skip
+    assert res.returncode == EXIT_FAILED, res.stdout + res.stderr
+    report = json.loads((workdir / "prefixcache-report" / "report.json").read_text())
+    (failure,) = report["failures"]
+    assert failure["check"] == "equivalence"
+    html = (workdir / "prefixcache-report" / "report.html").read_text()
+    assert 'class="failure' in html and "data:image/png;base64," in html
+    stream = Path(failure["stream_dir"]) / "stream.json"
+    assert stream.is_file()
+
+    bad = prefixcache(workdir, "replay", str(stream), "--engine", "fakeengines:ignore_digest")
+    assert bad.returncode == EXIT_FAILED, bad.stdout + bad.stderr
+    assert "1 failed" in bad.stdout
+    good = prefixcache(workdir, "replay", str(stream), "--engine", "fakeengines:good")
+    assert good.returncode == EXIT_OK, good.stdout + good.stderr
+    assert "1 passed" in good.stdout
+
+
+def test_engine_that_cannot_load_exits_2(workdir: Path) -> None:
+    res = prefixcache(workdir, "verify", "--engine", "fakeengines:not_an_engine", *FAST)
+    assert res.returncode == EXIT_USAGE, res.stdout + res.stderr
+    assert "the engine could not be loaded" in res.stderr
+    assert "fakeengines:not_an_engine" in res.stderr
+    report = json.loads((workdir / "prefixcache-report" / "report.json").read_text())
+    assert "not_an_engine" in report["engine_error"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("verify", "--engine", "no colon"), "is not MODULE:ATTR"),
+        (("verify", "--examples", "0"), "'0' is not a positive integer"),
+        (("verify", "--engine", "a:b", "--server-cmd", "srv --port {port}"), "both name"),
+        (("replay", "missing/stream.json"), "missing/stream.json: no such file"),
+        (("report", "missing.json"), "missing.json: cannot read the report"),
+        (("frobnicate",), "invalid choice"),
+    ],
+)
+def test_usage_errors_exit_2(workdir: Path, args: tuple[str, ...], message: str) -> None:
+    res = prefixcache(workdir, *args, timeout=120)
+    assert res.returncode == EXIT_USAGE, res.stdout + res.stderr
+    assert message in res.stderr
+
+
+def test_report_renders_html_and_rejects_a_malformed_file(workdir: Path) -> None:
+    from pytest_prefixcache.report import Report
+
+    Report(seed=3, engine="m:e", requests=2, cache_hits=1).write_json(workdir / "r.json")
+    res = prefixcache(workdir, "report", "r.json", "-o", "page.html", timeout=120)
+    assert res.returncode == EXIT_OK, res.stderr
+    assert "m:e" in (workdir / "page.html").read_text()
+    (workdir / "bad.json").write_text('{"no": "requests"}')
+    res = prefixcache(workdir, "report", "bad.json", timeout=120)
+    assert res.returncode == EXIT_USAGE
+    assert "bad.json" in res.stderr and "not a pytest-prefixcache report" in res.stderr
+
+
+def test_verify_on_two_workers(workdir: Path) -> None:
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (dev extra)")
+    res = prefixcache(workdir, "verify", "--engine", "fakeengines:good", *FAST, "--workers", "2")
+    assert res.returncode == EXIT_OK, res.stdout + res.stderr
+    report = json.loads((workdir / "prefixcache-report" / "report.json").read_text())
+    assert report["workers"] == 2 and report["shards"] == 2
