@@ -407,3 +407,81 @@ def test_the_package_imports_only_the_standard_library() -> None:
     code = "import sys, pytest_prefixcache.html; print('mlx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _playwright() -> Any:
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install playwright; no browser download)")
+    return sync_playwright
+
+
+def test_the_sample_report_in_headless_chromium(tmp_path: Path, sample: Report) -> None:
+    """Open the page in a real browser: charts laid out, every image decoded, the failures
+    visible, nothing fetched from anywhere, and a screenshot that is not blank."""
+    sync_playwright = _playwright()
+    page_file = write_html(sample, tmp_path / "report.html")
+    profile = tmp_path / "chromium-home"  # Chromium's and fontconfig's caches, not ~/.cache
+    env = {**os.environ, "HOME": str(profile), "XDG_CACHE_HOME": str(profile / "cache"),
+           "XDG_CONFIG_HOME": str(profile / "config")}  # fmt: skip
+    requests: list[str] = []
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, env=env, timeout=120_000
+        )
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.on("request", lambda r: requests.append(r.url))
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(page_file.as_uri(), wait_until="load", timeout=60_000)
+
+            assert page.title().startswith("FAIL: 4 failures")
+            for chart in ("#chart-reuse", "#chart-diff"):
+                box = page.locator(chart).bounding_box()
+                assert box is not None and box["width"] > 300 and box["height"] > 100, chart
+            bars = page.locator("#chart-reuse rect.bar.reported")
+            assert bars.count() == len(sample.records) == 898
+            assert page.locator("#chart-reuse rect.bar.over").count() == 60
+            assert page.locator("#chart-diff rect.bin").count() >= 2
+
+            failures = page.locator("section.failure")
+            assert failures.count() == 4
+            for i in range(4):
+                section = failures.nth(i)
+                assert section.is_visible()
+                assert section.locator("pre.message").is_visible()
+                assert section.locator("pre.replay").is_visible()
+                failing = section.locator("details.request.failing")
+                assert failing.is_visible() and failing.get_attribute("open") is not None
+                shown = failing.locator("img.failure-image")
+                assert shown.count() >= 1
+                for j in range(shown.count()):
+                    assert shown.nth(j).is_visible()
+
+            sizes = page.eval_on_selector_all(
+                "img.failure-image", "imgs => imgs.map(i => [i.complete, i.naturalWidth])"
+            )
+            assert len(sizes) == 34
+            assert all(complete and width > 0 for complete, width in sizes), sizes
+
+            shot = tmp_path / "report.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert not problems, problems
+    assert all(u.startswith(("file:", "data:")) for u in requests), requests
+
+    data = shot.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n")
+    from PIL import Image
+
+    with Image.open(shot) as im:
+        width, height = im.size
+        assert width == 1200 and height > 2000  # the whole page, failures included
+        colours = im.convert("RGB").resize((300, height // 4)).getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 50  # text, bars, images: far from blank
