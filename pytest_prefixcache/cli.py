@@ -32,18 +32,34 @@ def _workers(value: str) -> str:
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (default: the embedded reference engine)")
-    g.add_argument("--engine", type=opt.engine_spec, metavar="MODULE:ATTR",
-                   help="an Engine instance or a zero-argument callable returning one")
-    g.add_argument("--server-cmd", type=opt.server_cmd, metavar="CMD",
-                   help="an OpenAI-compatible server command with a {port} placeholder")
-    g.add_argument("--timeout", type=opt.positive_float, metavar="SECONDS",
-                   help="per engine call (default: 60)")
+    g.add_argument(
+        "--engine",
+        type=opt.engine_spec,
+        metavar="MODULE:ATTR",
+        help="an Engine instance or a zero-argument callable returning one",
+    )
+    g.add_argument(
+        "--server-cmd",
+        type=opt.server_cmd,
+        metavar="CMD",
+        help="an OpenAI-compatible server command with a {port} placeholder",
+    )
+    g.add_argument(
+        "--timeout",
+        type=opt.positive_float,
+        metavar="SECONDS",
+        help="per engine call (default: 60)",
+    )
     g.add_argument("--atol", type=opt.non_negative_float, metavar="X")
     g.add_argument("--rtol", type=opt.non_negative_float, metavar="X")
     g.add_argument("--kl", type=opt.non_negative_float, metavar="X")
-    p.add_argument("--out", type=Path, default=Path("prefixcache-report"), metavar="DIR",
-                   help="where report.json, junit.xml and report.html go "
-                   "(default: prefixcache-report)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("prefixcache-report"),
+        metavar="DIR",
+        help="where report.json, junit.xml and report.html go (default: prefixcache-report)",
+    )
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="more pytest arguments, after --")  # fmt: skip
 
@@ -57,15 +73,31 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     v = sub.add_parser("verify", help="run the verification suite and write the reports")
     _engine_args(v)
-    v.add_argument("--examples", type=opt.positive_int, metavar="N",
-                   help=f"examples per property (default: {opt.DEFAULT_EXAMPLES})")
+    v.add_argument(
+        "--examples",
+        type=opt.positive_int,
+        metavar="N",
+        help=f"examples per property (default: {opt.DEFAULT_EXAMPLES})",
+    )
     v.add_argument("--seed", type=opt.seed, metavar="S", help="default: random, printed")
-    v.add_argument("--budget", type=opt.positive_float, metavar="SECONDS",
-                   help="keep fuzzing with fresh seeds until SECONDS of wall time are spent")
-    v.add_argument("--workers", type=_workers, metavar="N|auto",
-                   help="split across pytest-xdist workers, one engine each")
-    v.add_argument("--database", type=opt.database_spec, metavar="DIR|URL|none",
-                   help="Hypothesis example database (a directory or redis://HOST:PORT/DB)")
+    v.add_argument(
+        "--budget",
+        type=opt.positive_float,
+        metavar="SECONDS",
+        help="keep fuzzing with fresh seeds until SECONDS of wall time are spent",
+    )
+    v.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N|auto",
+        help="split across pytest-xdist workers, one engine each",
+    )
+    v.add_argument(
+        "--database",
+        type=opt.database_spec,
+        metavar="DIR|URL|none",
+        help="Hypothesis example database (a directory or redis://HOST:PORT/DB)",
+    )
     v.add_argument("--min-efficiency", type=opt.fraction, metavar="F")
     v.add_argument("--isolation", action="store_true", help="add the timing side-channel test")
     r = sub.add_parser("replay", help="run one saved failing stream (stream.json or its dir)")
@@ -86,6 +118,7 @@ def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
     args = ["-c", str(ini), "--rootdir", str(Path.cwd()), "-p", "no:cacheprovider"]
     args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
     args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
+    args.append(f"--prefixcache-failures-dir={out / 'failures'}")
     for name in ("engine", "server_cmd", "timeout", "atol", "rtol", "kl"):
         args += _flag(name.replace("_", "-"), getattr(a, name))
     if a.command == "verify":
@@ -129,7 +162,7 @@ def _run(a: argparse.Namespace) -> int:
         return _usage("--workers needs pytest-xdist (pip install 'pytest-prefixcache[xdist]')")
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").unlink(missing_ok=True)
+    (out / "report.json").unlink(missing_ok=True)  # a stale report must not pass for this run
     with tempfile.TemporaryDirectory() as tmp:
         ini = Path(tmp) / "pytest.ini"  # the project's own pytest config does not apply
         ini.write_text("[pytest]\n", encoding="utf-8")

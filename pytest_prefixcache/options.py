@@ -144,4 +144,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="Print requests done, hits and failures so far every SECONDS (0: never; default: 30)",
     )
+    add(
+        "--prefixcache-failures-dir",
+        default=None,
+        metavar="DIR",
+        help="Save failing streams (stream.json and images) under DIR "
+        "(default: .prefixcache/failures)",
+    )
     parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)

@@ -106,6 +106,9 @@ def pytest_configure(config: pytest.Config) -> None:
         or opt.DEFAULT_DATABASE,
         progress=config.getoption("prefixcache_progress"),
         budget=config.getoption("prefixcache_budget"),
+        failures_to=None
+        if config.getoption("prefixcache_failures_dir") is None
+        else Path(config.getoption("prefixcache_failures_dir")),
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(

@@ -166,8 +166,13 @@ class Settings:
     def random_seed() -> int:
         return random.SystemRandom().randrange(2**32)
 
+    failures_to: Path | None = None
+    """Where failing streams are saved (default: .prefixcache/failures)."""
+
     @property
     def failures_dir(self) -> Path:
+        if self.failures_to is not None:
+            return self.invocation_dir / self.failures_to
         return self.invocation_dir / ".prefixcache" / "failures"
 
     def flags(self) -> list[str]:

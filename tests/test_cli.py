@@ -59,6 +59,7 @@ def test_verify_failure_exits_1_and_replay_reproduces_it(workdir: Path) -> None:
     assert 'class="failure' in html and "data:image/png;base64," in html
     stream = Path(failure["stream_dir"]) / "stream.json"
     assert stream.is_file()
+    assert stream.parent.parent == workdir / "prefixcache-report" / "failures"
 
     bad = prefixcache(workdir, "replay", str(stream), "--engine", "fakeengines:ignore_digest")
     assert bad.returncode == EXIT_FAILED, bad.stdout + bad.stderr
