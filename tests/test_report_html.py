@@ -279,6 +279,8 @@ def test_failures_are_shown_with_their_stream_and_images_inline(sample: Report) 
         expected += len(parts)
         imgs = select(page, "img", "failure-image", inside=f"failure-{i}")
         assert len(imgs) == len(parts)
+        # and a thumbnail of each in its request's one-line summary
+        assert len(select(page, "img", "thumb", inside=f"failure-{i}")) == len(parts)
         for img, name in zip(imgs, parts):
             assert img["alt"] == name
             data = base64.b64decode(img["src"].removeprefix("data:image/png;base64,"))

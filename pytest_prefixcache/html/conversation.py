@@ -22,6 +22,8 @@ from typing import Any
 __all__ = ["STREAM_FILE", "find_stream_dir", "render_stream"]
 
 STREAM_FILE = "stream.json"
+#: Images are shown this many CSS pixels on their longer side (small ones at an integer scale).
+DISPLAY = 160
 #: Image files larger than this are not embedded.
 MAX_IMAGE_BYTES = 8 * 1024 * 1024
 _MIME = {b"\x89PNG\r\n\x1a\n": "image/png", b"\xff\xd8\xff": "image/jpeg", b"BM": "image/bmp",
@@ -64,22 +66,39 @@ class _Images:
         self.named = named
         self.cache: dict[str, tuple[str, tuple[int, int] | None] | str] = {}
 
-    def html(self, ref: Any) -> str:
+    def get(self, ref: Any) -> tuple[str, tuple[int, int] | None] | str:
+        """``(data URI, (width, height) or None)``, or why the image cannot be shown."""
         key = json.dumps(ref, sort_keys=True)
         if key not in self.cache:
             self.cache[key] = self._load(ref)
-        got = self.cache[key]
-        name = ref if isinstance(ref, str) else "image spec"
-        short = name.removeprefix("img-").rsplit(".", 1)[0] if isinstance(ref, str) else name
+        return self.cache[key]
+
+    def html(self, ref: Any) -> str:
+        """The image with a caption (its digest and size), or a note saying why not."""
+        got = self.get(ref)
         if isinstance(got, str):
             return f'<div class="note missing-image">{escape(got)}</div>'
         uri, size = got
-        dims = f' width="{size[0]}" height="{size[1]}"' if size else ""
-        caption = escape(short[:12]) + (f" &middot; {size[0]}&times;{size[1]}" if size else "")
+        name = ref if isinstance(ref, str) else "image spec"
+        short = name.removeprefix("img-").rsplit(".", 1)[0][:12]
+        dims = caption = ""
+        if size:
+            w, h = size
+            scale = max(1, DISPLAY // max(w, h, 1)) if max(w, h) < DISPLAY else DISPLAY / max(w, h)
+            dims = f' width="{w}" height="{h}" style="width:{round(w * scale)}px"'
+            caption = f" &middot; {w}&times;{h}"
         return (
             f'<figure class="image" title="{escape(name)}"><img class="failure-image" '
-            f'src="{uri}"{dims} alt="{escape(name)}"><figcaption>{caption}</figcaption></figure>'
+            f'src="{uri}"{dims} alt="{escape(name)}"><figcaption>{escape(short)}{caption}'
+            "</figcaption></figure>"
         )
+
+    def thumb(self, ref: Any) -> str:
+        """A small copy for a request's one-line summary (nothing when it cannot be shown)."""
+        got = self.get(ref)
+        if isinstance(got, str):
+            return '<span class="thumb missing" title="missing image">?</span>'
+        return f'<img class="thumb" src="{got[0]}" alt="">'
 
     def _load(self, ref: Any) -> tuple[str, tuple[int, int] | None] | str:
         spec = self.named.get(ref) if isinstance(ref, str) else ref
@@ -137,14 +156,14 @@ def _message(m: Any, images: _Images) -> str:
 
 def _request(i: int, r: Any, failing: int | None, images: _Images) -> str:
     messages: Sequence[Any] = r.get("messages", []) if isinstance(r, dict) else []
-    n_images = sum(
-        1
+    refs = [
+        p["image"]
         for m in messages
         if isinstance(m, dict) and isinstance(m.get("content"), list)
         for p in m["content"]
-        if isinstance(p, dict)
-    )
-    bits = [f"{len(messages)} message(s)", f"{n_images} image(s)"]
+        if isinstance(p, dict) and "image" in p
+    ]
+    bits = [f"{len(messages)} message(s)", f"{len(refs)} image(s)"]
     if isinstance(r, dict):
         if r.get("namespace"):
             bits.append(f"namespace {r['namespace']!r}")
@@ -157,7 +176,8 @@ def _request(i: int, r: Any, failing: int | None, images: _Images) -> str:
     return (
         f'<details class="{cls}" data-request="{i}"{" open" if is_failing else ""}>'
         f"<summary>{flag}<strong>request {i}</strong> "
-        f'<span class="muted">{escape(" · ".join(bits))}</span></summary>'
+        f'<span class="muted">{escape(" · ".join(bits))}</span> '
+        f'<span class="thumbs">{"".join(images.thumb(ref) for ref in refs)}</span></summary>'
         f'<div class="messages">{body}</div></details>'
     )
 

@@ -90,8 +90,12 @@ details.request.failing > summary { background: #ffebe9; }
 .role-assistant { background: #eefbf1; }
 .role-other { background: #f6f8fa; }
 figure.image { margin: 0; display: inline-flex; flex-direction: column; align-items: center; }
-img.failure-image { width: 96px; height: auto; image-rendering: pixelated;
+img.failure-image { height: auto; max-width: 100%; image-rendering: pixelated;
   border: 1px solid var(--line); border-radius: 4px; background: #fff; }
+.thumbs { display: inline-flex; gap: 3px; vertical-align: middle; margin-left: 6px; }
+img.thumb, .thumb.missing { height: 22px; width: auto; max-width: 66px;
+  border: 1px solid var(--line); border-radius: 2px; image-rendering: pixelated; }
+.thumb.missing { display: inline-block; width: 22px; text-align: center; font-size: 12px; }
 figure.image figcaption { font-size: 11px; color: var(--muted); font-family: var(--mono); }
 footer { color: var(--muted); font-size: 12px; text-align: center; margin-top: 24px; }
 """
