@@ -190,12 +190,25 @@ def diff_bins(diffs: Sequence[float]) -> list[DiffBin]:
     return bins
 
 
-def _atol(tolerance: str) -> float | None:
-    m = re.search(r"atol=([0-9.eE+-]+)", tolerance)
+def _tol(tolerance: str, name: str) -> float | None:
+    """``atol`` or ``rtol`` out of a tolerance description (``atol=0.001, rtol=0``)."""
+    m = re.search(name + r"=([0-9.eE+-]+)", tolerance)
     try:
         return float(m.group(1)) if m else None
     except ValueError:
         return None
+
+
+def _bin_class(b: DiffBin, tolerance: str) -> str:
+    """Red for differences that certainly fail (any above 0 at the exact tolerance, above atol
+    when rtol is 0), orange for the rest above 0."""
+    if b.kind != "log":
+        return b.kind
+    if tolerance.strip() == "exact":
+        return "over-tol"
+    atol = _tol(tolerance, "atol")
+    certain = atol is not None and not _tol(tolerance, "rtol") and b.lo >= atol
+    return "over-tol" if certain else "pos"
 
 
 def diff_chart(records: Sequence[RequestRecord], tolerance: str) -> str:
@@ -221,14 +234,13 @@ def diff_chart(records: Sequence[RequestRecord], tolerance: str) -> str:
         x_ticks.append((x, _power(logs[-1].hi)))
     if bins[-1].kind == "nonfinite":
         placed.append((bins[-1], x + unit * 0.6))
-    exact = tolerance.strip() == "exact"
     out.append('<g class="bins">')
     for b, bx in placed:
         pad = unit * 0.08
         y = frame.y(b.count, ticks[-1])
         if b.count:
             y = min(y, frame.base - 2)  # a count of 1 in 1,000 stays visible
-        cls = {"zero": "zero", "nonfinite": "nonfinite"}.get(b.kind, "over-tol" if exact else "pos")
+        cls = _bin_class(b, tolerance)
         cx = num(bx + unit / 2)
         out.append(
             f'<rect class="bin {cls}" data-count="{b.count}" x="{num(bx + pad)}" y="{num(y)}" '
@@ -240,7 +252,7 @@ def diff_chart(records: Sequence[RequestRecord], tolerance: str) -> str:
             label = "0" if b.kind == "zero" else "NaN/inf"
             x_ticks.append((bx + unit / 2, label))
     out.append("</g>")
-    atol = _atol(tolerance)
+    atol = _tol(tolerance, "atol")
     start = logs[-1].hi / 10.0 ** len(logs) if logs else 0.0
     if atol and logs and start <= atol < logs[-1].hi:
         ax = frame.left + unit * 1.6 + math.log10(atol / start) * unit
@@ -252,8 +264,14 @@ def diff_chart(records: Sequence[RequestRecord], tolerance: str) -> str:
     if not records:
         out.append(_empty(frame, "no per-request records in this report"))
     out += frame.x_axis(x_ticks, "worst |cached - uncached| logit difference of a request")
-    swatch = ("over-tol", "above 0 (fails at exact tolerance)") if exact else ("pos", "above 0")
-    out += legend(frame, [("zero", "exactly 0"), swatch])
+    classes = {_bin_class(b, tolerance) for b in logs}
+    if tolerance.strip() == "exact":
+        swatches = [("over-tol", "above 0 (fails at exact tolerance)")]
+    else:
+        swatches = [("pos", "above 0")] + [("over-tol", "above atol")] * ("over-tol" in classes)
+    if bins[-1].kind == "nonfinite":
+        swatches.append(("nonfinite", "NaN or infinite"))
+    out += legend(frame, [("zero", "exactly 0"), *swatches])
     out.append("</svg>")
     return "".join(out)
 

@@ -182,9 +182,10 @@ def _failure(i: int, f: FailureRecord, base_dir: str | os.PathLike[str] | None) 
 
 def _failures(report: Report, base_dir: str | os.PathLike[str] | None) -> str:
     if not report.failures:
+        text = "every check passed" if report.requests else "but no request was verified"
         return (
             '<section class="card" id="failures"><h2>Failures</h2>'
-            '<p id="no-failures">No failures: every check passed.</p></section>'
+            f'<p id="no-failures">No failures: {text}.</p></section>'
         )
     toc = "".join(
         f'<li><a href="#failure-{i}">{escape(f.check)}</a>: <code>{escape(f.test)}</code></li>'

@@ -27,14 +27,14 @@ def fmt_count(x: float) -> str:
 
 
 def nice_ticks(top: float, count: int = 5) -> list[float]:
-    """Ticks from 0 to at least ``top`` at a step of 1, 2 or 5 times a power of ten."""
+    """Ticks from 0 to at least ``top`` at a step of 1, 2 or 5 times a power of ten (whole
+    numbers: the charts count tokens and requests)."""
     if not math.isfinite(top) or top <= 0:
         return [0.0, 1.0]
     raw = top / count
     power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
-    if step >= 1:
-        step = float(round(step))
+    step = max(1.0, next(m * power for m in (1, 2, 5, 10) if m * power >= raw))
+    step = float(round(step))
     n = math.ceil(top / step - 1e-9)
     return [i * step for i in range(n + 1)]
 
