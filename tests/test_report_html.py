@@ -312,7 +312,9 @@ def test_a_moved_report_finds_its_failures_next_to_it(tmp_path: Path) -> None:
     moved = tmp_path / "artifact"
     shutil.copytree(SAMPLE / "failures", moved / ".prefixcache" / "failures")
     absolute = render_html(report, base_dir=moved)
-    for page in (relative, absolute):
+    out_dir = tmp_path / "prefixcache-report"  # the layout of prefixcache verify --out
+    shutil.copytree(SAMPLE / "failures", out_dir / "failures")
+    for page in (relative, absolute, render_html(report, base_dir=out_dir)):
         assert len(select(page, "img", "failure-image")) == 34
         assert not select(page, "p", "missing-stream")
         assert not select(page, "div", "missing-image")

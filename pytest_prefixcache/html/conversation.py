@@ -36,15 +36,17 @@ def find_stream_dir(
     """The directory of a failure's saved stream, or None when it is not there.
 
     A relative ``stream_dir`` is taken relative to ``base_dir`` (the report's directory). When
-    the report was moved with its ``.prefixcache/failures/`` tree (a CI artifact), a missing
-    absolute path is looked for as ``base_dir/.prefixcache/failures/<its last part>``.
+    the report was moved with its failures (a CI artifact), a path that is not there is looked
+    for as ``base_dir/failures/<its last part>`` (the layout of ``prefixcache verify --out``)
+    and ``base_dir/.prefixcache/failures/<its last part>`` (pytest's default).
     """
     if not stream_dir:
         return None
     p = Path(stream_dir)
     candidates = [p] if p.is_absolute() or base_dir is None else [Path(base_dir) / p]
     if base_dir is not None:
-        candidates.append(Path(base_dir) / ".prefixcache" / "failures" / p.name)
+        base = Path(base_dir)
+        candidates += [base / "failures" / p.name, base / ".prefixcache" / "failures" / p.name]
     for c in candidates:
         if (c / STREAM_FILE).is_file():
             return c
