@@ -221,8 +221,8 @@ def test_diff_bins_keep_at_most_max_decades_and_mark_atol() -> None:
     records = [record(i, 0, 0, d) for i, d in enumerate([1e-6, 1e-3, 0.5])]
     page = render_html(Report(tolerance="atol=0.01, rtol=0", records=records, requests=3))
     assert select(page, "line", "tol-line", inside="chart-diff")
-    bins = select(page, "rect", "bin", inside="chart-diff")
-    kinds = [b["class"].split()[1] for b in bins]
+    rects = select(page, "rect", "bin", inside="chart-diff")
+    kinds = [b["class"].split()[1] for b in rects]
     assert kinds == ["zero", "pos", "pos", "pos", "pos", "over-tol", "over-tol"]  # 1e-6 .. 1
     # with a relative tolerance nothing above 0 is a certain failure
     page = render_html(Report(tolerance="atol=0.01, rtol=0.1", records=records, requests=3))
@@ -331,7 +331,7 @@ def test_a_passing_report_says_so() -> None:
 
 
 def test_missing_streams_and_images_are_noted_not_raised(tmp_path: Path) -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": ["first", {"image": "img-a.png"}]},
         {"role": "assistant", "content": ["ok"]},
         {"role": "user", "content": [{"image": "img-b.png"}, {"image": "../outside.png"}]},
