@@ -1,6 +1,7 @@
 """Chained block hashes over token ids and image extra keys.
 
-A prompt is cut into fixed-size blocks; only full blocks get a key. Block i's key is
+A prompt is cut into fixed-size blocks; every full block gets a key, and so does the final
+partial block (the prompt's tail, fewer tokens than a block). Block i's key is
 
     sha256(parent key, block token ids, extra keys)
 
@@ -9,7 +10,13 @@ tenant or cache salt), and the extra keys name, for each image whose placeholder
 the block, the image's digest and the offset of the block start relative to the image start.
 So two different images that expand to identical placeholder tokens give different keys; the
 same image in the same place gives the same key; and a block can only match after the exact
-same chain of blocks. Keys are bytes, stable across processes and machines.
+same chain of blocks. Keys are bytes, stable across processes and machines. The token count
+is hashed too, so a partial block never shares a key with a full one.
+
+``agreeing_prefix`` is the rule for reusing part of a stored block: the first j KV rows of a
+block depend only on the positions before j, so they are valid for any prompt with the same
+parent whose first j positions agree (same tokens; inside an image's placeholder run, the same
+image at the same offset).
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["BlockKey", "ImageSpan", "block_keys", "extra_keys", "namespace_root"]
+__all__ = [
+    "BlockKey",
+    "ImageSpan",
+    "agreeing_prefix",
+    "block_keys",
+    "extra_keys",
+    "namespace_root",
+]
 
 ImageSpan = tuple[int, int, str]
 """(start, end, digest): the placeholder run [start, end) of one image in the token ids."""
@@ -30,17 +44,14 @@ ExtraKey = tuple[str, int]
 
 @dataclass(frozen=True)
 class BlockKey:
-    """The key of one full block, with what it was computed from (for hit confirmation)."""
+    """The key of one block (full, or the prompt's partial tail), with what it was computed
+    from (for hit confirmation). It covers positions [index * block_size, ... + len(tokens))."""
 
     index: int
     digest: bytes
     parent: bytes
     tokens: tuple[int, ...]
     extras: tuple[ExtraKey, ...]
-
-    @property
-    def start(self) -> int:
-        return self.index * len(self.tokens)
 
 
 def namespace_root(*parts: str) -> bytes:
@@ -76,16 +87,31 @@ def hash_block(parent: bytes, tokens: Sequence[int], extras: Sequence[ExtraKey])
 def block_keys(
     token_ids: Sequence[int], spans: Sequence[ImageSpan], *, block_size: int, root: bytes
 ) -> list[BlockKey]:
-    """Keys of every full block of ``token_ids``, chained from ``root``."""
+    """Keys of every block of ``token_ids``, chained from ``root``: the full blocks, then the
+    partial tail if the length is not a multiple of ``block_size``."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     keys: list[BlockKey] = []
     parent = root
-    for index in range(len(token_ids) // block_size):
-        start, end = index * block_size, (index + 1) * block_size
+    for index in range(-(-len(token_ids) // block_size)):
+        start, end = index * block_size, min(len(token_ids), (index + 1) * block_size)
         tokens = tuple(int(t) for t in token_ids[start:end])
         extras = extra_keys(start, end, spans)
         digest = hash_block(parent, tokens, extras)
         keys.append(BlockKey(index, digest, parent, tokens, extras))
         parent = digest
     return keys
+
+
+def agreeing_prefix(stored: BlockKey, wanted: BlockKey) -> int:
+    """How many leading rows of the block stored under ``stored`` are valid for ``wanted``
+    (a key with the same parent and index): the tokens agree up to there, and the cut is
+    clamped to the start of the first image that only one of them has there (a different
+    image, or the same image at another offset, behind identical placeholder tokens)."""
+    limit = min(len(stored.tokens), len(wanted.tokens))
+    n = 0
+    while n < limit and stored.tokens[n] == wanted.tokens[n]:
+        n += 1
+    for _digest, offset in set(stored.extras) ^ set(wanted.extras):
+        n = min(n, max(0, -offset))  # -offset: where that image starts, relative to the block
+    return n

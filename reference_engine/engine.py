@@ -3,10 +3,12 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading blocks come from the pool:
 
-    render -> block keys -> lookup (cap: at least one token is computed) -> restore KV
+    render -> block keys -> lookup: the chain of whole blocks, then the longest valid prefix
+    of a stored child of its last block (token granularity; cap: at least one token is
+    computed) -> restore KV into a buffer sized for the whole prompt
     -> embeddings of the suffix (vision rows only for uncached placeholders, sliced exactly)
-    -> prefill the suffix with the full prompt's position ids -> store new full blocks (copies)
-    -> release -> greedy decode
+    -> prefill the suffix with the full prompt's position ids -> store the new blocks and the
+    prompt's partial tail (copies) -> release -> greedy decode
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -17,7 +19,6 @@ import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -26,12 +27,12 @@ import numpy as np
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, block_keys, namespace_root
-from .model import LoadedModel, load_model
-from .pool import Block, BlockPool
+from .model import LoadedModel, default_model_path, load_model
+from .pool import Block, BlockPool, Reuse
 from .render import Rendered, render
 from .vision import Prepared, VisionCache, slice_rows
 
-__all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats"]
+__all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
 
 #: Default byte budget of the block pool: 1 GiB of KV rows.
 DEFAULT_MAX_BYTES = 1 << 30
@@ -62,6 +63,10 @@ class Engine:
         max_bytes: byte budget of stored KV blocks. Default: ``DEFAULT_MAX_BYTES``.
         vision_entries: images whose embeddings are kept. Default: ``64``.
     """
+
+    #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
+    #: caches do (the bug-zoo mutants of a match ending inside an image need that).
+    partial_blocks = True
 
     def __init__(
         self,
@@ -139,11 +144,11 @@ class Engine:
             }
             rendered = self.render(request, prepared)
             keys = self.keys(rendered, request) if use_cache else []
-            hits = self.lookup(keys, len(rendered.token_ids)) if use_cache else []
+            reuse = self.lookup(keys, len(rendered.token_ids)) if use_cache else Reuse()
             try:
-                return self._serve(request, rendered, prepared, keys, hits, use_cache)
+                return self._serve(request, rendered, prepared, keys, reuse, use_cache)
             finally:
-                self.pool.release(hits)
+                self.pool.release(reuse.blocks)
 
     def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
         return render(
@@ -157,12 +162,23 @@ class Engine:
         root = namespace_root(self.model.fingerprint, request.namespace)
         return block_keys(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
-    def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> list[Block]:
-        """Acquire the longest stored chain, capped so that at least one token is computed."""
+    def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
+        """Acquire the longest stored chain of whole blocks, then the stored child of its last
+        block valid for the most leading positions of the next block; capped so that at least
+        one token is computed (an exact repeat reuses all but its last token)."""
         hits = self.pool.lookup(keys)
-        while hits and len(hits) * self.block_size >= prompt_len:
+        tokens = sum(len(b.key.tokens) for b in hits)
+        if len(hits) < len(keys) and self.partial_blocks:
+            partial = self.pool.lookup_partial(keys[len(hits)])
+            if partial is not None:
+                hits.append(partial[0])
+                tokens += partial[1]
+        tokens = min(tokens, prompt_len - 1)
+        if not self.partial_blocks:
+            tokens -= tokens % self.block_size
+        while hits and hits[-1].key.index * self.block_size >= tokens:
             self.pool.release([hits.pop()])
-        return hits
+        return Reuse(hits, max(tokens, 0) if hits else 0)
 
     def _serve(
         self,
@@ -170,19 +186,19 @@ class Engine:
         rendered: Rendered,
         prepared: dict[str, Prepared],
         keys: Sequence[BlockKey],
-        hits: list[Block],
+        reuse: Reuse,
         use_cache: bool,
     ) -> Outcome:
         ids = rendered.token_ids
-        start = len(hits) * self.block_size
-        cache = self.restore(hits)
+        start = reuse.tokens
+        cache = self.restore(reuse, len(ids) + request.max_new_tokens)
         embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
         logits = self.prefill(ids, start, embeds, cache, positions)
         if use_cache:
-            self.store(cache, keys, len(hits))
-            self.pool.touch(hits)
+            self.store(cache, keys, start // self.block_size)
+            self.pool.touch(reuse.blocks)
             self._requests += 1
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
@@ -198,9 +214,10 @@ class Engine:
             merges=tuple(merges),
         )
 
-    def restore(self, hits: Sequence[Block]) -> list[Any]:
-        """A fresh KV cache holding copies of the hit blocks' rows, in chain order."""
-        return self.model.restore([b.payload for b in hits])
+    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
+        """A fresh KV cache holding copies of the reused rows, in chain order, with room for
+        ``capacity`` positions (prompt and decode)."""
+        return self.model.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
 
     def prefill(
         self,
@@ -244,12 +261,15 @@ class Engine:
         return mx.concatenate(pieces, axis=0), merges
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
-        """Store the full blocks from index ``first`` on: copies of the KV after prefill."""
+        """Store the blocks from index ``first`` on (the partial tail too, unless a stored
+        sibling already covers it): copies of the KV after prefill."""
         stored: list[Block] = []
         try:
             for key in keys[first:]:
                 start = key.index * self.block_size
-                rows = self.model.kv_rows(cache, start, start + self.block_size)
+                if len(key.tokens) < self.block_size and self.pool.covered(key):
+                    break
+                rows = self.model.kv_rows(cache, start, start + len(key.tokens))
                 nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
                 block = self.pool.insert(key, rows, nbytes)
                 if block is None:
@@ -274,15 +294,3 @@ class Engine:
             logits = self.model.forward([token], self.model.embed([token]), cache, pos)
             steps.append(np.array(logits))
         return tuple(tokens), steps
-
-
-def default_model_path() -> Path:
-    """The tiny Qwen2-VL fixture: the repository's copy, or one built into a temp dir."""
-    repo_copy = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
-    if (repo_copy / "config.json").is_file():
-        return repo_copy
-    import tempfile
-
-    from .fixtures import build_qwen2_vl
-
-    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-fixture-")))

@@ -20,7 +20,7 @@ import numpy as np
 
 from pytest_prefixcache.errors import EngineError
 
-__all__ = ["LoadedModel", "load_model"]
+__all__ = ["LoadedModel", "default_model_path", "load_model"]
 
 
 class LoadedModel:
@@ -83,10 +83,17 @@ class LoadedModel:
         return mx.broadcast_to(mx.arange(n, dtype=mx.int32)[None, None, :], (3, 1, n)), 0
 
     # -- KV -------------------------------------------------------------------------------
-    def make_cache(self) -> list[Any]:
+    def make_cache(self, capacity: int = 0) -> list[Any]:
+        """An empty KV cache; with ``capacity``, its first write allocates room for that many
+        positions at once (instead of growing 256 positions at a time, copying every row
+        each time it grows)."""
         from mlx_vlm.models.cache import KVCache
 
-        return [KVCache() for _ in range(self.num_layers)]
+        cache = [KVCache() for _ in range(self.num_layers)]
+        if capacity > 0:
+            for c in cache:
+                c.step = _round_up(capacity)
+        return cache
 
     def forward(
         self,
@@ -133,15 +140,37 @@ class LoadedModel:
         mx.eval(rows)
         return rows
 
-    def restore(self, blocks: Sequence[list[tuple[mx.array, mx.array]]]) -> list[Any]:
-        """A fresh cache holding the concatenation of the given blocks' KV rows."""
-        cache = self.make_cache()
-        if blocks:
-            for layer, c in enumerate(cache):
-                keys = mx.concatenate([b[layer][0] for b in blocks], axis=2)
-                values = mx.concatenate([b[layer][1] for b in blocks], axis=2)
-                c.state = (keys, values)
+    def restore(
+        self, blocks: Sequence[list[tuple[mx.array, mx.array]]], tokens: int, capacity: int = 0
+    ) -> list[Any]:
+        """A fresh cache holding the first ``tokens`` KV rows of the given blocks' rows
+        concatenated in order, copied once into a buffer with room for ``capacity``
+        positions, so that appending the suffix and decoding write in place."""
+        cache = self.make_cache(capacity)
+        if not blocks or tokens <= 0:
+            return cache
+        lengths = [int(b[0][0].shape[2]) for b in blocks]
+        last = tokens - sum(lengths[:-1])
+        if not 0 < last <= lengths[-1]:
+            raise ValueError(f"{tokens} tokens from blocks of {lengths} rows")
+        room = _round_up(max(capacity, tokens)) - tokens
+        for layer, c in enumerate(cache):
+            parts = []
+            for kind in (0, 1):
+                rows = [b[layer][kind] for b in blocks[:-1]]
+                rows.append(blocks[-1][layer][kind][:, :, :last, :])
+                tail = rows[-1]
+                if room:
+                    rows.append(mx.zeros((*tail.shape[:2], room, tail.shape[3]), tail.dtype))
+                parts.append(mx.concatenate(rows, axis=2))
+            c.keys, c.values = parts
+            c.offset = tokens
+        mx.eval([c.keys for c in cache], [c.values for c in cache])
         return cache
+
+
+def _round_up(n: int, step: int = 256) -> int:
+    return max(step, -(-n // step) * step)
 
 
 def _fingerprint(path: Path) -> str:
@@ -177,3 +206,15 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
             f"mlx_vlm could not load {str(p)!r}: {type(exc).__name__}: {exc}"
         ) from exc
     return LoadedModel(model, processor, p)
+
+
+def default_model_path() -> Path:
+    """The tiny Qwen2-VL fixture: the repository's copy, or one built into a temp dir."""
+    repo_copy = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
+    if (repo_copy / "config.json").is_file():
+        return repo_copy
+    import tempfile
+
+    from .fixtures import build_qwen2_vl
+
+    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-fixture-")))

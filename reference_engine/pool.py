@@ -3,6 +3,12 @@
 The pool knows nothing of MLX: a block's payload is opaque and its size is given by the
 caller. A block that is referenced (acquired by a running request) is never evicted. A hit
 is confirmed against the stored parent, token ids and extra keys, never the hash alone.
+
+Besides the chain of whole blocks (``lookup``), ``lookup_partial`` finds, among the stored
+children of the chain's last block, the one whose leading rows are valid for the next block
+of the prompt for the most positions (``agreeing_prefix``): reuse at token granularity. A
+stored partial block (a prompt's tail) that a newer child of the same parent fully covers is
+dropped when unreferenced (``superseded``).
 """
 
 from __future__ import annotations
@@ -13,9 +19,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .blocks import BlockKey
+from .blocks import BlockKey, agreeing_prefix
 
-__all__ = ["Block", "BlockPool", "PoolStats"]
+__all__ = ["Block", "BlockPool", "PoolStats", "Reuse"]
 
 
 @dataclass(eq=False)
@@ -26,6 +32,8 @@ class Block:
     payload: Any
     nbytes: int
     refcount: int = 0
+    superseded: bool = False
+    """Covered by a longer sibling: dropped as soon as nothing references it."""
 
     def matches(self, key: BlockKey) -> bool:
         return (
@@ -33,6 +41,15 @@ class Block:
             and self.key.tokens == key.tokens
             and self.key.extras == key.extras
         )
+
+
+@dataclass
+class Reuse:
+    """What a lookup acquired: blocks in chain order (block i at index i), and how many
+    leading tokens they give: every row of each block but the last, a prefix of the last's."""
+
+    blocks: list[Block] = field(default_factory=list)
+    tokens: int = 0
 
 
 @dataclass
@@ -45,6 +62,8 @@ class PoolStats:
     evictions: int = 0
     collisions: int = 0
     rejected: int = 0
+    partial_hits: int = 0
+    superseded: int = 0
     resident_bytes: int = 0
     resident_blocks: int = 0
     extra: dict[str, int] = field(default_factory=dict)
@@ -58,6 +77,7 @@ class BlockPool:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
         self._blocks: OrderedDict[bytes, Block] = OrderedDict()
+        self._children: dict[bytes, dict[bytes, None]] = {}  # parent -> child digests
         self._bytes = 0
         self._lock = threading.RLock()
         self.stats = PoolStats()
@@ -95,6 +115,40 @@ class BlockPool:
             self.stats.hit_blocks += len(found)
             return found
 
+    def lookup_partial(self, wanted: BlockKey) -> tuple[Block, int] | None:
+        """Acquire the stored child of ``wanted.parent`` at ``wanted.index`` whose leading rows
+        are valid for the most leading positions of ``wanted``, with that count (> 0)."""
+        with self._lock:
+            best: tuple[Block, int] | None = None
+            for digest in self._children.get(wanted.parent, ()):
+                block = self._blocks.get(digest)
+                if block is None or block.key.parent != wanted.parent:
+                    continue  # stale index entry (a subclass evicted it behind our back)
+                if block.key.index != wanted.index:
+                    continue
+                n = agreeing_prefix(block.key, wanted)
+                if n > 0 and (best is None or n > best[1]):
+                    best = (block, n)
+            if best is not None:
+                best[0].refcount += 1
+                self.stats.partial_hits += 1
+            return best
+
+    def covered(self, key: BlockKey) -> bool:
+        """Whether a stored child of the same parent already holds valid rows for every
+        position of ``key`` (so storing ``key`` would add nothing)."""
+        with self._lock:
+            for digest in self._children.get(key.parent, ()):
+                block = self._blocks.get(digest)
+                if (
+                    block is not None
+                    and block.key.parent == key.parent
+                    and block.key.index == key.index
+                    and agreeing_prefix(block.key, key) == len(key.tokens)
+                ):
+                    return True
+            return False
+
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block."""
         with self._lock:
@@ -102,6 +156,11 @@ class BlockPool:
                 if block.refcount <= 0:
                     raise RuntimeError(f"block {block.key.index} released more often than acquired")
                 block.refcount -= 1
+                if block.refcount == 0 and block.superseded:
+                    if self._blocks.get(block.key.digest) is block:
+                        self._drop(block.key.digest)
+                        self.stats.superseded += 1
+            self._sync_stats()
 
     def touch(self, blocks: Sequence[Block]) -> None:
         """Mark blocks recently used, the first of them most recently: a chain's root outlives
@@ -125,15 +184,44 @@ class BlockPool:
                     return None
                 existing.refcount += 1
                 return existing
+            if nbytes <= self.max_bytes:
+                self._supersede(key)
             if nbytes > self.max_bytes or not self._make_room(nbytes):
                 self.stats.rejected += 1
                 return None
             block = Block(key, payload, nbytes, refcount=1)
             self._blocks[key.digest] = block
+            self._children.setdefault(key.parent, {})[key.digest] = None
             self._bytes += nbytes
             self.stats.stored_blocks += 1
             self._sync_stats()
             return block
+
+    def _supersede(self, key: BlockKey) -> None:
+        """Drop the shorter siblings that ``key`` fully covers (partial blocks whose every
+        row is also valid in the block now stored), or mark them for dropping on release."""
+        siblings = self._children.get(key.parent, {})
+        for digest in list(siblings):
+            old = self._blocks.get(digest)
+            if (
+                old is not None
+                and old.key.index == key.index
+                and len(old.key.tokens) < len(key.tokens)
+                and agreeing_prefix(old.key, key) == len(old.key.tokens)
+            ):
+                old.superseded = True
+                if old.refcount == 0:
+                    self._drop(digest)
+                    self.stats.superseded += 1
+
+    def _drop(self, digest: bytes) -> None:
+        block = self._blocks.pop(digest)
+        self._bytes -= block.nbytes
+        siblings = self._children.get(block.key.parent)
+        if siblings is not None:
+            siblings.pop(digest, None)
+            if not siblings:
+                del self._children[block.key.parent]
 
     def _make_room(self, nbytes: int) -> bool:
         if self._bytes + nbytes <= self.max_bytes:
@@ -149,7 +237,7 @@ class BlockPool:
         if self._bytes - freed + nbytes > self.max_bytes:
             return False
         for digest in victims:
-            self._bytes -= self._blocks.pop(digest).nbytes
+            self._drop(digest)
             self.stats.evictions += 1
         return True
 
@@ -158,6 +246,9 @@ class BlockPool:
         with self._lock:
             kept = OrderedDict((d, b) for d, b in self._blocks.items() if b.refcount > 0)
             self._blocks = kept
+            self._children = {}
+            for digest, block in kept.items():
+                self._children.setdefault(block.key.parent, {})[digest] = None
             self._bytes = sum(b.nbytes for b in kept.values())
             self.stats = PoolStats()
             self._sync_stats()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reference_engine.blocks import block_keys, extra_keys, namespace_root
+from reference_engine.blocks import agreeing_prefix, block_keys, extra_keys, namespace_root
 from reference_engine.pool import BlockPool
 
 ROOT = namespace_root("model", "")
@@ -16,9 +16,15 @@ def keys(tokens, spans=(), root=ROOT, bs=4):
     return block_keys(tokens, spans, block_size=bs, root=root)
 
 
-def test_only_full_blocks_get_keys():
-    assert len(keys(list(range(11)))) == 2
-    assert len(keys(list(range(12)))) == 3
+def test_full_blocks_and_the_partial_tail_get_keys():
+    k11, k12 = keys(list(range(11))), keys(list(range(12)))
+    assert [len(k.tokens) for k in k11] == [4, 4, 3]
+    assert [len(k.tokens) for k in k12] == [4, 4, 4]
+    assert k11[:2] == k12[:2]
+    # the tail is chained like a block, and its length is in the hash: 3 tokens of a
+    # block never share a key with a block that starts with them
+    assert k11[2].parent == k11[1].digest and k11[2].digest != k12[2].digest
+    assert keys([]) == []
 
 
 def test_keys_are_chained_and_stable():
@@ -129,3 +135,57 @@ def test_keys_are_stable_across_processes():
         root=namespace_root("m", "t"),
     )
     assert out == here[-1].digest.hex()
+
+
+def test_agreeing_prefix_counts_equal_tokens_and_clamps_at_a_different_image():
+    base = keys([1, 2, 3, 4, 5, 6, 7, 8])[1]
+    other = keys([1, 2, 3, 4, 5, 6, 9, 9])[1]
+    assert agreeing_prefix(base, base) == 4
+    assert agreeing_prefix(base, other) == agreeing_prefix(other, base) == 2
+    tail = keys([1, 2, 3, 4, 5, 6])[1]
+    assert agreeing_prefix(base, tail) == agreeing_prefix(tail, base) == 2
+    # identical placeholder tokens, a different image starting at position 1 of the block
+    ids = [1, 2, 3, 4, 5, 7, 7, 7]
+    a, b = keys(ids, [(5, 8, A)])[1], keys(ids, [(5, 8, B)])[1]
+    assert agreeing_prefix(a, b) == 1
+    # the same image at another offset behind identical tokens
+    c = keys([1, 2, 3, 4, 5, 7, 7, 7, 7], [(6, 9, A)])[1]
+    assert agreeing_prefix(a, c) == 1
+    assert agreeing_prefix(a, keys(ids, [(5, 8, A)])[1]) == 4
+
+
+def test_lookup_partial_acquires_the_child_valid_for_the_most_positions():
+    pool = BlockPool(max_bytes=1000)
+    stored = keys([1, 2, 3, 4, 5, 6, 7, 8]) + keys([1, 2, 3, 4, 5, 9, 9])[1:]
+    for k in stored:
+        pool.release([pool.insert(k, k.tokens, 10)])
+    wanted = keys([1, 2, 3, 4, 5, 6, 0, 0, 0])
+    hits = pool.lookup(wanted)
+    assert [b.key.index for b in hits] == [0]
+    found = pool.lookup_partial(wanted[1])
+    assert found is not None and found[1] == 2 and found[0].payload == (5, 6, 7, 8)
+    assert found[0].refcount == 1 and pool.stats.partial_hits == 1
+    # nothing valid: a first token that differs, or another parent
+    assert pool.lookup_partial(keys([1, 2, 3, 4, 0, 6])[1]) is None
+    assert pool.lookup_partial(keys([0, 2, 3, 4, 5, 6])[1]) is None
+    pool.release([*hits, found[0]])
+    assert all(b.refcount == 0 for b in pool.blocks())
+
+
+def test_a_tail_is_superseded_by_the_block_that_extends_it_once_released():
+    pool = BlockPool(max_bytes=1000)
+    tail = keys([1, 2, 3, 4, 5, 6])
+    for k in tail:
+        pool.release([pool.insert(k, k.tokens, 10 if len(k.tokens) == 4 else 5)])
+    assert pool.covered(tail[1]) and pool.resident_bytes == 15
+    held = pool.lookup_partial(keys([1, 2, 3, 4, 5, 6, 7, 8])[1])
+    assert held is not None and held[1] == 2
+    full = keys([1, 2, 3, 4, 5, 6, 7, 8])[1]
+    pool.release([pool.insert(full, full.tokens, 10)])
+    assert held[0].key.digest in pool  # in use: kept until released
+    pool.release([held[0]])
+    assert held[0].key.digest not in pool and pool.stats.superseded == 1
+    assert pool.resident_bytes == 20 == sum(b.nbytes for b in pool.blocks())
+    # a shorter tail is covered by the stored full block: nothing to store
+    assert pool.covered(keys([1, 2, 3, 4, 5])[1])
+    assert not pool.covered(keys([1, 2, 3, 4, 5, 0])[1])

@@ -3,7 +3,9 @@
 Invariants after every step: reference counts never negative and equal to the model's;
 resident bytes never exceed max_bytes and equal the sum over stored blocks; a block in use is
 never evicted; every stored digest maps to a block whose parent, tokens and extras match the
-key it was stored under; lookups return exactly the model's longest stored chain.
+key it was stored under; lookups return exactly the model's longest stored chain, and partial
+lookups the stored child valid for the most positions (``agreeing_prefix`` over the stored
+blocks); a superseded tail never stays resident once released.
 
 The benchmark budget (at least 10,000 checked steps) is
 ``python benchmarks/pool_machine.py``.
@@ -17,7 +19,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from reference_engine.blocks import BlockKey, block_keys, namespace_root
+from reference_engine.blocks import BlockKey, agreeing_prefix, block_keys, namespace_root
 from reference_engine.pool import Block, BlockPool
 
 BLOCK = 4
@@ -31,8 +33,12 @@ PROMPTS = [
     [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15, 16],
     [1, 2, 3, 4, 17, 18, 19, 20],
     [21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 36],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10],  # partial tails, prefixes of prompt 0
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 14],
+    [1, 2, 3, 4, 5, 6, 7, 8, 13, 14, 15],  # a tail under prompt 1's image
 ]
-SPANS = [[], [(8, 12, "c" * 64)], [(4, 8, "d" * 64)], []]
+SPANS = [[], [(8, 12, "c" * 64)], [(4, 8, "d" * 64)], [], [], [], [(10, 11, "e" * 64)]]
+N = len(PROMPTS) - 1
 ROOTS = [namespace_root("m", ""), namespace_root("m", "tenant")]
 
 
@@ -55,7 +61,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.refs[b.key.digest] = self.refs.get(b.key.digest, 0) + 1
         self.held.append(blocks)
 
-    @rule(prompt=st.integers(0, 3), ns=st.integers(0, 1))
+    @rule(prompt=st.integers(0, N), ns=st.integers(0, 1))
     def lookup(self, prompt: int, ns: int) -> None:
         keys = chain(prompt, ns)
         stored = {b.key.digest for b in self.pool.blocks()}
@@ -68,7 +74,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert [b.key.digest for b in hits] == [k.digest for k in keys[:expected]]
         self._acquired(hits)
 
-    @rule(prompt=st.integers(0, 3), ns=st.integers(0, 1), size=st.integers(1, 40))
+    @rule(prompt=st.integers(0, N), ns=st.integers(0, 1), size=st.integers(1, 40))
     def insert(self, prompt: int, ns: int, size: int) -> None:
         stored: list[Block] = []
         for key in chain(prompt, ns):
@@ -82,6 +88,28 @@ class PoolMachine(RuleBasedStateMachine):
             stored.append(block)
         self._acquired(stored)
         self.pool.touch(stored)
+
+    @rule(prompt=st.integers(0, N), ns=st.integers(0, 1))
+    def lookup_partial(self, prompt: int, ns: int) -> None:
+        keys = chain(prompt, ns)
+        hits = self.pool.lookup(keys)
+        self._acquired(hits)
+        if len(hits) == len(keys):
+            return
+        wanted = keys[len(hits)]
+        expected = max(
+            (
+                agreeing_prefix(b.key, wanted)
+                for b in self.pool.blocks()
+                if b.key.parent == wanted.parent and b.key.index == wanted.index
+            ),
+            default=0,
+        )
+        found = self.pool.lookup_partial(wanted)
+        assert (found[1] if found else 0) == expected
+        if found is not None:
+            assert found[0].key.parent == wanted.parent
+            self._acquired([found[0]])
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 1000))
@@ -112,6 +140,11 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.resident_bytes == sum(b.nbytes for b in blocks)
         # the budget holds except for blocks kept because they are in use across a reset
         assert self.pool.resident_bytes <= MAX_BYTES
+
+    @invariant()
+    def superseded_blocks_are_in_use(self) -> None:
+        for b in self.pool.blocks():
+            assert not b.superseded or b.refcount > 0
 
     @invariant()
     def stored_blocks_match_their_keys(self) -> None:

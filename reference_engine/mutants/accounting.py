@@ -15,7 +15,7 @@ from pytest_prefixcache.types import Outcome, Request
 from ..blocks import BlockKey
 from ..engine import Engine
 from ..model import LoadedModel
-from ..pool import Block, BlockPool
+from ..pool import Block, BlockPool, Reuse
 
 __all__ = [
     "RESTORE_SECONDS_PER_TOKEN",
@@ -74,14 +74,22 @@ class _InUseEvictingPool(BlockPool):
 
     def insert(self, key: BlockKey, payload: Any, nbytes: int) -> Block | None:
         block = super().insert(key, payload, nbytes)
-        if block is not None and block.payload is payload and self._recycled:
-            self._recycled.pop(0).payload[:] = payload  # the recycled memory now holds it
+        if block is not None and block.payload is payload:
+            for i, old in enumerate(self._recycled):
+                if _rows(old.payload) == _rows(payload):  # a free slot of the same size
+                    self._recycled.pop(i).payload[:] = payload  # now holds the new block
+                    break
 
         return block
 
     def clear(self) -> None:
         super().clear()
         self._recycled.clear()
+
+
+def _rows(payload: Any) -> int:
+    """KV rows of a stored block (its first layer's keys: batch, heads, rows, dim)."""
+    return int(payload[0][0].shape[2])
 
 
 class EvictsInUse(Engine):
@@ -108,10 +116,10 @@ class SlowRestore(Engine):
     and #3064, ml-explore/mlx-vlm #2210.
     """
 
-    def restore(self, hits: Sequence[Block]) -> list[Any]:
+    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         # BUG: the restore costs more per token than computing the token would.
-        time.sleep(RESTORE_SECONDS_PER_TOKEN * self.block_size * len(hits))
-        return super().restore(hits)
+        time.sleep(RESTORE_SECONDS_PER_TOKEN * reuse.tokens)
+        return super().restore(reuse, capacity)
 
 
 class NeverStores(Engine):

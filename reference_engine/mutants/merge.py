@@ -1,8 +1,11 @@
 """Mutants of the vision merge: class 2 of the bug zoo (a match that ends inside an image).
 
-Both override only ``Engine.suffix_embeddings``. When the reused prefix ends inside an
-image's placeholder run, only the rows of the placeholders after the boundary must be merged;
-these mutants merge all rows of the partly cached image.
+Both override only ``Engine.suffix_embeddings``, and reuse whole blocks only
+(``partial_blocks = False``, as the block-granular caches of the reproduced issues do; the
+token-granular reference engine stops a match at an image's start unless the image is the
+same). When the reused prefix ends inside an image's placeholder run, only the rows of the
+placeholders after the boundary must be merged; these mutants merge all rows of the partly
+cached image.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class PartialImageMerge(Engine):
     """
 
     crash = False
+    partial_blocks = False  # a block-granular cache: reuse can end inside an image span
 
     def suffix_embeddings(
         self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..blocks import BlockKey
 from ..engine import Engine
-from ..pool import Block
+from ..pool import Block, Reuse
 
 __all__ = [
     "AliasedLiveCache",
@@ -64,11 +64,13 @@ class SnapshotAfterDecode(Engine):
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
         stored: list[Block] = []
+        whole = [k for k in keys if len(k.tokens) == self.block_size]
         try:
             for key in keys[first:]:
                 start = key.index * self.block_size
-                # BUG: the chain's last block is cut at the cache offset after one decode step.
-                end = start + self.block_size + (1 if key is keys[-1] else 0)
+                # BUG: the chain's last whole block is cut at the cache offset after one
+                # decode step.
+                end = start + len(key.tokens) + (1 if whole and key is whole[-1] else 0)
                 rows = self.model.kv_rows(cache, start, end)
                 nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
                 block = self.pool.insert(key, rows, nbytes)
@@ -93,20 +95,21 @@ class EmptySuffixRefeed(Engine):
 
     _whole: list[Block] | None = None
 
-    def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> list[Block]:
+    def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
         hits = self.pool.lookup(keys)
         whole = len(hits) * self.block_size >= prompt_len
         self._whole = list(hits) if whole else None
         while hits and len(hits) * self.block_size >= prompt_len:
             self.pool.release([hits.pop()])
-        return hits
+        return Reuse(hits, len(hits) * self.block_size)
 
-    def restore(self, hits: Sequence[Block]) -> list[Any]:
+    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         whole, self._whole = self._whole, None
-        if whole is not None and len(whole) > len(hits):
+        if whole is not None and len(whole) > len(reuse.blocks):
             # BUG: the last token is recomputed, but the cache is not trimmed before it.
-            return self.model.restore([b.payload for b in whole])
-        return super().restore(hits)
+            payloads = [b.payload for b in whole]
+            return self.model.restore(payloads, len(whole) * self.block_size, capacity)
+        return super().restore(reuse, capacity)
 
 
 @dataclass(frozen=True)
@@ -137,7 +140,7 @@ class AliasedLiveCache(Engine):
             for key in keys[first:]:
                 start = key.index * self.block_size
                 # BUG: the block is a window on the live cache, not a copy of its rows.
-                live = _LiveRows(cache, start, start + self.block_size)
+                live = _LiveRows(cache, start, start + len(key.tokens))
                 nbytes = sum(k.nbytes + v.nbytes for k, v in live.rows())
                 block = self.pool.insert(key, live, nbytes)
                 if block is None:
@@ -147,15 +150,15 @@ class AliasedLiveCache(Engine):
             self.pool.touch(stored)
             self.pool.release(stored)
 
-    def restore(self, hits: Sequence[Block]) -> list[Any]:
-        live = [b.payload for b in hits]
+    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
+        live = [b.payload for b in reuse.blocks]
         if live and all(p.cache is live[0].cache for p in live):
             cache = live[0].cache
             # BUG: the stored cache itself is reused, trimmed to the hit: writes land in it.
             for c in cache:
-                c.offset = live[-1].end
+                c.offset = reuse.tokens
             return cache
-        return self.model.restore([p.rows() for p in live])
+        return self.model.restore([p.rows() for p in live], reuse.tokens, capacity)
 
 
 class MropeRestart(Engine):
