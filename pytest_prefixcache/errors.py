@@ -18,6 +18,7 @@ __all__ = [
     "ShapeFailure",
     "SpeedupFailure",
     "VerificationFailure",
+    "failure_class",
 ]
 
 
@@ -128,3 +129,14 @@ class MemoryBudgetFailure(VerificationFailure):
     """The engine's reported cache memory breaks its budget or counts entries as 0 bytes."""
 
     check = "memory budget"
+
+
+def failure_class(check: str) -> type[VerificationFailure]:
+    """The VerificationFailure subclass for a check name (the base class for unknown ones)."""
+    todo = list(VerificationFailure.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls.check == check:
+            return cls
+        todo.extend(cls.__subclasses__())
+    return VerificationFailure

@@ -33,6 +33,7 @@ from .replay import stream_id
 from .report import Report, RequestRecord
 from .runner import CallTimedOut, EngineWorker
 from .scenarios import expectation_problems
+from .stream_checks import efficiency_problem, speedup_problem
 from .types import Engine, Outcome, Request
 from .usage import usage_problems
 
@@ -48,22 +49,6 @@ __all__ = [
 EFFICIENCY_MIN_TOKENS = 64
 #: --prefixcache-min-speedup applies to a stream only when its cache hits took this long cold.
 SPEEDUP_MIN_SECONDS = 0.02
-
-FAILURES: dict[str, type[errors.VerificationFailure]] = {
-    cls.check: cls
-    for cls in (
-        errors.EquivalenceFailure,
-        errors.ShapeFailure,
-        errors.ReuseBoundFailure,
-        errors.PositiveControlFailure,
-        errors.EfficiencyFailure,
-        errors.EngineFault,
-        errors.EngineTimeout,
-        errors.RenderStabilityFailure,
-        errors.SpeedupFailure,
-        errors.MemoryBudgetFailure,
-    )
-}
 
 
 def default_replay_command(path: str) -> str:
@@ -133,7 +118,7 @@ class Verifier:
         stream = tuple(ctx.stream)
         path = self.replay_path(stream)
         ctx = Context(stream, ctx.index, ctx.cached, ctx.match, self.options.replay_command(path))
-        cls = FAILURES.get(problem.check, errors.VerificationFailure)
+        cls = errors.failure_class(problem.check)
         return cls(
             format_failure(problem, ctx, others),
             stream=stream,
@@ -277,27 +262,15 @@ class Verifier:
         ctx = Context(tuple(self.stream))
         floor = self.options.min_efficiency
         if floor is not None and self._reusable >= EFFICIENCY_MIN_TOKENS:
-            eff = self._reused / self._reusable
-            if eff < floor:
-                head = (
-                    f"the cache reused {self._reused} of {self._reusable} reusable tokens "
-                    f"({eff:.1%}), below --prefixcache-min-efficiency={floor:g}"
-                )
-                why = "the cache invalidates more than it must (re-rendered history, coarse keys?)"
-                self.fail(Problem("min efficiency", head, (why,)), ctx)
+            problem = efficiency_problem(self._reused, self._reusable, floor)
+            if problem is not None:
+                self.fail(problem, ctx)
         speedup = self.options.min_speedup
         if speedup is not None and self._cold >= SPEEDUP_MIN_SECONDS and self._warm > 0:
-            got = self._cold / self._warm
-            if got < speedup:  # timing is noisy: fail only if a second measurement agrees
-                got = max(got, self._remeasure_speedup())
-            if got < speedup:
-                head = (
-                    f"requests served from the cache took {self._warm:.3f} s against "
-                    f"{self._cold:.3f} s cold (speedup {got:.2f}x), below "
-                    f"--prefixcache-min-speedup={speedup:g}"
-                )
-                why = "restoring or managing the cache costs more than the prefill it saves"
-                self.fail(Problem("min speedup", head, (why,)), ctx)
+            problem = speedup_problem(self._warm, self._cold, speedup)
+            if problem is not None:  # timing is noisy: fail only if a second measurement agrees
+                if self._remeasure_speedup() < speedup:
+                    self.fail(problem, ctx)
 
     def _remeasure_speedup(self) -> float:
         """Reset, replay the stream (no checks) and return warm/cold speedup on its hits."""

@@ -44,9 +44,11 @@ def test_xdist_splits_the_streams_and_merges_the_reports(pytester: pytest.Pytest
     assert merged["requests"] == len(merged["records"]) > 0
 
     # the same shards in one process run exactly the same streams: a shard is reproducible
-    # without xdist, and the two workers did not run the same seed
+    # without xdist, and the two workers did not run the same seed. (In a subprocess, as the
+    # workers: Hypothesis also draws constants from the local modules loaded, so an in-process
+    # run after other tests' modules were imported generates other streams from the same seed.)
     local = run_suite(pytester, "good", *args, "--prefixcache-shards=2",
-                      "--prefixcache-report=l.json", examples=10)  # fmt: skip
+                      "--prefixcache-report=l.json", examples=10, subprocess=True)  # fmt: skip
     local.assert_outcomes(passed=4)
     single = _report(pytester, "l.json")
     assert _streams(single) == _streams(merged)
