@@ -146,7 +146,9 @@ def _render(report_path: Path, output: Path | None) -> int:
         report = Report.read_json(report_path)
     except ValueError as exc:
         return _usage(str(exc))
-    path = write_html(report, output or report_path.with_suffix(".html"))
+    path = write_html(
+        report, output or report_path.with_suffix(".html"), base_dir=report_path.parent
+    )
     print(f"prefixcache: HTML report written to {path}")
     return EXIT_OK
 
