@@ -59,8 +59,8 @@ def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
                     ax.plot(turns, [r["cold_s"] for r in rows], ":", color=color,
                             label=f"{ename} cold")  # fmt: skip
                     if ename == "reference":
-                        ax.plot(turns, [r["suffix_only_s"] for r in rows], "k--", lw=1,
-                                label="suffix-only (reference)")  # fmt: skip
+                        ax.plot(turns, [r["limit_s"] for r in rows], "k--", lw=1,
+                                label="limit (reference)")  # fmt: skip
             ax.set_title(wname)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_xlabel("request")

@@ -63,6 +63,11 @@ class VisionCache:
                     self._entries.popitem(last=False)
         return entry
 
+    def peek(self, digest: str) -> Prepared | None:
+        """The cached entry of an image, without touching the LRU order or the counters."""
+        with self._lock:
+            return self._entries.get(digest)
+
     def rows(self, image: Image, entry: Prepared, *, use_cache: bool = True) -> mx.array:
         """All embedding rows of ``image`` (prepared as ``entry``); runs the vision tower only
         when they are not cached."""

@@ -1,0 +1,139 @@
+"""Where a warm run's time goes: per engine step, and a pyinstrument profile.
+
+    python benchmarks/profile_warm.py --size tiny              # every workload, tiny fixture
+    python benchmarks/profile_warm.py --size large --workload image_edit
+
+Feeds the workloads of ``workloads.py`` to the reference engine (cold run, limit, warm run per
+request, as ``side_by_side.py`` does) and, over the warm runs that reused something, sums the
+seconds spent in each step of ``Engine`` (render and image preparation, keys, lookup, restore,
+input embeddings, position ids, prefill, store, decode; MLX evaluates lazily, so a step's
+pending work can land in the next one that evaluates: the embeddings in prefill) against the
+limit (``limits.py``). Writes ``results/warm_steps_<size>.json`` and, with pyinstrument
+installed, ``results/warm_profile_<size>.txt`` (the warm runs only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from limits import limit
+from side_by_side import RESULTS, model_path, warm_up
+from workloads import workloads
+
+STEPS = ("render", "keys", "lookup", "restore", "suffix_embeddings", "prefill", "store", "decode")
+
+
+def instrument(engine: Any, seconds: dict[str, float]) -> Callable[[bool], None]:
+    """Wrap the engine's steps (and position ids, image preparation) to add their wall time
+    to ``seconds`` while recording is on; returns the switch."""
+    on = [False]
+
+    def wrap(owner: Any, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if not on[0]:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[label] += time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+    for step in STEPS:
+        wrap(engine, step, step)
+    wrap(engine.model, "positions", "positions")
+    wrap(engine.vision, "prepare", "prepare images")
+
+    def switch(value: bool) -> None:
+        on[0] = value
+
+    return switch
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "large"], default="tiny")
+    ap.add_argument("--workload", action="append", help="Only this workload (repeatable)")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    import mlx.core as mx
+
+    from reference_engine import Engine
+
+    mx.set_default_device(mx.cpu)
+    engine = Engine.from_pretrained(model_path(args.size))
+    warm_up(engine, True)
+    seconds: dict[str, float] = defaultdict(float)
+    switch = instrument(engine, seconds)
+    try:
+        from pyinstrument import Profiler
+
+        profiler: Any = Profiler(interval=0.0005)
+    except ImportError:
+        profiler = None
+    totals = {"warm_s": 0.0, "limit_s": 0.0, "requests": 0}
+    for w in workloads(args.size):
+        if args.workload and w.name not in args.workload:
+            continue
+        engine.reset()
+        for req in w.requests:
+            engine.run(req, use_cache=False)
+            lim = limit(engine, req)
+            hit = lim.start > 0
+            switch(hit)
+            if hit and profiler is not None:
+                profiler.start()
+            t0 = time.perf_counter()
+            engine.run(req, use_cache=True)
+            warm = time.perf_counter() - t0
+            if hit and profiler is not None:
+                profiler.stop()
+            switch(False)
+            if hit:
+                totals["warm_s"] += warm
+                totals["limit_s"] += lim.limit_s
+                totals["requests"] += 1
+    accounted = sum(seconds.values())
+    out = {
+        "size": args.size,
+        "workloads": args.workload or [w.name for w in workloads(args.size)],
+        **totals,
+        "steps_s": dict(seconds),
+        "other_s": totals["warm_s"] - accounted,
+        "command": "python benchmarks/profile_warm.py " + " ".join(argv or sys.argv[1:]),
+    }
+    warm_s, limit_s = totals["warm_s"], totals["limit_s"]
+    print(
+        f"{totals['requests']} warm runs with a hit: warm {warm_s:.3f} s, "
+        f"limit {limit_s:.3f} s, ratio {warm_s / limit_s:.2f}"
+    )
+    for name, s in sorted(seconds.items(), key=lambda kv: -kv[1]):
+        print(f"{name:>18}: {s:8.3f} s  {s / totals['warm_s']:6.1%}")
+    print(f"{'other':>18}: {out['other_s']:8.3f} s")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"warm_steps_{args.size}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+    if profiler is not None:
+        text = profiler.output_text(unicode=False, color=False, show_all=False)
+        (args.out / f"warm_profile_{args.size}.txt").write_text(text)
+        print(f"wrote {args.out / f'warm_profile_{args.size}.txt'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
