@@ -32,6 +32,11 @@ FLAGS = {
 }
 if ENGINE == "rapid-mlx":  # only a batched engine: no --continuous-batching flag
     FLAGS.update(cb=[], paged=["--use-paged-cache"])
+#: The endpoint that empties the prefix cache. rapid-mlx 0.16.10's DELETE /v1/cache ("Clear
+#: all caches") clears only mlx-vlm's multimodal caches: it answers 200 with {"error": "Cache
+#: clear not available (mlx_vlm not loaded)"} and a repeat still reuses 88 of 89 tokens after
+#: it (the tap); its POST /v1/cache/clear empties the prefix cache (then 0 of 89).
+RESET = ("/v1/cache/clear", "POST") if ENGINE == "rapid-mlx" else ("/v1/cache", "DELETE")
 MODEL = FIXTURES / ("tiny-qwen2-vl" if MODE == "mllm" else "tiny-llama")
 IMAGES = MODE == "mllm"
 A, B = img(1), img(2)
@@ -62,8 +67,8 @@ def exports() -> str:
         "PREFIXCACHE_TAP_SERVER": "1",
         "PREFIXCACHE_MODEL": str(MODEL),
         "PREFIXCACHE_TEXT_ONLY": "0" if IMAGES else "1",
-        "PREFIXCACHE_RESET_PATH": "/v1/cache",
-        "PREFIXCACHE_RESET_METHOD": "DELETE",
+        "PREFIXCACHE_RESET_PATH": RESET[0],
+        "PREFIXCACHE_RESET_METHOD": RESET[1],
         "PREFIXCACHE_RENDER": f"{'vlm' if IMAGES else 'text'}:{MODEL}",
     }
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
@@ -106,8 +111,8 @@ def engine() -> Iterator[OpenAIEngine]:
         model=str(MODEL),
         supports_images=IMAGES,
         tap=True,
-        reset_path="/v1/cache",
-        reset_method="DELETE",
+        reset_path=RESET[0],
+        reset_method=RESET[1],
         start_timeout=300,
         timeout=300,
     ) as e:

@@ -173,7 +173,7 @@ class OpenAIEngine:
         base = server.url if isinstance(server, ServerProcess) else str(server)
         proc = server if isinstance(server, ServerProcess) else None
         try:
-            status, _ = http_json(
+            status, reply = http_json(
                 self.reset_method, base + self.reset_path, {}, timeout=self.timeout
             )
         except OSError as exc:
@@ -182,11 +182,12 @@ class OpenAIEngine:
                     f"cannot reset {base}: {self.reset_method} {self.reset_path}: "
                     f"{connection_problem(exc, base)}"
                 ) from exc
-            status = None
-        if status == 200:
+            status, reply = None, None
+        if status == 200:  # trusted: a reset that keeps reuse shows as a reuse-bound failure
             return
         if proc is None:
-            raise EngineError(f"{base}{self.reset_path} answered {status}; cannot reset {base}")
+            reply_text = str(reply)[:300]
+            raise EngineError(f"{base}{self.reset_path} answered {status}: {reply_text}")
         proc.start()  # no reset endpoint, or a dead server: a restart empties the cache
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
