@@ -17,14 +17,17 @@
 #   scripts/seed_engines.sh install [vllm-mlx|rapid-mlx]...   create the venvs (or reuse them)
 #   scripts/seed_engines.sh verify  [vllm-mlx|rapid-mlx]...   run the checks (venvs must exist)
 #   scripts/seed_engines.sh all     [vllm-mlx|rapid-mlx]...   both (default: both engines)
-# Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property, default 5),
+# Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property, default 100,
+#   the plugin's own default),
 #   SEED_MODES (space-separated subset of: simple mllm cb paged; default all of them for
 #   vllm-mlx, "simple mllm paged" for rapid-mlx, whose only engine is the batched one),
 #   SEED_CORPUS (a directory: each failure's shrunk counterexample is copied there as
-#   <engine>-<mode>-<check>/, e.g. fixtures/corpus/third_party).
+#   <engine>-<mode>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
+#   $SEED_DIR/reports).
 # Every mode runs the targeted checks (tests/test_adapters_seed.py) and the plugin's built-in
 # suite (--prefixcache-verify, text-only streams except for --mllm) against the same servers.
-# Results, per mode in $SEED_DIR/reports/<engine>-<mode>/ (emptied first): checks.xml (JUnit),
+# Results, per mode in $SEED_DIR/reports/<engine>-<mode>/ (emptied first): checks.xml (JUnit
+#   of a --runxfail run, so it holds what really failed),
 #   checks.jsonl (reuse and worst logit difference per targeted pair), suite.json (the plugin's
 #   report: requests, efficiency vs oracle, worst difference, failures and their saved streams
 #   under .prefixcache/failures/), tap.jsonl (per request, the API's vs the tap's reuse),
@@ -34,9 +37,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"
 PYTHON="${PYTHON:-python3}"
-EXAMPLES="${SEED_EXAMPLES:-5}"
+EXAMPLES="${SEED_EXAMPLES:-100}"
 MODES="${SEED_MODES:-}"
-REPORTS="$SEED_DIR/reports"
+REPORTS="${SEED_REPORTS:-$SEED_DIR/reports}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 APC_DISK_ENABLED=0
 export RAPID_MLX_TELEMETRY=0 DO_NOT_TRACK=1 PIP_CACHE_DIR="$SEED_DIR/pip-cache"
@@ -88,8 +91,10 @@ verify() {
     rm -rf "$out" && mkdir -p "$out"
     local -a seed_env=(SEED_ENGINE="$name" SEED_MODE="$mode" SEED_PYTHON="$venv/bin/python"
       SEED_CLI="$cli")
+    # --runxfail: the findings need what really failed; seed_findings.py compares it with the
+    # xfails the test module declares
     env "${seed_env[@]}" SEED_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-      -p no:cacheprovider -q -rxXs "$ROOT/tests/test_adapters_seed.py" \
+      -p no:cacheprovider -q -rfEs --runxfail "$ROOT/tests/test_adapters_seed.py" \
       --junitxml="$out/checks.xml" || true
     # the plugin's built-in suite against the same servers (from_env, configured by the test
     # module); run from $out, so its failures are saved under $out/.prefixcache/failures/
