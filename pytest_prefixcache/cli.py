@@ -14,7 +14,7 @@ import argparse
 import importlib.util
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import settings as opt
@@ -30,35 +30,46 @@ def _workers(value: str) -> str:
     return value
 
 
+Option = tuple[str, Callable[[str], object], str, "str | None"]
+#: (flag, type, metavar, help) of the engine options both verify and replay take
+ENGINE_OPTIONS: tuple[Option, ...] = (
+    ("--engine", opt.engine_spec, "MODULE:ATTR",
+     "an Engine instance or a zero-argument callable returning one"),
+    ("--server-cmd", opt.server_cmd, "CMD",
+     "an OpenAI-compatible server command with a {port} placeholder"),
+    ("--timeout", opt.positive_float, "SECONDS", "per engine call (default: 60)"),
+    ("--atol", opt.non_negative_float, "X", None),
+    ("--rtol", opt.non_negative_float, "X", None),
+    ("--kl", opt.non_negative_float, "X", None),
+)  # fmt: skip
+#: the options only verify takes
+VERIFY_OPTIONS: tuple[Option, ...] = (
+    ("--examples", opt.positive_int, "N",
+     f"examples per property (default: {opt.DEFAULT_EXAMPLES})"),
+    ("--seed", opt.seed, "S", "default: random, printed"),
+    ("--budget", opt.positive_float, "SECONDS",
+     "keep fuzzing with fresh seeds until SECONDS of wall time are spent"),
+    ("--workers", _workers, "N|auto", "split across pytest-xdist workers, one engine each"),
+    ("--database", opt.database_spec, "DIR|URL|none",
+     "Hypothesis example database (a directory or redis://HOST:PORT/DB)"),
+    ("--min-efficiency", opt.fraction, "F", None),
+)  # fmt: skip
+
+
+def _add(p: argparse._ActionsContainer, options: Sequence[Option]) -> None:
+    for flag, kind, metavar, help_ in options:
+        p.add_argument(flag, type=kind, metavar=metavar, help=help_)
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine (default: the embedded reference engine)")
-    g.add_argument(
-        "--engine",
-        type=opt.engine_spec,
-        metavar="MODULE:ATTR",
-        help="an Engine instance or a zero-argument callable returning one",
-    )
-    g.add_argument(
-        "--server-cmd",
-        type=opt.server_cmd,
-        metavar="CMD",
-        help="an OpenAI-compatible server command with a {port} placeholder",
-    )
-    g.add_argument(
-        "--timeout",
-        type=opt.positive_float,
-        metavar="SECONDS",
-        help="per engine call (default: 60)",
-    )
-    g.add_argument("--atol", type=opt.non_negative_float, metavar="X")
-    g.add_argument("--rtol", type=opt.non_negative_float, metavar="X")
-    g.add_argument("--kl", type=opt.non_negative_float, metavar="X")
+    _add(p.add_argument_group("engine (default: the embedded reference engine)"), ENGINE_OPTIONS)
     p.add_argument(
         "--out",
         type=Path,
         default=Path("prefixcache-report"),
         metavar="DIR",
-        help="where report.json, junit.xml and report.html go (default: prefixcache-report)",
+        help="where report.json, junit.xml, report.html and failures/ go "
+        "(default: prefixcache-report)",
     )
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="more pytest arguments, after --")  # fmt: skip
@@ -73,32 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     v = sub.add_parser("verify", help="run the verification suite and write the reports")
     _engine_args(v)
-    v.add_argument(
-        "--examples",
-        type=opt.positive_int,
-        metavar="N",
-        help=f"examples per property (default: {opt.DEFAULT_EXAMPLES})",
-    )
-    v.add_argument("--seed", type=opt.seed, metavar="S", help="default: random, printed")
-    v.add_argument(
-        "--budget",
-        type=opt.positive_float,
-        metavar="SECONDS",
-        help="keep fuzzing with fresh seeds until SECONDS of wall time are spent",
-    )
-    v.add_argument(
-        "--workers",
-        type=_workers,
-        metavar="N|auto",
-        help="split across pytest-xdist workers, one engine each",
-    )
-    v.add_argument(
-        "--database",
-        type=opt.database_spec,
-        metavar="DIR|URL|none",
-        help="Hypothesis example database (a directory or redis://HOST:PORT/DB)",
-    )
-    v.add_argument("--min-efficiency", type=opt.fraction, metavar="F")
+    _add(v, VERIFY_OPTIONS)
     v.add_argument("--isolation", action="store_true", help="add the timing side-channel test")
     r = sub.add_parser("replay", help="run one saved failing stream (stream.json or its dir)")
     r.add_argument("path", type=Path, metavar="PATH")

@@ -74,9 +74,9 @@ class Controller:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         snap = dict(report.user_properties).get(PROGRESS)
         node = getattr(report, "node", None)
-        if snap is None or node is None:
+        if not isinstance(snap, dict) or node is None:
             return
-        self.latest[node.gateway.id] = snap
+        self.latest[node.gateway.id] = {str(k): int(v) for k, v in snap.items()}
         total: dict[str, int] = {}
         for one in self.latest.values():
             for k, v in one.items():
