@@ -6,6 +6,7 @@ Order: the scenario corpus first, then generated request streams, then the state
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -166,9 +167,8 @@ def test_state_machine(
     )
     for round_seed in _rounds(pytestconfig, shard, share=1.0):
         machine = seed(round_seed)(machine_for(prefixcache_verifier, spec))
-        _timeout_first(
-            prefixcache_verifier, lambda m=machine: run_state_machine_as_test(m, settings=settings)
-        )
+        run = functools.partial(run_state_machine_as_test, machine, settings=settings)
+        _timeout_first(prefixcache_verifier, run)
 
 
 def test_replay(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
