@@ -263,13 +263,14 @@ class Engine:
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
         """Store the blocks from index ``first`` on (the partial tail too, unless a stored
         sibling already covers it): copies of the KV after prefill."""
+        todo = list(keys[first:])
+        if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
+            todo.pop()
+        bounds = [(k.index * self.block_size, len(k.tokens)) for k in todo]
+        copies = self.model.kv_blocks(cache, [(s, s + n) for s, n in bounds])
         stored: list[Block] = []
         try:
-            for key in keys[first:]:
-                start = key.index * self.block_size
-                if len(key.tokens) < self.block_size and self.pool.covered(key):
-                    break
-                rows = self.model.kv_rows(cache, start, start + len(key.tokens))
+            for key, rows in zip(todo, copies):
                 nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
                 block = self.pool.insert(key, rows, nbytes)
                 if block is None:

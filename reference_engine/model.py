@@ -133,12 +133,19 @@ class LoadedModel:
     @staticmethod
     def kv_rows(cache: list[Any], start: int, end: int) -> list[tuple[mx.array, mx.array]]:
         """Copies of the KV rows [start, end) of every layer (never views of live buffers)."""
-        rows = [
-            (mx.array(c.keys[:, :, start:end, :]), mx.array(c.values[:, :, start:end, :]))
-            for c in cache
+        return LoadedModel.kv_blocks(cache, [(start, end)])[0]
+
+    @staticmethod
+    def kv_blocks(
+        cache: list[Any], bounds: Sequence[tuple[int, int]]
+    ) -> list[list[tuple[mx.array, mx.array]]]:
+        """``kv_rows`` for each (start, end) of ``bounds``, evaluated at once."""
+        blocks = [
+            [(mx.array(c.keys[:, :, s:e, :]), mx.array(c.values[:, :, s:e, :])) for c in cache]
+            for s, e in bounds
         ]
-        mx.eval(rows)
-        return rows
+        mx.eval(blocks)
+        return blocks
 
     def restore(
         self, blocks: Sequence[list[tuple[mx.array, mx.array]]], tokens: int, capacity: int = 0
