@@ -1,13 +1,14 @@
-"""Cost of restoring cached blocks into a KV cache, as the engine does it and preallocated.
+"""Cost of restoring cached blocks into a KV cache: exact-size (the engine before) and preallocated.
 
     python benchmarks/restore.py [--blocks 350] [--repeats 5]
 
 With the hidden-512 benchmark model's KV shapes (8 layers, 4 KV heads, head dim 64, float32,
-16-token blocks): *current* concatenates every layer's blocks into a buffer of exactly the
-prefix length (``LoadedModel.restore``), so the first appended suffix chunk makes mlx-vlm's
-``KVCache`` grow, copying the whole prefix again; *preallocated* concatenates the blocks and
-the room the suffix needs in one step and sets the cache offset, so the append writes in
-place. Prints the median seconds of restore and of the first append of a 51-token suffix.
+16-token blocks): *current* is how the engine restored before commit c1b0bb1:
+every layer's blocks concatenated into a buffer of exactly the prefix length, so the first
+appended suffix chunk makes mlx-vlm's ``KVCache`` grow, copying the whole prefix again;
+*preallocated* concatenates the blocks and the room the suffix needs in one step and sets the
+cache offset, so the append writes in place (what ``LoadedModel.restore`` does now). Prints
+the median seconds of restore and of the first append of a 51-token suffix.
 """
 
 from __future__ import annotations

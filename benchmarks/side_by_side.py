@@ -14,7 +14,8 @@ physical limit of a prefix cache (``limits.py``: new images encoded and the suff
 over its prefix KV already in place) and, for comparison only, the suffix prefilled from an
 empty cache (suffix-only: not a valid computation, see ``limits.py``); the resident cache bytes
 after the request. ``--repeats`` replays each workload (cache reset first) and keeps the
-median time per request. Writes
+median time per request; the passes of the engines are interleaved (all engines are loaded at
+once), so that load from other jobs on a shared machine falls on every engine alike. Writes
 ``results/side_by_side_<size>.json`` and, with ``--charts``, PNG charts (``charts.py``).
 """
 
@@ -190,16 +191,21 @@ def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any
     loads = workloads(size)
     results: dict[str, Any] = {}
     t_start = time.perf_counter()
+    built = {}
     for name, (factory, multimodal) in engines(path).items():
-        if only and name not in only:
-            continue
-        engine = factory()
-        warm_up(engine, multimodal)
-        for w in loads:
-            if w.multimodal != multimodal and name != "reference":
-                continue
-            passes = [one_pass(engine, w, name == "reference") for _ in range(repeats)]
-            rows = median_rows(passes)
+        if not only or name in only:
+            built[name] = (factory(), multimodal)
+            warm_up(built[name][0], multimodal)
+    for w in loads:
+        # passes interleaved across engines, so that load from other jobs on the machine
+        # falls on every engine alike
+        servers = [n for n, (_, mm) in built.items() if mm == w.multimodal or n == "reference"]
+        passes: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in servers}
+        for _ in range(repeats):
+            for name in servers:
+                passes[name].append(one_pass(built[name][0], w, name == "reference"))
+        for name in servers:
+            rows = median_rows(passes[name])
             results.setdefault(w.name, {})[name] = {"summary": summary(rows), "requests": rows}
             s = results[w.name][name]["summary"]
             print(
@@ -214,7 +220,6 @@ def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any
                 ),
                 flush=True,
             )
-        del engine
     return {
         "size": size,
         "model": MODELS[size],
