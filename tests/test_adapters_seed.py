@@ -80,7 +80,9 @@ MODEL_REPLACEMENT = (
     "cause unknown"
 )
 NO_REUSE = "an identical repeat prefills the whole prompt again (the tap saw 0 tokens reused)"
-#: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed.
+#: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed. Each
+#: failed as stated in the clean run of scripts/seed_engines.sh at commit 9d98657 (its
+#: checks run under --runxfail), and no other check failed there.
 KNOWN = {
     ("vllm-mlx", "simple", "test_repeat_reuses"): f"vllm-mlx 0.6.0 simple engine: {NO_REUSE}",
     ("vllm-mlx", "cb", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --continuous-batching: {NO_REUSE}",
@@ -97,8 +99,9 @@ KNOWN = {
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
     reason = KNOWN.get((ENGINE, MODE, request.node.originalname))
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=False))
+    if reason:  # strict, so a fix shows as XPASS(strict); the 503 of unknown cause is not
+        strict = reason != MODEL_REPLACEMENT
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
 
 
 @pytest.fixture(scope="module")
