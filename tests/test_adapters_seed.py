@@ -74,10 +74,11 @@ def exports() -> str:
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
-MODEL_REPLACEMENT = (
-    "rapid-mlx 0.16.10 --mllm: seen answering 503 'Request cancelled by model replacement' "
-    "to text requests under these checks (tap, two servers); not reproduced in isolation, "
-    "cause unknown"
+MROPE_STALE = (
+    "rapid-mlx 0.16.10 --mllm: a text request longer than the text request before it fails "
+    "in mlx-vlm's mRoPE ([broadcast_shapes] Shapes (1,4,110,16) and (1,1,89,16): the previous "
+    "prompt's position embeddings are applied to the new one), with or without the prefix "
+    "cache, and the API answers 503 'Request cancelled by model replacement'"
 )
 NO_REUSE = "an identical repeat prefills the whole prompt again (the tap saw 0 tokens reused)"
 #: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed. Each
@@ -91,17 +92,16 @@ KNOWN = {
     ("rapid-mlx", "simple", "test_api_agrees_with_the_tap"): "rapid-mlx 0.16.10: on an exact "
     "repeat usage.prompt_tokens_details.cached_tokens is the whole prompt (89 of 89) while the "
     "tap saw the last token prefilled again (88 reused)",
-    ("rapid-mlx", "mllm", "test_text_stream"): MODEL_REPLACEMENT,
-    ("rapid-mlx", "mllm", "test_api_agrees_with_the_tap"): MODEL_REPLACEMENT,
+    ("rapid-mlx", "mllm", "test_text_stream"): MROPE_STALE,
+    ("rapid-mlx", "mllm", "test_api_agrees_with_the_tap"): MROPE_STALE,
 }
 
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
     reason = KNOWN.get((ENGINE, MODE, request.node.originalname))
-    if reason:  # strict, so a fix shows as XPASS(strict); the 503 of unknown cause is not
-        strict = reason != MODEL_REPLACEMENT
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=strict))
+    if reason:  # strict: a fix shows as XPASS(strict)
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(scope="module")
