@@ -136,16 +136,20 @@ def save(reports: Path, corpus: Path) -> list[str]:
                 continue
             name = by_dir[f["stream_dir"]] = counterexample_name(r, f, taken)
             target = corpus / name
+            kept = {}  # a hand-written "diagnosis" of an earlier save survives a new one
             if target.exists():
+                old = json.loads((target / "stream.json").read_text())
+                kept = {k: old[k] for k in ("diagnosis",) if k in old}
                 shutil.rmtree(target)
             shutil.copytree(source, target)
             data = json.loads((target / "stream.json").read_text())
             flag = mode_flags(r["engine"], r["mode"]).replace("`", "")
+            summary = re.sub(r"http://127\.0\.0\.1:\d+", "", f["summary"])  # ephemeral port
             data["description"] = (
-                f"{r['engine']} {r['version']}, {flag}, found by scripts/seed_engines.sh: "
-                f"{f['summary']}"
+                f"{r['engine']} {r['version']}, {flag}, found by scripts/seed_engines.sh: {summary}"
             )
             data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
+            data.update(kept)
             (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
             f["saved"] = name
             saved.append(name)
