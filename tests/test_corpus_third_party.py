@@ -1,0 +1,80 @@
+"""The third-party counterexamples: shrunk streams on which a seed engine (vllm-mlx,
+rapid-mlx) failed a check, saved by ``SEED_CORPUS=fixtures/corpus/third_party
+scripts/seed_engines.sh``. Each must load and pass on the reference engine (which is correct,
+so a failure here means a broken file, not a broken engine), and none may join the default
+corpus run of ``--prefixcache-verify`` (they fail on the engines they came from by design).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from pytest_prefixcache import Message, Request
+from pytest_prefixcache.replay import corpus_files, load_stream, save_stream
+
+ROOT = Path(__file__).resolve().parent.parent
+THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
+CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
+ENGINES = {"vllm-mlx", "rapid-mlx"}
+
+
+def test_the_default_corpus_leaves_third_party_out() -> None:
+    files = [f.resolve() for f in corpus_files(ROOT)]
+    assert files, "the default corpus is empty"
+    assert not [f for f in files if THIRD_PARTY.resolve() in f.parents]
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.parent.name for p in CASES])
+def test_counterexample_loads_and_passes_on_the_reference_engine(
+    model: Any, path: Path, tmp_path: Path
+) -> None:
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from reference_engine import Engine
+
+    stream, meta = load_stream(path)
+    engine, version, mode, check = (meta.get(k) for k in ("engine", "version", "mode", "check"))
+    assert engine in ENGINES and version and mode and check, meta
+    assert path.parent.name.startswith(f"{engine}-{mode}-"), (path.parent.name, meta)
+    description = str(meta.get("description", ""))
+    assert f"{engine} {version}" in description and check in description, description
+    verifier = Verifier(Engine(model), options=VerifyOptions(failures_dir=tmp_path))
+    steps = verifier.run(stream)
+    verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
+    verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
+    assert len(steps) == len(stream)
+
+
+def _findings() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "seed_findings", ROOT / "scripts" / "seed_findings.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_seed_script_saves_each_distinct_counterexample_once_with_a_description(
+    tmp_path: Path,
+) -> None:
+    stream = [Request((Message("user", ("describe the image",)),))]
+    failures = save_stream(stream, tmp_path / "run" / ".prefixcache" / "failures" / "abc")
+    summary = "reuse bound: cached_tokens=21 exceeds the maximum valid reuse of 0 tokens"
+    failure = {"check": "reuse bound", "summary": summary, "stream_dir": str(failures.parent)}
+    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "simple"}
+    row["failures"] = [dict(failure, test="streams"), dict(failure, test="state machine")]
+    (tmp_path / "run" / "row.json").write_text(json.dumps(row))
+    assert _findings().save(tmp_path, tmp_path / "corpus") == ["rapid-mlx-simple-reuse-bound"]
+    saved, meta = load_stream(tmp_path / "corpus" / "rapid-mlx-simple-reuse-bound")
+    assert saved == tuple(stream)
+    assert meta["description"].startswith("rapid-mlx 0.16.10, default (batched), found by")
+    assert meta["description"].endswith(summary) and meta["check"] == "reuse bound"
+    assert [
+        f["saved"] for f in json.loads((tmp_path / "run" / "row.json").read_text())["failures"]
+    ] == ["rapid-mlx-simple-reuse-bound"] * 2
