@@ -22,8 +22,8 @@ def main() -> None:
     restore = engine.model.restore
     corrupted: list[bool] = []
 
-    def corrupt_once(blocks: Any) -> Any:
-        cache = restore(blocks)
+    def corrupt_once(blocks: Any, *args: Any, **kwargs: Any) -> Any:
+        cache = restore(blocks, *args, **kwargs)
         if blocks and not corrupted:
             corrupted.append(True)
             for c in cache:
