@@ -25,7 +25,8 @@
 #   <engine>-<mode>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
 #   $SEED_DIR/reports).
 # Every mode runs the targeted checks (tests/test_adapters_seed.py) and the plugin's built-in
-# suite (--prefixcache-verify, text-only streams except for --mllm) against the same servers.
+# suite (--prefixcache-verify, text-only streams except for --mllm), each against its own pair
+# of servers started the same way (cached, and a cache-less cold baseline).
 # Results, per mode in $SEED_DIR/reports/<engine>-<mode>/ (emptied first): checks.xml (JUnit
 #   of a --runxfail run, so it holds what really failed),
 #   checks.jsonl (reuse and worst logit difference per targeted pair), suite.json (the plugin's
