@@ -219,13 +219,26 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
 
+def _verification_failure(exc: BaseException | None) -> VerificationFailure | None:
+    """``exc`` itself, or the first VerificationFailure inside an exception group (Hypothesis
+    raises FlakyFailure, a group, when a failing example passes on replay)."""
+    if exc is None or isinstance(exc, VerificationFailure):
+        return exc
+    for inner in getattr(exc, "exceptions", ()):
+        found = _verification_failure(inner)
+        if found is not None:
+            return found
+    return None
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    exc = call.excinfo.value if call.excinfo is not None else None
-    if report.failed and isinstance(exc, VerificationFailure) and exc.stream:
+    raised = call.excinfo.value if call.excinfo is not None else None
+    exc = _verification_failure(raised)
+    if report.failed and exc is not None and exc.stream:
         s = settings_of(item.config)
         path = exc.replay_path
         if path:
@@ -240,6 +253,8 @@ def pytest_runtest_makereport(
             except OSError as err:
                 path = f"(could not save {path}: {err})"
         summary = str(exc).splitlines()[0] if str(exc) else exc.check
+        if exc is not raised:  # Hypothesis saw it fail once and pass on replay
+            summary = f"flaky ({type(raised).__name__}): {summary}"
         command = s.replay_command(path) if path else None
         stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
         report_of(item.config).failures.append(

@@ -133,3 +133,43 @@ def test_save_and_load_round_trip(tmp_path: object) -> None:
     assert loaded == stream and meta["check"] == "fault"
     assert isinstance(loaded[1].messages[1].content[0], Image)
     assert stream_id(loaded) == stream_id(stream)
+
+
+FLAKY_ENGINE = """
+import dataclasses
+from fakeengines import FakeEngine
+
+
+class CorruptOnce(FakeEngine):
+    calls = 0
+
+    def run(self, request, *, use_cache):
+        out = super().run(request, use_cache=use_cache)
+        if use_cache:
+            CorruptOnce.calls += 1
+            if CorruptOnce.calls == 5:  # one cached answer, once: its replay passes
+                out = dataclasses.replace(out, logits=out.logits + 1.0)
+        return out
+
+
+def corrupt_once():
+    return CorruptOnce()
+"""
+
+
+def test_a_flaky_failure_is_reported_and_saved(pytester: pytest.Pytester) -> None:
+    """Hypothesis raises FlakyFailure (an exception group) when a failing example passes on
+    replay: the report still names the check, marks it flaky and saves the stream."""
+    with_fakes(pytester)
+    pytester.makepyfile(flaky=FLAKY_ENGINE)
+    res = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=flaky:corrupt_once",
+        "--prefixcache-examples=20", "--prefixcache-seed=1", "--prefixcache-database=none",
+        "-k", "request_streams", "--prefixcache-report=r.json",
+    )  # fmt: skip
+    res.assert_outcomes(failed=1)
+    assert "Flaky" in res.stdout.str()
+    (failure,) = json.loads((pytester.path / "r.json").read_text())["failures"]
+    assert failure["check"] == "equivalence"
+    assert failure["summary"].startswith("flaky (FlakyFailure): equivalence")
+    assert (pytester.path / _replay_path(res.stdout.str())).is_file()
