@@ -2,14 +2,18 @@
 
     python benchmarks/profile_warm.py --size tiny              # every workload, tiny fixture
     python benchmarks/profile_warm.py --size large --workload image_edit
+    python benchmarks/profile_warm.py --prefill-pair 5    # prefill.py's two conversations
 
 Feeds the workloads of ``workloads.py`` to the reference engine (cold run, limit, warm run per
 request, as ``side_by_side.py`` does) and, over the warm runs that reused something, sums the
 seconds spent in each step of ``Engine`` (render and image preparation, keys, lookup, restore,
 input embeddings, position ids, prefill, store, decode; MLX evaluates lazily, so a step's
 pending work can land in the next one that evaluates: the embeddings in prefill) against the
-limit (``limits.py``). Writes ``results/warm_steps_<size>.json`` and, with pyinstrument
-installed, ``results/warm_profile_<size>.txt`` (the warm runs only).
+limit (``limits.py``). ``--prefill-pair N`` replaces the workloads by N repeats of
+``prefill.py``'s pair (a 5,651-token conversation, then the same with its last image changed).
+Writes ``results/warm_steps_<size>[_prefill].json`` and, with ``--pyinstrument``,
+``results/warm_profile_<size>[_prefill].txt`` (the warm runs only; the sampler slows the warm
+runs a little, so the step times and warm / limit of such a run are not the benchmark's).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from limits import limit
 from side_by_side import RESULTS, model_path, warm_up
-from workloads import workloads
+from workloads import Workload, workloads
 
 STEPS = ("render", "keys", "lookup", "restore", "suffix_embeddings", "prefill", "store", "decode")
 
@@ -68,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=["tiny", "large"], default="tiny")
     ap.add_argument("--workload", action="append", help="Only this workload (repeatable)")
+    ap.add_argument("--prefill-pair", type=int, default=0, help="Profile prefill.py's pair N times")
+    ap.add_argument("--pyinstrument", action="store_true", help="Also profile with pyinstrument")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     import mlx.core as mx
@@ -79,14 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     warm_up(engine, True)
     seconds: dict[str, float] = defaultdict(float)
     switch = instrument(engine, seconds)
-    try:
+    profiler: Any = None
+    if args.pyinstrument:
         from pyinstrument import Profiler
 
-        profiler: Any = Profiler(interval=0.0005)
-    except ImportError:
-        profiler = None
+        profiler = Profiler(interval=0.0005)
     totals = {"warm_s": 0.0, "limit_s": 0.0, "requests": 0}
-    for w in workloads(args.size):
+    loads = workloads(args.size)
+    if args.prefill_pair:
+        from prefill import conversation
+
+        pair = (conversation(8, 1), conversation(8, 2))
+        loads = [Workload("prefill_pair", pair, multimodal=True)] * args.prefill_pair
+    for w in loads:
         if args.workload and w.name not in args.workload:
             continue
         engine.reset()
@@ -110,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     accounted = sum(seconds.values())
     out = {
         "size": args.size,
-        "workloads": args.workload or [w.name for w in workloads(args.size)],
+        "workloads": args.workload or [w.name for w in loads],
         **totals,
         "steps_s": dict(seconds),
         "other_s": totals["warm_s"] - accounted,
@@ -125,13 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:>18}: {s:8.3f} s  {s / totals['warm_s']:6.1%}")
     print(f"{'other':>18}: {out['other_s']:8.3f} s")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"warm_steps_{args.size}.json"
+    tag = args.size + ("_prefill" if args.prefill_pair else "")
+    path = args.out / f"warm_steps_{tag}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
     if profiler is not None:
         text = profiler.output_text(unicode=False, color=False, show_all=False)
-        (args.out / f"warm_profile_{args.size}.txt").write_text(text)
-        print(f"wrote {args.out / f'warm_profile_{args.size}.txt'}")
+        (args.out / f"warm_profile_{tag}.txt").write_text(text)
+        print(f"wrote {args.out / f'warm_profile_{tag}.txt'}")
     return 0
 
 

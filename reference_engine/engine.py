@@ -1,7 +1,7 @@
 """The reference engine: a segmented multimodal prefix cache that is bit-exact against cold runs.
 
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
-leading blocks come from the pool:
+leading positions' KV rows come from the pool:
 
     render -> block keys -> lookup: the chain of whole blocks, then the longest valid prefix
     of a stored child of its last block (token granularity; cap: at least one token is
