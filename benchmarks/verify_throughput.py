@@ -86,9 +86,10 @@ def measure(seed: int, profile: Path | None = None) -> dict[str, object]:
         else:
             os.environ["HF_HUB_OFFLINE"] = "1"
             here = os.getcwd()
+            target = profile.resolve()  # before the chdir: a relative path names this directory
             os.chdir(tmp)
             try:
-                code, out = profiled(args, profile.resolve()), ""
+                code, out = profiled(args, target), ""
             finally:
                 os.chdir(here)
         wall = time.perf_counter() - t0
