@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from . import settings as opt
+from .report import Report
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -105,11 +106,11 @@ def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
     args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
     args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
     args.append(f"--prefixcache-failures-dir={out / 'failures'}")
-    for name in ("engine", "server_cmd", "timeout", "atol", "rtol", "kl"):
-        args += _flag(name.replace("_", "-"), getattr(a, name))
+    options = ENGINE_OPTIONS + (VERIFY_OPTIONS if a.command == "verify" else ())
+    for flag, *_ in options:
+        if flag != "--workers":  # the same name as the plugin's option, prefixed
+            args += _flag(flag[2:], getattr(a, flag[2:].replace("-", "_")))
     if a.command == "verify":
-        for name in ("examples", "seed", "budget", "database", "min_efficiency"):
-            args += _flag(name.replace("_", "-"), getattr(a, name))
         if a.isolation:
             args.append("--prefixcache-isolation")
         if a.workers:
@@ -124,18 +125,19 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def _render(report_path: Path, output: Path | None) -> int:
+def _write_html(report: Report, path: Path, base_dir: Path) -> None:
     from .html import write_html
-    from .report import Report
 
+    written = write_html(report, path, base_dir=base_dir)
+    print(f"prefixcache: HTML report written to {written}")
+
+
+def _render(report_path: Path, output: Path | None) -> int:
     try:
         report = Report.read_json(report_path)
     except ValueError as exc:
         return _usage(str(exc))
-    path = write_html(
-        report, output or report_path.with_suffix(".html"), base_dir=report_path.parent
-    )
-    print(f"prefixcache: HTML report written to {path}")
+    _write_html(report, output or report_path.with_suffix(".html"), report_path.parent)
     return EXIT_OK
 
 
@@ -158,10 +160,11 @@ def _run(a: argparse.Namespace) -> int:
     report_json = out / "report.json"
     if not report_json.exists():
         return _usage(f"pytest exited {rc} before writing a report (see its output above)")
-    _render(report_json, out / "report.html")
-    from .report import Report
-
-    report = Report.read_json(report_json)
+    try:
+        report = Report.read_json(report_json)
+    except ValueError as exc:
+        return _usage(str(exc))
+    _write_html(report, out / "report.html", out)
     if report.engine_error:
         print(f"prefixcache: the engine could not be loaded: {report.engine_error}",
               file=sys.stderr)  # fmt: skip
