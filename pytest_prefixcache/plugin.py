@@ -183,7 +183,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if s.shards > 1:
         lines.append(
             f"prefixcache: generated tests split into {s.shards} shards (seeds derived from "
-            f"{s.seed}; examples {-(-s.examples // s.shards)} per shard)"
+            f"{s.seed}; examples {s.shard_examples()} per shard)"
         )
     if s.budget:
         lines.append(f"prefixcache: budget {s.budget:g} s of new rounds of examples")

@@ -12,7 +12,7 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
@@ -66,6 +66,13 @@ class RequestRecord:
     cold_seconds: float
     images: int
     worker: str = ""
+
+
+#: Report counters that add up across workers.
+_SUMMED = (
+    "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
+    "warm_seconds", "cold_seconds", "records_dropped",
+)  # fmt: skip
 
 
 @dataclass
@@ -162,23 +169,15 @@ class Report:
 
     def merge(self, other: Report, worker: str = "") -> None:
         """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""
-        for name in ("requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams"):
+        for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.merges_checked += other.merges_checked
         self.shards = max(self.shards, other.shards)
-        self.warm_seconds += other.warm_seconds
-        self.cold_seconds += other.cold_seconds
         where = f"{worker}: {other.worst_diff_where}" if worker else other.worst_diff_where
         self.add_diff(other.worst_diff, where)
         self.worst_kl = max(self.worst_kl, other.worst_kl)
-        self.failures.extend(
-            f if f.worker or not worker else FailureRecord(**{**asdict(f), "worker": worker})
-            for f in other.failures
-        )
+        self.failures.extend(f if f.worker else replace(f, worker=worker) for f in other.failures)
         for r in other.records:
-            tagged = r.worker or not worker
-            self.add_record(r if tagged else RequestRecord(**{**asdict(r), "worker": worker}))
-        self.records_dropped += other.records_dropped
+            self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
 

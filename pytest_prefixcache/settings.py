@@ -155,6 +155,10 @@ class Settings:
     budget: float | None = None
     """Wall-clock seconds: generated tests start new rounds of examples until it is spent."""
 
+    def shard_examples(self, divisor: int = 1) -> int:
+        """Examples per shard of a property that runs ``examples / divisor`` in all."""
+        return max(1, -(-self.examples // (self.shards * divisor)))
+
     def shard_seed(self, shard: int, round_: int = 0) -> int:
         """The seed of one shard's round: the session seed itself for shard 0, round 0."""
         if shard == 0 and round_ == 0:

@@ -42,11 +42,6 @@ def shard() -> int:
     return 0
 
 
-def _examples(config: pytest.Config, divisor: int = 1) -> int:
-    s = settings_of(config)
-    return max(1, -(-s.examples // (s.shards * divisor)))
-
-
 def _rounds(config: pytest.Config, shard: int, share: float) -> Iterator[int]:
     """Seeds for one shard: one round, then more while ``share`` of --prefixcache-budget,
     counted from the session start, is left."""
@@ -63,7 +58,7 @@ def _rounds(config: pytest.Config, shard: int, share: float) -> Iterator[int]:
 
 def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
     kwargs: dict[str, Any] = {
-        "max_examples": _examples(config),
+        "max_examples": settings_of(config).shard_examples(),
         "deadline": None,
         "database": config.stash.get(DATABASE_KEY, None),
         "derandomize": False,
@@ -163,7 +158,9 @@ def test_state_machine(
         max_images_per_message=StreamSpec().max_images_per_message if images else 0,
     )
     settings = _hypothesis_settings(
-        pytestconfig, max_examples=_examples(pytestconfig, 2), stateful_step_count=STATEFUL_STEPS
+        pytestconfig,
+        max_examples=settings_of(pytestconfig).shard_examples(2),
+        stateful_step_count=STATEFUL_STEPS,
     )
     for round_seed in _rounds(pytestconfig, shard, share=1.0):
         machine = seed(round_seed)(machine_for(prefixcache_verifier, spec))
