@@ -266,8 +266,8 @@ class Engine:
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
-        bounds = [(k.index * self.block_size, len(k.tokens)) for k in todo]
-        copies = self.model.kv_blocks(cache, [(s, s + n) for s, n in bounds])
+        starts = [k.index * self.block_size for k in todo]
+        copies = self.model.kv_blocks(cache, [(s, s + len(k.tokens)) for s, k in zip(starts, todo)])
         stored: list[Block] = []
         try:
             for key, rows in zip(todo, copies):

@@ -120,12 +120,7 @@ class BlockPool:
         are valid for the most leading positions of ``wanted``, with that count (> 0)."""
         with self._lock:
             best: tuple[Block, int] | None = None
-            for digest in self._children.get(wanted.parent, ()):
-                block = self._blocks.get(digest)
-                if block is None or block.key.parent != wanted.parent:
-                    continue  # stale index entry (a subclass evicted it behind our back)
-                if block.key.index != wanted.index:
-                    continue
+            for block in self._siblings(wanted):
                 n = agreeing_prefix(block.key, wanted)
                 if n > 0 and (best is None or n > best[1]):
                     best = (block, n)
@@ -138,16 +133,23 @@ class BlockPool:
         """Whether a stored child of the same parent already holds valid rows for every
         position of ``key`` (so storing ``key`` would add nothing)."""
         with self._lock:
-            for digest in self._children.get(key.parent, ()):
-                block = self._blocks.get(digest)
-                if (
-                    block is not None
-                    and block.key.parent == key.parent
-                    and block.key.index == key.index
-                    and agreeing_prefix(block.key, key) == len(key.tokens)
-                ):
-                    return True
-            return False
+            return any(
+                agreeing_prefix(block.key, key) == len(key.tokens) for block in self._siblings(key)
+            )
+
+    def _siblings(self, key: BlockKey) -> list[Block]:
+        """The stored children of ``key.parent`` at ``key.index`` (index entries whose block is
+        gone, e.g. evicted by a subclass behind the index's back, are skipped)."""
+        out = []
+        for digest in self._children.get(key.parent, ()):
+            block = self._blocks.get(digest)
+            if (
+                block is not None
+                and block.key.parent == key.parent
+                and block.key.index == key.index
+            ):
+                out.append(block)
+        return out
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block."""
@@ -200,18 +202,13 @@ class BlockPool:
     def _supersede(self, key: BlockKey) -> None:
         """Drop the shorter siblings that ``key`` fully covers (partial blocks whose every
         row is also valid in the block now stored), or mark them for dropping on release."""
-        siblings = self._children.get(key.parent, {})
-        for digest in list(siblings):
-            old = self._blocks.get(digest)
-            if (
-                old is not None
-                and old.key.index == key.index
-                and len(old.key.tokens) < len(key.tokens)
-                and agreeing_prefix(old.key, key) == len(old.key.tokens)
+        for old in self._siblings(key):
+            if len(old.key.tokens) < len(key.tokens) and agreeing_prefix(old.key, key) == len(
+                old.key.tokens
             ):
                 old.superseded = True
                 if old.refcount == 0:
-                    self._drop(digest)
+                    self._drop(old.key.digest)
                     self.stats.superseded += 1
 
     def _drop(self, digest: bytes) -> None:
