@@ -27,6 +27,7 @@ import numpy as np
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, block_keys, namespace_root
+from .kv import Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import Block, BlockPool, Reuse
 from .render import Rendered, render
@@ -80,7 +81,8 @@ class Engine:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.model = model
         self.block_size = block_size
-        self.pool = BlockPool(max_bytes)
+        self.segments = Segments()
+        self.pool = BlockPool(max_bytes, on_drop=self.segments.dropped)
         self.vision = VisionCache(model, vision_entries)
         self._lock = threading.RLock()
         self._requests = 0
@@ -132,6 +134,7 @@ class Engine:
         """Drop every cached block and image, and zero the counters."""
         with self._lock:
             self.pool.clear()
+            self.segments.compact()
             self.vision.clear()
             self._requests = self._hit_tokens = self._prompt_tokens = 0
 
@@ -149,6 +152,7 @@ class Engine:
                 return self._serve(request, rendered, prepared, keys, reuse, use_cache)
             finally:
                 self.pool.release(reuse.blocks)
+                self.segments.compact()
 
     def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
         return render(
@@ -262,21 +266,28 @@ class Engine:
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
         """Store the blocks from index ``first`` on (the partial tail too, unless a stored
-        sibling already covers it): copies of the KV after prefill."""
+        sibling already covers it): one copy of their KV rows after prefill (a segment), a
+        window on it per block."""
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
-        starts = [k.index * self.block_size for k in todo]
-        copies = self.model.kv_blocks(cache, [(s, s + len(k.tokens)) for s, k in zip(starts, todo)])
+        if not todo:
+            return
+        base = todo[0].index * self.block_size
+        end = todo[-1].index * self.block_size + len(todo[-1].tokens)
+        segment = self.model.kv_segment(cache, base, end)
+        windows = [segment.window(k.index * self.block_size - base, len(k.tokens)) for k in todo]
+        self.segments.track(windows)
         stored: list[Block] = []
         try:
-            for key, rows in zip(todo, copies):
-                nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
-                block = self.pool.insert(key, rows, nbytes)
+            for key, window in zip(todo, windows):
+                block = self.pool.insert(key, window, window.nbytes)
                 if block is None:
                     break
                 stored.append(block)
         finally:
+            adopted = {id(b.payload) for b in stored}
+            self.segments.discard([w for w in windows if id(w) not in adopted])
             self.pool.touch(stored)
             self.pool.release(stored)
 

@@ -2,8 +2,9 @@
 
 Everything model-specific lives here: the engine above only sees token ids, embedding rows,
 position ids and KV rows. Supported: the Qwen2-VL family as implemented by mlx-vlm (M-RoPE
-position ids computed once over the whole prompt by the model's own ``get_rope_index``, so a
-suffix prefilled after a cached prefix gets exactly the position ids the full prompt gets).
+position ids computed once over the whole prompt, so a suffix prefilled after a cached prefix
+gets exactly the position ids the full prompt gets: ``positions.mrope_positions`` for
+Qwen2-VL, the model's own ``get_rope_index`` otherwise).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import numpy as np
 
 from pytest_prefixcache.errors import EngineError
 
+from .kv import Segment, Window, copy_segment, restore_windows
+from .positions import mrope_positions
+
 __all__ = ["LoadedModel", "default_model_path", "load_model"]
 
 
@@ -33,6 +37,7 @@ class LoadedModel:
         config = model.config
         self.image_token_id = int(config.image_token_id)
         self.merge_size = int(config.vision_config.spatial_merge_size)
+        self.model_type = str(getattr(config, "model_type", ""))
         eos = getattr(config, "eos_token_id", None)
         self.eos_token_ids = frozenset(
             [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
@@ -73,7 +78,19 @@ class LoadedModel:
     def positions(
         self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
     ) -> tuple[mx.array, int]:
-        """M-RoPE position ids of the whole prompt, shape (3, 1, L), and the rope delta."""
+        """M-RoPE position ids of the whole prompt, shape (3, 1, L), and the rope delta
+        (Qwen2-VL: ``positions.mrope_positions``; other models: their ``get_rope_index``)."""
+        if grids and self.model_type == "qwen2_vl":
+            pos, delta = mrope_positions(
+                token_ids, grids, image_token_id=self.image_token_id, merge_size=self.merge_size
+            )
+            return mx.array(pos)[:, None, :], delta
+        return self.rope_index(token_ids, grids)
+
+    def rope_index(
+        self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
+    ) -> tuple[mx.array, int]:
+        """``positions`` by the model's own ``get_rope_index`` (mlx-vlm)."""
         ids = mx.array([list(token_ids)])
         lm = self.model.language_model
         if grids:
@@ -131,49 +148,22 @@ class LoadedModel:
         return logits
 
     @staticmethod
-    def kv_rows(cache: list[Any], start: int, end: int) -> list[tuple[mx.array, mx.array]]:
-        """Copies of the KV rows [start, end) of every layer (never views of live buffers)."""
-        return LoadedModel.kv_blocks(cache, [(start, end)])[0]
+    def kv_segment(cache: list[Any], start: int, end: int) -> Segment:
+        """Copies of the KV rows [start, end) of every layer (never views of live buffers),
+        one array per layer for keys and one for values, for the blocks to take windows on."""
+        return copy_segment(cache, start, end)
 
     @staticmethod
-    def kv_blocks(
-        cache: list[Any], bounds: Sequence[tuple[int, int]]
-    ) -> list[list[tuple[mx.array, mx.array]]]:
-        """``kv_rows`` for each (start, end) of ``bounds``, evaluated at once."""
-        blocks = [
-            [(mx.array(c.keys[:, :, s:e, :]), mx.array(c.values[:, :, s:e, :])) for c in cache]
-            for s, e in bounds
-        ]
-        mx.eval(blocks)
-        return blocks
+    def kv_rows(cache: list[Any], start: int, end: int) -> Window:
+        """A window on a copy of the KV rows [start, end) alone (one block's payload)."""
+        return copy_segment(cache, start, end).window(0, end - start)
 
-    def restore(
-        self, blocks: Sequence[list[tuple[mx.array, mx.array]]], tokens: int, capacity: int = 0
-    ) -> list[Any]:
-        """A fresh cache holding the first ``tokens`` KV rows of the given blocks' rows
-        concatenated in order, copied once into a buffer with room for ``capacity``
-        positions, so that appending the suffix and decoding write in place."""
-        cache = self.make_cache(capacity)
-        if not blocks or tokens <= 0:
-            return cache
-        lengths = [int(b[0][0].shape[2]) for b in blocks]
-        last = tokens - sum(lengths[:-1])
-        if not 0 < last <= lengths[-1]:
-            raise ValueError(f"{tokens} tokens from blocks of {lengths} rows")
+    def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
+        """A fresh cache holding the first ``tokens`` KV rows of the given blocks' windows in
+        order, copied once into a buffer with room for ``capacity`` positions, so that
+        appending the suffix and decoding write in place."""
         room = _round_up(max(capacity, tokens)) - tokens
-        for layer, c in enumerate(cache):
-            parts = []
-            for kind in (0, 1):
-                rows = [b[layer][kind] for b in blocks[:-1]]
-                rows.append(blocks[-1][layer][kind][:, :, :last, :])
-                tail = rows[-1]
-                if room:
-                    rows.append(mx.zeros((*tail.shape[:2], room, tail.shape[3]), tail.dtype))
-                parts.append(mx.concatenate(rows, axis=2))
-            c.keys, c.values = parts
-            c.offset = tokens
-        mx.eval([c.keys for c in cache], [c.values for c in cache])
-        return cache
+        return restore_windows(self.make_cache, blocks, tokens, capacity, room)
 
 
 def _round_up(n: int, step: int = 256) -> int:

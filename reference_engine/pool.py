@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,12 +70,17 @@ class PoolStats:
 
 
 class BlockPool:
-    """Blocks keyed by chained digest, evicted least recently used first under ``max_bytes``."""
+    """Blocks keyed by chained digest, evicted least recently used first under ``max_bytes``.
 
-    def __init__(self, max_bytes: int) -> None:
+    ``on_drop`` is called with the payload of every block the pool lets go of (evicted,
+    superseded or cleared), so that its owner can free what the payload shares.
+    """
+
+    def __init__(self, max_bytes: int, on_drop: Callable[[Any], None] | None = None) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.on_drop = on_drop
         self._blocks: OrderedDict[bytes, Block] = OrderedDict()
         self._children: dict[bytes, dict[bytes, None]] = {}  # parent -> child digests
         self._bytes = 0
@@ -214,6 +219,8 @@ class BlockPool:
     def _drop(self, digest: bytes) -> None:
         block = self._blocks.pop(digest)
         self._bytes -= block.nbytes
+        if self.on_drop is not None:
+            self.on_drop(block.payload)
         siblings = self._children.get(block.key.parent)
         if siblings is not None:
             siblings.pop(digest, None)
@@ -242,6 +249,10 @@ class BlockPool:
         """Drop every unreferenced block and reset the counters."""
         with self._lock:
             kept = OrderedDict((d, b) for d, b in self._blocks.items() if b.refcount > 0)
+            if self.on_drop is not None:
+                for block in self._blocks.values():
+                    if block.refcount <= 0:
+                        self.on_drop(block.payload)
             self._blocks = kept
             self._children = {}
             for digest, block in kept.items():

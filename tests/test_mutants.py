@@ -248,7 +248,9 @@ def test_history_rerendered_breaks_render_stability(model: LoadedModel) -> None:
 
 
 def _pool_bytes(engine: Engine) -> int:
-    return sum(k.nbytes + v.nbytes for b in engine.pool.blocks() for k, v in b.payload)
+    """Bytes of KV the pool's blocks keep alive (each segment once, however many windows)."""
+    segments = {id(b.payload.segment): b.payload.segment for b in engine.pool.blocks()}
+    return sum(s.nbytes for s in segments.values())
 
 
 def test_zero_byte_accounting_overruns_the_budget(model: LoadedModel) -> None:

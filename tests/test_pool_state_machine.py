@@ -5,7 +5,9 @@ resident bytes never exceed max_bytes and equal the sum over stored blocks; a bl
 never evicted; every stored digest maps to a block whose parent, tokens and extras match the
 key it was stored under; lookups return exactly the model's longest stored chain, and partial
 lookups the stored child valid for the most positions (``agreeing_prefix`` over the stored
-blocks); a superseded tail never stays resident once released.
+blocks); a superseded tail never stays resident once released; ``on_drop`` is called exactly
+once for every stored block the pool lets go of (evicted, superseded or cleared), so the
+payloads not yet dropped are exactly those of the stored blocks.
 
 The benchmark budget (at least 10,000 checked steps) is
 ``python benchmarks/pool_machine.py``.
@@ -51,10 +53,15 @@ class PoolMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pool = BlockPool(MAX_BYTES)
+        self.live: dict[bytes, int] = {}  # payloads stored and not dropped (a digest each)
+        self.pool = BlockPool(MAX_BYTES, on_drop=self._dropped)
         self.held: list[list[Block]] = []  # acquisitions not yet released
         self.refs: dict[bytes, int] = {}  # model: digest -> expected refcount
         self.keys: dict[bytes, BlockKey] = {}  # model: what each digest was stored under
+
+    def _dropped(self, payload: bytes) -> None:
+        assert self.live.get(payload, 0) == 1, "a block was dropped twice, or never stored"
+        self.live[payload] -= 1
 
     def _acquired(self, blocks: list[Block]) -> None:
         for b in blocks:
@@ -79,9 +86,12 @@ class PoolMachine(RuleBasedStateMachine):
         stored: list[Block] = []
         for key in chain(prompt, ns):
             in_use_before = {d for d, n in self.refs.items() if n > 0}
+            new = key.digest not in self.pool
             block = self.pool.insert(key, payload=key.digest, nbytes=size)
             if block is None:
                 break
+            if new:
+                self.live[key.digest] = self.live.get(key.digest, 0) + 1
             # nothing that was in use was evicted to make room
             assert in_use_before <= {b.key.digest for b in self.pool.blocks()}
             self.keys.setdefault(key.digest, key)
@@ -142,6 +152,10 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.pool.resident_bytes <= MAX_BYTES
 
     @invariant()
+    def dropped_payloads_are_exactly_the_ones_gone(self) -> None:
+        assert {d for d, n in self.live.items() if n} == {b.payload for b in self.pool.blocks()}
+
+    @invariant()
     def superseded_blocks_are_in_use(self) -> None:
         for b in self.pool.blocks():
             assert not b.superseded or b.refcount > 0
@@ -185,3 +199,28 @@ def test_negative_control_the_machine_catches_a_leaky_release() -> None:
     )
     with pytest.raises(AssertionError):
         LeakyMachine.TestCase().runTest()
+
+
+def test_negative_control_the_machine_catches_a_drop_nobody_hears_of() -> None:
+    """A pool that evicts without calling ``on_drop`` must fail the dropped-payloads invariant
+    (the reference engine would keep the evicted rows' memory alive)."""
+    import pytest
+
+    class Silent(BlockPool):
+        def _drop(self, digest: bytes) -> None:
+            on_drop, self.on_drop = self.on_drop, None
+            try:
+                super()._drop(digest)
+            finally:
+                self.on_drop = on_drop
+
+    class SilentMachine(PoolMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pool = Silent(MAX_BYTES, on_drop=self._dropped)
+
+    SilentMachine.TestCase.settings = settings(
+        max_examples=200, stateful_step_count=30, deadline=None, database=None
+    )
+    with pytest.raises(AssertionError):
+        SilentMachine.TestCase().runTest()

@@ -76,8 +76,9 @@ class _InUseEvictingPool(BlockPool):
         block = super().insert(key, payload, nbytes)
         if block is not None and block.payload is payload:
             for i, old in enumerate(self._recycled):
-                if _rows(old.payload) == _rows(payload):  # a free slot of the same size
-                    self._recycled.pop(i).payload[:] = payload  # now holds the new block
+                if old.payload.rows == payload.rows:  # a free slot of the same size
+                    slot = self._recycled.pop(i).payload  # now holds the new block's rows
+                    slot.segment, slot.offset = payload.segment, payload.offset
                     break
 
         return block
@@ -85,11 +86,6 @@ class _InUseEvictingPool(BlockPool):
     def clear(self) -> None:
         super().clear()
         self._recycled.clear()
-
-
-def _rows(payload: Any) -> int:
-    """KV rows of a stored block (its first layer's keys: batch, heads, rows, dim)."""
-    return int(payload[0][0].shape[2])
 
 
 class EvictsInUse(Engine):

@@ -13,6 +13,7 @@ import mlx.core as mx
 
 from ..blocks import BlockKey
 from ..engine import Engine
+from ..kv import Segment, Window
 from ..pool import Block, Reuse
 
 __all__ = [
@@ -72,8 +73,7 @@ class SnapshotAfterDecode(Engine):
                 # decode step.
                 end = start + len(key.tokens) + (1 if whole and key is whole[-1] else 0)
                 rows = self.model.kv_rows(cache, start, end)
-                nbytes = sum(k.nbytes + v.nbytes for k, v in rows)
-                block = self.pool.insert(key, rows, nbytes)
+                block = self.pool.insert(key, rows, rows.nbytes)
                 if block is None:
                     break
                 stored.append(block)
@@ -124,6 +124,10 @@ class _LiveRows:
         s, e = self.start, self.end
         return [(c.keys[:, :, s:e, :], c.values[:, :, s:e, :]) for c in self.cache]
 
+    def window(self) -> Window:
+        """The rows as the cache holds them NOW, as a block payload ``restore`` takes."""
+        return Segment(self.rows(), self.end - self.start).window(0, self.end - self.start)
+
 
 class AliasedLiveCache(Engine):
     """Class 9, aliasing: a stored entry is the live KV cache object, not a copy.
@@ -158,7 +162,7 @@ class AliasedLiveCache(Engine):
             for c in cache:
                 c.offset = reuse.tokens
             return cache
-        return self.model.restore([p.rows() for p in live], reuse.tokens, capacity)
+        return self.model.restore([p.window() for p in live], reuse.tokens, capacity)
 
 
 class MropeRestart(Engine):

@@ -1,0 +1,194 @@
+"""Stored KV rows: one copy per request (a segment), one window of it per block.
+
+Storing a request's new blocks copies its new KV rows ONCE per layer (a ``Segment``: for each
+layer, keys and values of rows [start, end), copied out of the live cache) and gives each
+block a ``Window`` on it (offset, rows). Copying per block instead costs MLX a slice and a copy
+per block, layer, keys and values: 744 small arrays for a 2,969-token prompt on the tiny
+fixture, about 8 ms against 0.3 ms for the 4 copies of one segment.
+
+Restoring a chain concatenates its windows grouped into runs (consecutive windows of one
+segment that follow each other), so a prefix stored by one request is one slice per layer,
+keys and values, however many blocks it has.
+
+Memory stays what the pool accounts for: a window's bytes are its rows, and a segment holds
+exactly the rows of its windows. When the pool drops a block (evicted, superseded, cleared),
+its window dies; ``Segments.compact`` then copies a segment's surviving windows into a new,
+smaller segment, so a half-evicted segment never keeps the dropped rows alive.
+
+MLX arrays are immutable: a restored cache is built from slices of segments, and its in-place
+looking updates (``keys[..., a:b, :] = x``) write new buffers, never a segment's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+__all__ = ["Segment", "Segments", "Window", "copy_segment", "restore_windows"]
+
+Rows = list[tuple[mx.array, mx.array]]
+"""Per layer, keys and values shaped (batch, kv heads, rows, head dim)."""
+
+
+@dataclass(eq=False)
+class Segment:
+    """Copies of the KV rows of every layer for a run of consecutive positions."""
+
+    layers: Rows
+    rows: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    def window(self, offset: int, rows: int) -> Window:
+        """A window on rows [offset, offset + rows) of this segment (alive until dropped)."""
+        if offset < 0 or rows <= 0 or offset + rows > self.rows:
+            raise ValueError(
+                f"window [{offset}, {offset + rows}) is outside a segment of {self.rows} rows"
+            )
+        return Window(self, offset, rows)
+
+
+@dataclass(eq=False)
+class Window:
+    """One stored block's payload: ``rows`` KV rows of ``segment`` from ``offset``."""
+
+    segment: Segment
+    offset: int
+    rows: int
+    alive: bool = True
+
+    @property
+    def nbytes(self) -> int:
+        per_row = self.segment.nbytes // max(1, self.segment.rows)
+        return per_row * self.rows
+
+    def layers(self) -> Rows:
+        """Views of this window's rows, per layer (keys, values)."""
+        a, b = self.offset, self.offset + self.rows
+        return [(k[:, :, a:b, :], v[:, :, a:b, :]) for k, v in self.segment.layers]
+
+
+def copy_segment(cache: Sequence[Any], start: int, end: int) -> Segment:
+    """A segment holding copies of the rows [start, end) of every layer of ``cache``."""
+    if not 0 <= start < end:
+        raise ValueError(f"cannot copy KV rows [{start}, {end})")
+    layers = [
+        (mx.array(c.keys[:, :, start:end, :]), mx.array(c.values[:, :, start:end, :]))
+        for c in cache
+    ]
+    mx.eval(layers)
+    return Segment(layers, end - start)
+
+
+def _runs(windows: Sequence[Window], tokens: int) -> list[tuple[Segment, int, int]]:
+    """(segment, offset, rows) runs of the first ``tokens`` rows of ``windows`` in order."""
+    lengths = [w.rows for w in windows]
+    last = tokens - sum(lengths[:-1])
+    if not 0 < last <= lengths[-1]:
+        raise ValueError(f"{tokens} tokens from blocks of {lengths} rows")
+    runs: list[tuple[Segment, int, int]] = []
+    for i, w in enumerate(windows):
+        rows = last if i == len(windows) - 1 else w.rows
+        if runs and runs[-1][0] is w.segment and runs[-1][1] + runs[-1][2] == w.offset:
+            seg, off, n = runs[-1]
+            runs[-1] = (seg, off, n + rows)
+        else:
+            runs.append((w.segment, w.offset, rows))
+    return runs
+
+
+def restore_windows(
+    make_cache: Callable[[int], list[Any]],
+    windows: Sequence[Window],
+    tokens: int,
+    capacity: int,
+    room: int,
+) -> list[Any]:
+    """A fresh cache (``make_cache(capacity)``) holding the first ``tokens`` rows of
+    ``windows`` in order, then ``room`` empty rows, so appends write in place."""
+    cache = make_cache(capacity)
+    if not windows or tokens <= 0:
+        return cache
+    runs = _runs(windows, tokens)
+    for layer, c in enumerate(cache):
+        parts = []
+        for kind in (0, 1):
+            pieces = [seg.layers[layer][kind][:, :, o : o + n, :] for seg, o, n in runs]
+            tail = pieces[-1]
+            if room:
+                pieces.append(mx.zeros((*tail.shape[:2], room, tail.shape[3]), tail.dtype))
+            parts.append(mx.concatenate(pieces, axis=2))
+        c.keys, c.values = parts
+        c.offset = tokens
+    mx.eval([c.keys for c in cache], [c.values for c in cache])
+    return cache
+
+
+class Segments:
+    """The windows of each segment the engine stored, and the segments whose windows the pool
+    dropped, compacted on demand.
+
+    Windows point at their segment, never the other way (the registry is here), so that a
+    segment is freed by reference counting as soon as nothing points at it: a cycle would
+    leave it to Python's cyclic collector, whose full passes over a process that has
+    imported mlx-vlm cost tens of milliseconds at random points of a request.
+    """
+
+    def __init__(self) -> None:
+        self._windows: dict[int, list[Window]] = {}  # id(segment) -> its windows
+        self._dirty: dict[int, Segment] = {}
+
+    def track(self, windows: Sequence[Window]) -> None:
+        """Register windows of one segment (for compaction once some of them are dropped)."""
+        if windows:
+            self._windows.setdefault(id(windows[0].segment), []).extend(windows)
+
+    def dropped(self, payload: Any) -> None:
+        """The pool dropped a block with this payload: its window is dead."""
+        if isinstance(payload, Window) and payload.alive:
+            payload.alive = False
+            self._dirty[id(payload.segment)] = payload.segment
+
+    def discard(self, windows: Sequence[Window]) -> None:
+        """Windows that never made it into the pool (not stored, or already stored)."""
+        for w in windows:
+            self.dropped(w)
+
+    def members(self, segment: Segment) -> list[Window]:
+        """The registered windows of ``segment``, dead ones included until compaction."""
+        return list(self._windows.get(id(segment), ()))
+
+    def compact(self) -> int:
+        """Copy each dirty segment's live windows into a new segment; return rows freed."""
+        freed = 0
+        dirty, self._dirty = list(self._dirty.values()), {}
+        for seg in dirty:
+            windows = self._windows.pop(id(seg), None)
+            if windows is None:  # not registered: freed with its only window
+                continue
+            live = sorted((w for w in windows if w.alive), key=lambda w: w.offset)
+            kept = sum(w.rows for w in live)
+            freed += seg.rows - kept
+            if not live:
+                continue
+            runs = _runs(live, kept)
+            layers = [
+                (
+                    mx.concatenate([k[:, :, o : o + n, :] for _, o, n in runs], axis=2),
+                    mx.concatenate([v[:, :, o : o + n, :] for _, o, n in runs], axis=2),
+                )
+                for k, v in seg.layers
+            ]
+            mx.eval(layers)
+            new = Segment(layers, kept)
+            offset = 0
+            for w in live:
+                w.segment, w.offset = new, offset
+                offset += w.rows
+            self._windows[id(new)] = live
+        return freed
