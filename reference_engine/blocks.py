@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import overload
 
 __all__ = [
     "BlockKey",
     "ImageSpan",
+    "KeyChain",
     "agreeing_prefix",
     "block_keys",
     "extra_keys",
@@ -84,23 +86,75 @@ def hash_block(parent: bytes, tokens: Sequence[int], extras: Sequence[ExtraKey])
     return h.digest()
 
 
+class KeyChain(Sequence[BlockKey]):
+    """The keys of every block of ``token_ids`` (see ``block_keys``), hashed on demand in
+    chain order: a lookup that misses at block 0 hashes one block, and the engine hashes the
+    rest while the prefill runs (``complete``)."""
+
+    def __init__(
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], *, block_size: int, root: bytes
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self._ids = tuple(map(int, token_ids))
+        self._bs = block_size
+        self._count = -(-len(self._ids) // block_size)
+        # the extra keys of each block that an image overlaps, in the order of ``spans``
+        # (what extra_keys gives, without testing every span against every block)
+        self._extras: dict[int, list[ExtraKey]] = {}
+        for img_start, img_end, digest in spans:
+            first = max(0, img_start) // block_size
+            for index in range(first, min(self._count, -(-img_end // block_size))):
+                self._extras.setdefault(index, []).append((digest, index * block_size - img_start))
+        self._keys: list[BlockKey] = []
+        self._parent = root
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _upto(self, stop: int) -> None:
+        """Hash blocks until ``stop`` keys exist."""
+        keys, bs = self._keys, self._bs
+        while len(keys) < stop:
+            index = len(keys)
+            tokens = self._ids[index * bs : (index + 1) * bs]
+            extra = tuple(self._extras.get(index, ()))
+            digest = hash_block(self._parent, tokens, extra)
+            keys.append(BlockKey(index, digest, self._parent, tokens, extra))
+            self._parent = digest
+
+    @overload
+    def __getitem__(self, i: int) -> BlockKey: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[BlockKey]: ...
+    def __getitem__(self, i: int | slice) -> BlockKey | list[BlockKey]:
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self._count)
+            self._upto(max(start, stop) if step > 0 else start + 1)
+            return self._keys[i]
+        j = i + self._count if i < 0 else i
+        if not 0 <= j < self._count:
+            raise IndexError(f"block {i} of {self._count}")
+        self._upto(j + 1)
+        return self._keys[j]
+
+    def __iter__(self) -> Iterator[BlockKey]:
+        for index in range(self._count):
+            self._upto(index + 1)
+            yield self._keys[index]
+
+    def complete(self) -> list[BlockKey]:
+        """Hash every block; return all the keys."""
+        self._upto(self._count)
+        return list(self._keys)
+
+
 def block_keys(
     token_ids: Sequence[int], spans: Sequence[ImageSpan], *, block_size: int, root: bytes
 ) -> list[BlockKey]:
     """Keys of every block of ``token_ids``, chained from ``root``: the full blocks, then the
     partial tail if the length is not a multiple of ``block_size``."""
-    if block_size <= 0:
-        raise ValueError(f"block_size must be positive, got {block_size}")
-    keys: list[BlockKey] = []
-    parent = root
-    for index in range(-(-len(token_ids) // block_size)):
-        start, end = index * block_size, min(len(token_ids), (index + 1) * block_size)
-        tokens = tuple(int(t) for t in token_ids[start:end])
-        extras = extra_keys(start, end, spans)
-        digest = hash_block(parent, tokens, extras)
-        keys.append(BlockKey(index, digest, parent, tokens, extras))
-        parent = digest
-    return keys
+    return KeyChain(token_ids, spans, block_size=block_size, root=root).complete()
 
 
 def agreeing_prefix(stored: BlockKey, wanted: BlockKey) -> int:

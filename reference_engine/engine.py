@@ -3,12 +3,13 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading positions' KV rows come from the pool:
 
-    render -> block keys -> lookup: the chain of whole blocks, then the longest valid prefix
-    of a stored child of its last block (token granularity; cap: at least one token is
-    computed) -> restore KV into a buffer sized for the whole prompt
-    -> embeddings of the suffix (vision rows only for uncached placeholders, sliced exactly)
-    -> prefill the suffix with the full prompt's position ids -> store the new blocks and the
-    prompt's partial tail (copies) -> release -> greedy decode
+    render -> block keys (hashed as the lookup needs them) -> lookup: the chain of whole
+    blocks, then the longest valid prefix of a stored child of its last block (token
+    granularity; cap: at least one token is computed) -> restore KV into a buffer sized for
+    the whole prompt -> embeddings of the suffix (vision rows only for uncached placeholders,
+    sliced exactly) -> prefill the suffix with the full prompt's position ids (the other
+    keys hashed while MLX computes) -> store the new blocks and the prompt's partial tail
+    (one copy of their rows, a window per block) -> release -> greedy decode
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from pytest_prefixcache.types import Outcome, Request
 
-from .blocks import BlockKey, block_keys, namespace_root
+from .blocks import BlockKey, KeyChain, namespace_root
 from .kv import Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import Block, BlockPool, Reuse
@@ -85,6 +86,8 @@ class Engine:
         self.pool = BlockPool(max_bytes, on_drop=self.segments.dropped)
         self.vision = VisionCache(model, vision_entries)
         self._lock = threading.RLock()
+        self._meanwhile: Callable[[], object] | None = None
+        self._at_last_chunk: Callable[[], object] | None = None
         self._requests = 0
         self._hit_tokens = 0
         self._prompt_tokens = 0
@@ -162,9 +165,11 @@ class Engine:
             placeholder_count=lambda img: prepared[img.digest].count,
         )
 
-    def keys(self, rendered: Rendered, request: Request) -> list[BlockKey]:
+    def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
+        """The prompt's block keys, hashed as the lookup needs them (the rest during the
+        prefill, see ``prefill``)."""
         root = namespace_root(self.model.fingerprint, request.namespace)
-        return block_keys(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
+        return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
         """Acquire the longest stored chain of whole blocks, then the stored child of its last
@@ -199,9 +204,11 @@ class Engine:
         embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
+        self._meanwhile = getattr(keys, "complete", None)  # a KeyChain: hash the rest
+        if use_cache:  # while MLX computes the last chunk (the rows it reads are its results)
+            self._at_last_chunk = lambda: self.store(cache, keys, start // self.block_size)
         logits = self.prefill(ids, start, embeds, cache, positions)
         if use_cache:
-            self.store(cache, keys, start // self.block_size)
             self.pool.touch(reuse.blocks)
             self._requests += 1
             self._hit_tokens += start
@@ -232,8 +239,19 @@ class Engine:
         positions: mx.array,
     ) -> mx.array:
         """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
-        ids (M-RoPE continues across the cached prefix); return the last position's logits."""
-        return self.model.forward(ids[start:], embeds, cache, positions[:, :, start:])
+        ids (M-RoPE continues across the cached prefix); return the last position's logits.
+        The keys the lookup did not need are hashed while MLX computes the first chunk, and
+        the new blocks stored (``store``) while it computes the last one."""
+        meanwhile, self._meanwhile = self._meanwhile, None
+        last, self._at_last_chunk = self._at_last_chunk, None
+        return self.model.forward(
+            ids[start:],
+            embeds,
+            cache,
+            positions[:, :, start:],
+            meanwhile=meanwhile,
+            at_last_chunk=last,
+        )
 
     def suffix_embeddings(
         self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool
@@ -267,7 +285,8 @@ class Engine:
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
         """Store the blocks from index ``first`` on (the partial tail too, unless a stored
         sibling already covers it): one copy of their KV rows after prefill (a segment), a
-        window on it per block."""
+        window on it per block. Called while MLX computes the prefill's last chunk: the copy
+        is launched on the cache as that chunk leaves it, and evaluated before returning."""
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
@@ -275,7 +294,7 @@ class Engine:
             return
         base = todo[0].index * self.block_size
         end = todo[-1].index * self.block_size + len(todo[-1].tokens)
-        segment = self.model.kv_segment(cache, base, end)
+        segment = self.model.kv_segment(cache, base, end, wait=False)
         windows = [segment.window(k.index * self.block_size - base, len(k.tokens)) for k in todo]
         self.segments.track(windows)
         stored: list[Block] = []
@@ -285,6 +304,7 @@ class Engine:
                 if block is None:
                     break
                 stored.append(block)
+            mx.eval([segment.layers])  # the copies done before anything can read them
         finally:
             adopted = {id(b.payload) for b in stored}
             self.segments.discard([w for w in windows if id(w) not in adopted])

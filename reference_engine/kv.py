@@ -73,15 +73,19 @@ class Window:
         return [(k[:, :, a:b, :], v[:, :, a:b, :]) for k, v in self.segment.layers]
 
 
-def copy_segment(cache: Sequence[Any], start: int, end: int) -> Segment:
-    """A segment holding copies of the rows [start, end) of every layer of ``cache``."""
+def copy_segment(cache: Sequence[Any], start: int, end: int, *, wait: bool = True) -> Segment:
+    """A segment holding copies of the rows [start, end) of every layer of ``cache``
+    (``wait=False``: the copies are launched, and done when ``layers`` is evaluated)."""
     if not 0 <= start < end:
         raise ValueError(f"cannot copy KV rows [{start}, {end})")
     layers = [
         (mx.array(c.keys[:, :, start:end, :]), mx.array(c.values[:, :, start:end, :]))
         for c in cache
     ]
-    mx.eval(layers)
+    if wait:
+        mx.eval(layers)
+    else:
+        mx.async_eval(layers)
     return Segment(layers, end - start)
 
 

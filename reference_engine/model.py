@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +120,8 @@ class LoadedModel:
         position_ids: mx.array,
         *,
         chunk: int = 256,
+        meanwhile: Callable[[], object] | None = None,
+        at_last_chunk: Callable[[], object] | None = None,
     ) -> mx.array:
         """Run the language model over ``embeds`` (n, hidden) for ``token_ids`` on top of
         ``cache``, ``chunk`` positions at a time; return the float32 logits of the last
@@ -127,7 +129,11 @@ class LoadedModel:
 
         Chunking bounds the attention scores held at once (n x chunk instead of n x n); on
         MLX CPU a split prefill is bit-identical to a one-shot one, and 4,096 tokens prefill
-        about 2.5x faster in chunks of 256 than in one piece.
+        about 2.5x faster in chunks of 256 than in one piece. ``meanwhile`` runs while MLX computes
+        the first chunk, ``at_last_chunk`` while it computes the last one (after
+        ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
+        builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
+        the cache then are the chunk's results).
         """
         lm = self.model.language_model
         n = len(token_ids)
@@ -140,7 +146,15 @@ class LoadedModel:
                 cache=cache,
                 position_ids=position_ids[:, :, s:e],
             )
-            mx.eval(*[c.keys for c in cache], *[c.values for c in cache])
+            state = [*[c.keys for c in cache], *[c.values for c in cache]]
+            work = [meanwhile, at_last_chunk if e == n else None]
+            meanwhile = None
+            if any(work):
+                mx.async_eval(state)
+                for fn in work:
+                    if fn is not None:
+                        fn()
+            mx.eval(state)
             logits = out.logits[0, -1].astype(mx.float32)
         if logits is None:
             raise ValueError("forward() needs at least one token")
@@ -148,10 +162,11 @@ class LoadedModel:
         return logits
 
     @staticmethod
-    def kv_segment(cache: list[Any], start: int, end: int) -> Segment:
+    def kv_segment(cache: list[Any], start: int, end: int, *, wait: bool = True) -> Segment:
         """Copies of the KV rows [start, end) of every layer (never views of live buffers),
-        one array per layer for keys and one for values, for the blocks to take windows on."""
-        return copy_segment(cache, start, end)
+        one array per layer for keys and one for values, for the blocks to take windows on
+        (``wait=False``: launched, not waited for; evaluate ``layers`` before reading)."""
+        return copy_segment(cache, start, end, wait=wait)
 
     @staticmethod
     def kv_rows(cache: list[Any], start: int, end: int) -> Window:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reference_engine.blocks import agreeing_prefix, block_keys, extra_keys, namespace_root
 from reference_engine.pool import BlockPool
@@ -137,6 +139,36 @@ def test_keys_are_stable_across_processes():
     assert out == here[-1].digest.hex()
 
 
+def test_key_encoding_is_pinned():
+    """The digest of a fixed prompt with overlapping images, as every version since the
+    format's v1 computed it: a faster ``block_keys`` must not change a key."""
+    spans = [(2, 6, "ab" * 32), (5, 13, "cd" * 32), (13, 14, "ef" * 32)]
+    ks = block_keys(list(range(3, 21)), spans, block_size=4, root=namespace_root("m", "t"))
+    assert ks[-1].digest.hex() == (
+        "59bf0383fc84fdca3afc60b77c239dde8b34262a044b687670e07cdcacb83d9b"
+    )
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(
+    n=st.integers(1, 60),
+    bs=st.integers(1, 9),
+    raw=st.lists(st.tuples(st.integers(0, 59), st.integers(1, 12)), max_size=5),
+)
+def test_block_extras_are_the_overlapping_images_in_span_order(n, bs, raw):
+    spans = []
+    cursor = 0
+    for i, (start, length) in enumerate(sorted(raw)):
+        start = max(start, cursor)
+        end = min(n, start + length)
+        if start < end:
+            spans.append((start, end, f"{i:064d}"))
+            cursor = end
+    for k in keys(list(range(n)), spans, bs=bs):
+        start = k.index * bs
+        assert k.extras == extra_keys(start, start + len(k.tokens), spans)
+
+
 def test_agreeing_prefix_counts_equal_tokens_and_clamps_at_a_different_image():
     base = keys([1, 2, 3, 4, 5, 6, 7, 8])[1]
     other = keys([1, 2, 3, 4, 5, 6, 9, 9])[1]
@@ -189,3 +221,23 @@ def test_a_tail_is_superseded_by_the_block_that_extends_it_once_released():
     # a shorter tail is covered by the stored full block: nothing to store
     assert pool.covered(keys([1, 2, 3, 4, 5])[1])
     assert not pool.covered(keys([1, 2, 3, 4, 5, 0])[1])
+
+
+def test_a_key_chain_hashes_on_demand_and_equals_block_keys(monkeypatch):
+    from reference_engine import blocks as blocks_mod
+    from reference_engine.blocks import KeyChain
+
+    tokens, spans = list(range(3, 30)), [(5, 13, "cd" * 32)]
+    want = keys(tokens, spans)
+    hashed = []
+    real = blocks_mod.hash_block
+    monkeypatch.setattr(blocks_mod, "hash_block", lambda *a: hashed.append(a[1]) or real(*a))
+    chain = KeyChain(tokens, spans, block_size=4, root=ROOT)
+    assert len(chain) == len(want) == 7 and hashed == []
+    assert chain[1] == want[1] and len(hashed) == 2  # blocks 0 and 1, nothing further
+    pool = BlockPool(1000)
+    assert pool.lookup(chain) == [] and len(hashed) == 2  # a miss at block 0
+    assert chain[-1] == want[-1] and chain[2:4] == want[2:4] and list(chain) == want
+    assert chain.complete() == want and len(hashed) == 7  # each block hashed once
+    with pytest.raises(IndexError, match="block 7 of 7"):
+        chain[7]

@@ -217,7 +217,7 @@ def _drop_image_digests(original: Callable) -> Callable:
 
 @pytest.mark.parametrize("name", IMAGE_SENSITIVE)
 def test_negative_control_key_without_image_digest_fails(engine, monkeypatch, name) -> None:
-    monkeypatch.setattr(engine_mod, "block_keys", _drop_image_digests(blocks_mod.block_keys))
+    monkeypatch.setattr(engine_mod, "KeyChain", _drop_image_digests(blocks_mod.KeyChain))
     history, final = SCENARIOS[name]
     with pytest.raises(AssertionError, match="logits differ"):
         compare(engine, history, final)
@@ -315,3 +315,27 @@ def test_concurrent_requests_equal_their_serial_cold_results(engine: Engine) -> 
         assert out.tokens == cold[i].tokens
     assert sum(1 for o in results.values() if o.cached_tokens) >= len(requests) - 2
     assert all(b.refcount == 0 for b in engine.pool.blocks())
+
+
+def test_keys_beyond_the_lookup_are_hashed_while_the_prefill_runs(engine, monkeypatch) -> None:
+    """A miss at block 0 hashes one block before the prefill; the rest are hashed inside
+    the first chunk's computation (``forward``'s ``meanwhile``), before store needs them."""
+    hashed: list[str] = []
+    real_hash, real_forward = blocks_mod.hash_block, engine.model.forward
+
+    def forward(*args, meanwhile=None, **kwargs):
+        hashed.append(f"forward with {len(hashed)} hashed")
+        try:
+            return real_forward(*args, meanwhile=meanwhile, **kwargs)
+        finally:
+            hashed.append("returned")
+
+    monkeypatch.setattr(blocks_mod, "hash_block", lambda *a: hashed.append("h") or real_hash(*a))
+    monkeypatch.setattr(engine.model, "forward", forward)
+    engine.reset()
+    out = engine.run(req(SYSTEM, user("Describe this.", img(3))))
+    first = hashed.index(next(h for h in hashed if h.startswith("forward")))
+    assert hashed[first] == "forward with 1 hashed"
+    blocks = -(-out.prompt_tokens // BS)
+    assert hashed[: hashed.index("returned")].count("h") == blocks  # all, within the prefill
+    assert hashed.count("h") == blocks and engine.stats.stored_blocks == blocks
