@@ -32,6 +32,7 @@ from .kv import Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import Block, BlockPool, Reuse
 from .render import Rendered, render
+from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache, slice_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
@@ -85,6 +86,7 @@ class Engine:
         self.segments = Segments()
         self.pool = BlockPool(max_bytes, on_drop=self.segments.dropped)
         self.vision = VisionCache(model, vision_entries)
+        self.tokens = PieceTokenizer.for_tokenizer(model.tokenizer)
         self._lock = threading.RLock()
         self._meanwhile: Callable[[], object] | None = None
         self._at_last_chunk: Callable[[], object] | None = None
@@ -139,6 +141,8 @@ class Engine:
             self.pool.clear()
             self.segments.compact()
             self.vision.clear()
+            if self.tokens is not None:
+                self.tokens.clear()
             self._requests = self._hit_tokens = self._prompt_tokens = 0
 
     # -- the request path -------------------------------------------------------------------
@@ -148,7 +152,7 @@ class Engine:
             prepared = {
                 img.digest: self.vision.prepare(img, use_cache=use_cache) for img in request.images
             }
-            rendered = self.render(request, prepared)
+            rendered = self.render(request, prepared, use_cache=use_cache)
             keys = self.keys(rendered, request) if use_cache else []
             reuse = self.lookup(keys, len(rendered.token_ids)) if use_cache else Reuse()
             try:
@@ -157,12 +161,16 @@ class Engine:
                 self.pool.release(reuse.blocks)
                 self.segments.compact()
 
-    def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
+    def render(
+        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+    ) -> Rendered:
+        """Token ids and image spans; cached runs tokenise piece by piece (``tokens.py``)."""
         return render(
             request,
             processor=self.model.processor,
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
+            encode=self.tokens.encode if use_cache and self.tokens is not None else None,
         )
 
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
@@ -205,10 +213,16 @@ class Engine:
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
         self._meanwhile = getattr(keys, "complete", None)  # a KeyChain: hash the rest
-        if use_cache:  # while MLX computes the last chunk (the rows it reads are its results)
-            self._at_last_chunk = lambda: self.store(cache, keys, start // self.block_size)
+        stored: list[bool] = []  # store while MLX computes the last chunk (it reads its results)
+        self._at_last_chunk = None
+        if use_cache:
+            self._at_last_chunk = lambda: (
+                stored.append(True) or self.store(cache, keys, start // self.block_size)
+            )
         logits = self.prefill(ids, start, embeds, cache, positions)
         if use_cache:
+            if not stored:  # a prefill that never reached the model's forward
+                self.store(cache, keys, start // self.block_size)
             self.pool.touch(reuse.blocks)
             self._requests += 1
             self._hit_tokens += start

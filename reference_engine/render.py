@@ -88,9 +88,11 @@ def render(
     image_token_id: int,
     placeholder_count: Callable[[Image], int],
     normalize: bool = True,
+    encode: Callable[[str], Sequence[int]] | None = None,
 ) -> Rendered:
     """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image;
-    ``normalize`` removes volatile header lines from system prompts."""
+    ``normalize`` removes volatile header lines from system prompts; ``encode`` tokenises the
+    text (default: the tokenizer, on the whole text)."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pad = tokenizer.convert_ids_to_tokens(image_token_id)
     add_generation_prompt = request.messages[-1].role != "assistant"
@@ -111,9 +113,9 @@ def render(
     for image, piece in zip(images, pieces[1:]):
         expanded.append(pad * placeholder_count(image))
         expanded.append(piece)
-    token_ids = tuple(
-        int(t) for t in tokenizer("".join(expanded), add_special_tokens=False)["input_ids"]
-    )
+    if encode is None:
+        encode = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
+    token_ids = tuple(int(t) for t in encode("".join(expanded)))
     runs = find_spans(token_ids, image_token_id)
     if len(runs) != len(images):
         raise EngineError(

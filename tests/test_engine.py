@@ -339,3 +339,19 @@ def test_keys_beyond_the_lookup_are_hashed_while_the_prefill_runs(engine, monkey
     blocks = -(-out.prompt_tokens // BS)
     assert hashed[: hashed.index("returned")].count("h") == blocks  # all, within the prefill
     assert hashed.count("h") == blocks and engine.stats.stored_blocks == blocks
+
+
+def test_a_prefill_override_without_the_hooks_still_stores(monkeypatch) -> None:
+    """A subclass whose prefill calls the model's forward without ``at_last_chunk`` (as a
+    user's engine might) still stores its blocks after the prefill, and the next request hits."""
+
+    class PlainPrefill(Engine):
+        def prefill(self, ids, start, embeds, cache, positions):  # type: ignore[override]
+            self._meanwhile = self._at_last_chunk = None
+            return self.model.forward(ids[start:], embeds, cache, positions[:, :, start:])
+
+    engine = PlainPrefill.from_pretrained(default_model_path(), block_size=BS)
+    first = req(SYSTEM, user("Describe this.", img(5)))
+    second = req(SYSTEM, user("Describe this.", img(5)), assistant("ok"), user("More?"))
+    warm = compare(engine, [first], second)
+    assert warm.cached_tokens and warm.cached_tokens > BS

@@ -29,7 +29,9 @@ class VolatileHeaderKept(Engine):
     stripping the header, b9f2a5f) and jundot/omlx #2255.
     """
 
-    def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
+    def render(
+        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+    ) -> Rendered:
         return render(
             request,
             processor=self.model.processor,
@@ -65,6 +67,8 @@ class HistoryRerendered(Engine):
     jundot/omlx #637 (fixed in 53a20e9) and the Qwen3.5 think-stripping chat template.
     """
 
-    def render(self, request: Request, prepared: dict[str, Prepared]) -> Rendered:
+    def render(
+        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+    ) -> Rendered:
         # BUG: the history is rendered differently depending on how many turns follow it.
-        return super().render(_mark_latest_reply(request), prepared)
+        return super().render(_mark_latest_reply(request), prepared, use_cache=use_cache)
