@@ -8,7 +8,9 @@ Feeds the workloads of ``workloads.py`` to the reference engine (cold run, limit
 request, as ``side_by_side.py`` does) and, over the warm runs that reused something, sums the
 seconds spent in each step of ``Engine`` (render and image preparation, keys, lookup, restore,
 input embeddings, position ids, prefill, store, decode; MLX evaluates lazily, so a step's
-pending work can land in the next one that evaluates: the embeddings in prefill) against the
+pending work can land in the next one that evaluates: the embeddings in prefill; store runs
+inside prefill, while MLX computes the last chunk, and its time includes waiting for that
+chunk: it is counted for store, not for prefill) against the
 limit (``limits.py``). ``--prefill-pair N`` replaces the workloads by N repeats of
 ``prefill.py``'s pair (a 5,651-token conversation, then the same with its last image changed).
 Writes ``results/warm_steps_<size>[_prefill].json`` and, with ``--pyinstrument``,
@@ -40,8 +42,11 @@ STEPS = ("render", "keys", "lookup", "restore", "suffix_embeddings", "prefill", 
 
 def instrument(engine: Any, seconds: dict[str, float]) -> Callable[[bool], None]:
     """Wrap the engine's steps (and position ids, image preparation) to add their wall time
-    to ``seconds`` while recording is on; returns the switch."""
+    to ``seconds`` while recording is on; returns the switch. A step called inside another
+    (store runs inside prefill, while MLX computes the last chunk) counts for itself only:
+    the enclosing step's time excludes it."""
     on = [False]
+    nested: list[float] = []  # per open step: seconds spent in steps called inside it
 
     def wrap(owner: Any, name: str, label: str) -> None:
         fn = getattr(owner, name)
@@ -50,10 +55,15 @@ def instrument(engine: Any, seconds: dict[str, float]) -> Callable[[bool], None]
             if not on[0]:
                 return fn(*args, **kwargs)
             t0 = time.perf_counter()
+            nested.append(0.0)
             try:
                 return fn(*args, **kwargs)
             finally:
-                seconds[label] += time.perf_counter() - t0
+                elapsed = time.perf_counter() - t0
+                inner = nested.pop()
+                seconds[label] += elapsed - inner
+                if nested:
+                    nested[-1] += elapsed
 
         setattr(owner, name, timed)
 

@@ -7,7 +7,7 @@ used so far plus one. The rope delta (largest index + 1 - prompt length) shifts 
 positions.
 
 mlx-vlm's ``get_rope_index`` computes the same ids with Python lists over the whole prompt
-(5 ms for a 5,651-token prompt with 4 images on the test machine); this takes about 0.1 ms.
+(3-9 ms for a 5,651-token prompt with 4 images on the test machine); this takes 0.2-0.4 ms.
 ``tests/test_positions.py`` checks that both agree on generated prompts, the bit-exactness
 tests that a warm run still equals a cold one.
 """

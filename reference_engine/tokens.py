@@ -20,27 +20,32 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["PieceTokenizer"]
+__all__ = ["MAX_CHARS", "PieceTokenizer"]
+
+
+#: Characters of remembered pieces, at most (with their ids, about 1 MiB): a long conversation.
+MAX_CHARS = 1 << 18
 
 
 class PieceTokenizer:
-    """Token ids of texts, by pieces between added tokens, the last ``max_entries`` pieces
-    remembered."""
+    """Token ids of texts, by pieces between added tokens; the most recently used pieces are
+    remembered, ``max_chars`` characters of them at most."""
 
-    def __init__(self, tokenizer: Any, added: dict[str, int], max_entries: int = 4096) -> None:
-        if max_entries <= 0:
-            raise ValueError(f"max_entries must be positive, got {max_entries}")
+    def __init__(self, tokenizer: Any, added: dict[str, int], max_chars: int = MAX_CHARS) -> None:
+        if max_chars <= 0:
+            raise ValueError(f"max_chars must be positive, got {max_chars}")
         self._tokenizer = tokenizer
         self._added = added
         alternatives = sorted(added, key=len, reverse=True)  # longest first, as HF matches
         self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
         self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._max = max_entries
+        self._max = max_chars
+        self._chars = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any, max_entries: int = 4096) -> PieceTokenizer | None:
+    def for_tokenizer(cls, tokenizer: Any, max_chars: int = MAX_CHARS) -> PieceTokenizer | None:
         """A piece tokenizer for ``tokenizer``, or None when cutting at its added tokens
         would not give the ids the whole text gets (see the module)."""
         decoder = getattr(tokenizer, "added_tokens_decoder", None)
@@ -52,7 +57,7 @@ class PieceTokenizer:
             if any(flags) or getattr(token, "normalized", True):
                 return None
             added[str(token.content)] = int(token_id)
-        pieces = cls(tokenizer, added, max_entries)
+        pieces = cls(tokenizer, added, max_chars)
         if not pieces.agrees(_probe(list(added))):
             return None
         pieces.clear()
@@ -86,15 +91,18 @@ class PieceTokenizer:
         ids = tuple(int(t) for t in self._tokenizer(piece, add_special_tokens=False)["input_ids"])
         with self._lock:
             self.misses += 1
-            self._pieces[piece] = ids
-            while len(self._pieces) > self._max:
-                self._pieces.popitem(last=False)
+            if len(piece) <= self._max and piece not in self._pieces:
+                self._pieces[piece] = ids
+                self._chars += len(piece)
+                while self._chars > self._max:
+                    self._chars -= len(self._pieces.popitem(last=False)[0])
         return ids
 
     def clear(self) -> None:
         """Forget every piece and zero the counters."""
         with self._lock:
             self._pieces.clear()
+            self._chars = 0
             self.hits = self.misses = 0
 
 

@@ -30,7 +30,7 @@ WORDS = st.sampled_from(
 
 @pytest.fixture(scope="module")
 def pieces(model: Any) -> PieceTokenizer:
-    found = PieceTokenizer.for_tokenizer(model.tokenizer, max_entries=64)
+    found = PieceTokenizer.for_tokenizer(model.tokenizer, max_chars=400)
     assert found is not None
     return found
 
@@ -87,10 +87,12 @@ def test_negative_control_a_cut_that_is_not_exact_is_refused(model: Any) -> None
     assert PieceTokenizer(model.tokenizer, added).agrees(text)
 
 
-def test_the_memory_is_bounded(model: Any) -> None:
-    pieces = PieceTokenizer(model.tokenizer, {"<|im_end|>": 1}, max_entries=3)
+def test_the_memory_is_bounded_by_characters(model: Any) -> None:
+    pieces = PieceTokenizer(model.tokenizer, {"<|im_end|>": 1}, max_chars=24)
     for i in range(10):
-        pieces.encode(f"piece {i}<|im_end|>")
-    assert len(pieces._pieces) == 3
-    with pytest.raises(ValueError, match="max_entries must be positive, got 0"):
-        PieceTokenizer(model.tokenizer, {}, max_entries=0)
+        pieces.encode(f"piece {i}<|im_end|>")  # 7 characters a piece
+    assert list(pieces._pieces) == ["piece 7", "piece 8", "piece 9"]
+    assert pieces.encode("x" * 25) == pieces.encode("x" * 25)  # too long to keep: not kept
+    assert "x" * 25 not in pieces._pieces and pieces._chars == 21
+    with pytest.raises(ValueError, match="max_chars must be positive, got 0"):
+        PieceTokenizer(model.tokenizer, {}, max_chars=0)
