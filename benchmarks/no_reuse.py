@@ -84,12 +84,39 @@ def measure(engine: Any, request: Any, pairs: int) -> dict[str, Any]:
     }
 
 
+def markdown(paths: list[Path]) -> str:
+    """The README's table of the figures in ``paths`` (files this script wrote)."""
+    lines = [
+        "| size | engine | workload | prompt tokens | uncached | cached | cached / uncached "
+        "| cached - uncached, paired: median (quartiles) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for path in paths:
+        figures = json.loads(path.read_text())
+        engine = figures.get("engine_commit", "current")
+        for name, row in figures["requests"].items():
+            q1, q2, q3 = (x * 1e3 for x in row["paired_diff_quartiles_s"])
+            lines.append(
+                f"| {figures['size']} | {engine} | {name} | {row['prompt_tokens']:,} "
+                f"| {row['cold_s'] * 1e3:,.1f} ms | {row['cached_s'] * 1e3:,.1f} ms "
+                f"| {row['cached_over_cold']:.3f} | {q2:+.2f} ms ({q1:+.2f}, {q3:+.2f}) |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--markdown", type=Path, nargs="+", help="Print these results' table and exit")
     ap.add_argument("--size", choices=["tiny", "large"], default="tiny")
     ap.add_argument("--pairs", type=int, default=30, help="Runs of each kind (default 30)")
     ap.add_argument("--json", type=Path, help="Write the figures to this JSON file")
     args = ap.parse_args(argv)
+    if args.markdown:
+        missing = [str(p) for p in args.markdown if not p.is_file()]
+        if missing:
+            ap.error(f"--markdown: no such file: {', '.join(missing)}")
+        print(markdown(args.markdown))
+        return 0
     if args.pairs < 2:
         ap.error(f"--pairs must be at least 2, got {args.pairs}")
     import mlx.core as mx

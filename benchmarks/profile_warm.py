@@ -13,8 +13,9 @@ inside prefill, while MLX computes the last chunk, and its time includes waiting
 chunk: it is counted for store, not for prefill) against the
 limit (``limits.py``). ``--prefill-pair N`` replaces the workloads by N repeats of
 ``prefill.py``'s pair (a 5,651-token conversation, then the same with its last image changed).
-Writes ``results/warm_steps_<size>[_prefill].json`` and, with ``--pyinstrument``,
-``results/warm_profile_<size>[_prefill].txt`` (the warm runs only; the sampler slows the warm
+Writes ``results/warm_steps_<tag>.json``, the tag being the size, ``_prefill`` and each
+``_<workload>`` asked for; with ``--pyinstrument``, ``warm_steps_<tag>_pyinstrument.json`` and
+the profile of the warm runs, ``results/warm_profile_<tag>.txt`` (the sampler slows the warm
 runs a little, so the step times and warm / limit of such a run are not the benchmark's).
 """
 
@@ -147,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'other':>18}: {out['other_s']:8.3f} s")
     args.out.mkdir(parents=True, exist_ok=True)
     tag = args.size + ("_prefill" if args.prefill_pair else "")
-    path = args.out / f"warm_steps_{tag}.json"
+    tag += "".join(f"_{name}" for name in args.workload or ())
+    # pyinstrument slows the runs a little: its step times are kept apart from a plain run's
+    path = args.out / f"warm_steps_{tag}{'_pyinstrument' if profiler else ''}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
     if profiler is not None:

@@ -84,3 +84,20 @@ def test_runner_on_two_tiny_requests(model: Any) -> None:
     s = sbs.summary(rows)
     assert s["vs_oracle"] == 1.0
     assert {"warm_over_suffix", "warm_over_limit", "warm_slower_than_cold"} <= set(s)
+
+
+def test_no_reuse_markdown_reads_the_committed_results(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import no_reuse
+
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    paths = [str(results / f"no_reuse_{tag}.json") for tag in ("tiny", "tiny_before")]
+    assert no_reuse.main(["--markdown", *paths]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert len(table) == 2 + 2 * 4  # header, rule, four workloads per file
+    assert table[2].startswith("| tiny | current | agentic_loop | 2,969 |")
+    assert table[6].startswith("| tiny | b9df58e (before) | agentic_loop |")
+    with pytest.raises(SystemExit):
+        no_reuse.main(["--markdown", str(tmp_path / "missing.json")])
+    assert "no such file: " + str(tmp_path / "missing.json") in capsys.readouterr().err
