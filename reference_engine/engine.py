@@ -33,7 +33,7 @@ from .model import LoadedModel, default_model_path, load_model
 from .pool import Block, BlockPool, Reuse
 from .render import Rendered, render
 from .tokens import PieceTokenizer
-from .vision import Prepared, VisionCache, slice_rows
+from .vision import Prepared, VisionCache, merge_rows, slice_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
 
@@ -272,29 +272,22 @@ class Engine:
     ) -> tuple[mx.array, list[tuple[int, int]]]:
         """Input embeddings of positions [start, L): token embeddings with the rows of every
         image placeholder still to compute merged in; returns them and (slots, rows) per merge."""
-        ids = rendered.token_ids
-        text = self.model.embed(ids[start:])
-        pieces: list[mx.array] = []
+        placed: list[tuple[int, int, mx.array]] = []
         merges: list[tuple[int, int]] = []
-        cursor = start
         for (span_start, span_end, _digest), image in zip(rendered.spans, rendered.images):
             if span_end <= start:
                 continue
-            entry = prepared[image.digest]
-            all_rows = self.vision.rows(image, entry, use_cache=use_cache)
+            all_rows = self.vision.rows(image, prepared[image.digest], use_cache=use_cache)
             rows = slice_rows(all_rows, span_start, span_end, start)
             first = max(span_start, start)
-            slots = span_end - first
-            merges.append((slots, int(rows.shape[0])))
-            if slots != rows.shape[0]:
+            merges.append((span_end - first, int(rows.shape[0])))
+            if span_end - first != rows.shape[0]:
                 raise RuntimeError(
-                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
+                    f"{span_end - first} placeholder slots at [{first}, {span_end}) "
+                    f"but {rows.shape[0]} rows"
                 )
-            pieces.append(text[cursor - start : first - start])
-            pieces.append(rows.astype(text.dtype))
-            cursor = span_end
-        pieces.append(text[cursor - start :])
-        return mx.concatenate(pieces, axis=0), merges
+            placed.append((first, span_end, rows))
+        return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
         """Store the blocks from index ``first`` on (the partial tail too, unless a stored
@@ -329,14 +322,4 @@ class Engine:
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
     ) -> tuple[tuple[int, ...], list[np.ndarray]]:
         """Greedy continuation; returns the tokens and the logits before each of them."""
-        steps = [np.array(logits)]
-        tokens: list[int] = []
-        for i in range(max_new):
-            token = int(np.argmax(steps[-1]))
-            tokens.append(token)
-            if token in self.model.eos_token_ids or i == max_new - 1:
-                break
-            pos = mx.full((3, 1, 1), prompt_len + i + delta, dtype=mx.int32)
-            logits = self.model.forward([token], self.model.embed([token]), cache, pos)
-            steps.append(np.array(logits))
-        return tuple(tokens), steps
+        return self.model.greedy(logits, cache, prompt_len, delta, max_new)

@@ -180,6 +180,23 @@ class LoadedModel:
         room = _round_up(max(capacity, tokens)) - tokens
         return restore_windows(self.make_cache, blocks, tokens, capacity, room)
 
+    def greedy(
+        self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
+    ) -> tuple[tuple[int, ...], list[np.ndarray]]:
+        """Greedy continuation of a prompt of ``prompt_len`` tokens prefilled into ``cache``
+        (``delta``: its rope delta), up to ``max_new`` tokens or an end-of-sequence token;
+        returns the tokens and the logits before each of them."""
+        steps = [np.array(logits)]
+        tokens: list[int] = []
+        for i in range(max_new):
+            token = int(np.argmax(steps[-1]))
+            tokens.append(token)
+            if token in self.eos_token_ids or i == max_new - 1:
+                break
+            pos = mx.full((3, 1, 1), prompt_len + i + delta, dtype=mx.int32)
+            steps.append(np.array(self.forward([token], self.embed([token]), cache, pos)))
+        return tuple(tokens), steps
+
 
 def _round_up(n: int, step: int = 256) -> int:
     return max(step, -(-n // step) * step)

@@ -3,7 +3,8 @@
 An image's rows depend only on its pixels, so they are cached by digest and computed at most
 once while cached, and only for images that still have uncached placeholders. ``slice_rows``
 is the one place where a partly cached image is cut: it returns exactly the rows of the
-placeholders that are still to be computed.
+placeholders that are still to be computed; ``merge_rows`` puts rows in place of their
+placeholders' token embeddings.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import mlx.core as mx
 
 from pytest_prefixcache.types import Image
 
-__all__ = ["Prepared", "VisionCache", "slice_rows"]
+__all__ = ["Prepared", "VisionCache", "merge_rows", "slice_rows"]
 
 
 @dataclass
@@ -96,3 +97,17 @@ def slice_rows(rows: mx.array, span_start: int, span_end: int, start: int) -> mx
     """The rows of the placeholders of [span_start, span_end) at positions >= ``start``."""
     first = max(0, start - span_start)
     return rows[first : span_end - span_start]
+
+
+def merge_rows(text: mx.array, start: int, placed: list[tuple[int, int, mx.array]]) -> mx.array:
+    """Input embeddings of positions [start, L): ``text``, the token embeddings of those
+    positions, with the rows of each ``(first, end, rows)`` of ``placed`` (in position order)
+    in place of positions [first, end)."""
+    pieces: list[mx.array] = []
+    cursor = start
+    for first, end, rows in placed:
+        pieces.append(text[cursor - start : first - start])
+        pieces.append(rows.astype(text.dtype))
+        cursor = end
+    pieces.append(text[cursor - start :])
+    return mx.concatenate(pieces, axis=0)

@@ -14,7 +14,7 @@ import mlx.core as mx
 
 from ..engine import Engine
 from ..render import Rendered
-from ..vision import Prepared
+from ..vision import Prepared, merge_rows
 
 __all__ = ["PartialImageCrash", "PartialImageMerge"]
 
@@ -36,17 +36,13 @@ class PartialImageMerge(Engine):
     def suffix_embeddings(
         self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool
     ) -> tuple[mx.array, list[tuple[int, int]]]:
-        ids = rendered.token_ids
-        text = self.model.embed(ids[start:])
-        pieces: list[mx.array] = []
+        placed: list[tuple[int, int, mx.array]] = []
         merges: list[tuple[int, int]] = []
-        cursor = start
         for (span_start, span_end, _digest), image in zip(rendered.spans, rendered.images):
             if span_end <= start:
                 continue
-            entry = prepared[image.digest]
             # BUG: all rows of the image, even when its first placeholders are cached.
-            rows = self.vision.rows(image, entry, use_cache=use_cache)
+            rows = self.vision.rows(image, prepared[image.digest], use_cache=use_cache)
             first = max(span_start, start)
             slots = span_end - first
             merges.append((slots, int(rows.shape[0])))
@@ -55,11 +51,8 @@ class PartialImageMerge(Engine):
                     f"shape mismatch: [{rows.shape[0]}, {rows.shape[1]}] rows for "
                     f"[{slots}, {rows.shape[1]}] placeholder slots"
                 )
-            pieces.append(text[cursor - start : first - start])
-            pieces.append(rows[:slots].astype(text.dtype))  # masked scatter: first rows win
-            cursor = span_end
-        pieces.append(text[cursor - start :])
-        return mx.concatenate(pieces, axis=0), merges
+            placed.append((first, span_end, rows[:slots]))  # masked scatter: first rows win
+        return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
 
 
 class PartialImageCrash(PartialImageMerge):
