@@ -107,6 +107,7 @@ class PieceTokenizer:
 
 
 def _probe(added: list[str]) -> str:
-    """Text with added tokens next to spaces, newlines, words and each other."""
+    """Text with added tokens next to spaces, newlines, words and each other (a tokenizer
+    that adds a prefix space to a text's first word fails it at "{a}u")."""
     a, b = added[0], added[-1]
-    return f"x {a}\n y{b} z \n\n{a}{b}{a} w {b}\n\n  v{a}"
+    return f"x {a}\n y{b} z \n\n{a}{b}{a} w {b}\n\n  v{a}u{b}"

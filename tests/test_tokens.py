@@ -77,6 +77,21 @@ def test_a_tokenizer_whose_added_tokens_strip_whitespace_gets_none(model: Any) -
     assert PieceTokenizer.for_tokenizer(object()) is None  # no added tokens at all
 
 
+def test_a_tokenizer_that_adds_a_prefix_space_to_a_first_word_gets_none(model: Any) -> None:
+    """As sentencepiece tokenizers do: a piece starting with a word would get a space the
+    whole text has not got there."""
+
+    class PrefixSpace:
+        added_tokens_decoder = model.tokenizer.added_tokens_decoder
+
+        def __call__(self, text: str, **kwargs: Any) -> Any:
+            return model.tokenizer(" " + text if text[:1].isalnum() else text, **kwargs)
+
+    assert PieceTokenizer.for_tokenizer(PrefixSpace()) is None
+    added = {t.content: i for i, t in model.tokenizer.added_tokens_decoder.items()}
+    assert PieceTokenizer(PrefixSpace(), added).agrees("x\n y")  # no word after a cut: agrees
+
+
 def test_negative_control_a_cut_that_is_not_exact_is_refused(model: Any) -> None:
     """Cutting also at a plain word (which BPE merges with its neighbours) changes the ids:
     ``agrees`` sees it, so such a tokenizer would get None."""
