@@ -280,11 +280,11 @@ class Engine:
             all_rows = self.vision.rows(image, prepared[image.digest], use_cache=use_cache)
             rows = slice_rows(all_rows, span_start, span_end, start)
             first = max(span_start, start)
-            merges.append((span_end - first, int(rows.shape[0])))
-            if span_end - first != rows.shape[0]:
+            slots = span_end - first
+            merges.append((slots, int(rows.shape[0])))
+            if slots != rows.shape[0]:
                 raise RuntimeError(
-                    f"{span_end - first} placeholder slots at [{first}, {span_end}) "
-                    f"but {rows.shape[0]} rows"
+                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
                 )
             placed.append((first, span_end, rows))
         return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
