@@ -7,7 +7,8 @@ used so far plus one. The rope delta (largest index + 1 - prompt length) shifts 
 positions.
 
 mlx-vlm's ``get_rope_index`` computes the same ids with Python lists over the whole prompt
-(3-9 ms for a 5,651-token prompt with 4 images on the test machine); this takes 0.2-0.4 ms.
+(5 ms per warm run of ``benchmarks/prefill.py``'s 5,651-token prompt with 4 images on the
+test machine); this takes 0.6 ms (``benchmarks/profile_warm.py --prefill-pair 5``).
 ``tests/test_positions.py`` checks that both agree on generated prompts, the bit-exactness
 tests that a warm run still equals a cold one.
 """
