@@ -40,7 +40,7 @@ from limits import limit
 from workloads import Workload, photo, workloads
 
 from pytest_prefixcache import Message, Request
-from pytest_prefixcache.oracle import ReuseOracle
+from pytest_prefixcache.checks.oracle import ReuseOracle
 
 MODELS = {
     "tiny": "tiny fixture (hidden 64, 2 layers)",

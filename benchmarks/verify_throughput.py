@@ -47,7 +47,7 @@ def profiled(args: list[str], out: Path) -> int:
     import pytest
     from pyinstrument import Profiler
 
-    from pytest_prefixcache import runner
+    from pytest_prefixcache.verify import worker as runner
 
     def inline(self: runner.EngineWorker, fn: Any, *, timeout: float, what: str) -> Any:
         start = time.perf_counter()

@@ -7,7 +7,8 @@ Strategies live in :mod:`pytest_prefixcache.strategies`, the state machine in
 
 from __future__ import annotations
 
-from .compare import Tolerance
+from .checks.equivalence import Tolerance
+from .checks.oracle import ReuseOracle
 from .errors import (
     EfficiencyFailure,
     EngineError,
@@ -26,10 +27,9 @@ from .errors import (
     VerificationFailure,
 )
 from .images import ImageFactory, make_image, reencode
-from .oracle import ReuseOracle
-from .replay import load_stream, save_stream
+from .output.streams import load_stream, save_stream
 from .types import Engine, Image, Message, Outcome, Request
-from .verify import Step, Verifier, VerifyOptions
+from .verify.verifier import Step, Verifier, VerifyOptions
 
 __version__ = "0.1.0"
 

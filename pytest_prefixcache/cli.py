@@ -17,8 +17,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from . import settings as opt
-from .report import Report
+from .output.report import Report
+from .session import settings as opt
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
 

@@ -15,14 +15,14 @@ from typing import cast
 
 import pytest
 
-from . import distributed as xd
-from . import settings as opt
-from .database import DatabaseError, example_database
 from .errors import VerificationFailure
-from .progress import Progress
-from .replay import save_stream
-from .report import MAX_MESSAGE, FailureRecord, Report
-from .state import (
+from .output.report import MAX_MESSAGE, FailureRecord, Report
+from .output.streams import save_stream
+from .session import settings as opt
+from .session import xdist as xd
+from .session.database import DatabaseError, example_database
+from .session.progress import Progress
+from .session.stash import (
     DATABASE_KEY,
     PROGRESS_KEY,
     REPORT_KEY,
@@ -35,7 +35,7 @@ from .state import (
 from .suite import ISOLATION_FILE, SUITE_FILE
 from .types import Request
 
-pytest_plugins = ["pytest_prefixcache.options", "pytest_prefixcache.fixtures"]
+pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
 SERVER_ENGINE = "pytest_prefixcache.adapters.presets:from_env"
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
@@ -159,7 +159,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
 
 
 def _tolerance(s: opt.Settings) -> str:
-    from .compare import Tolerance
+    from .checks.equivalence import Tolerance
 
     return Tolerance(s.atol, s.rtol, s.kl).describe()
 

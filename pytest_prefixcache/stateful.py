@@ -22,10 +22,10 @@ from hypothesis.stateful import (
     rule,
 )
 
-from .generate import StreamSpec, apply_move
+from ._moves import StreamSpec, apply_move
 from .strategies import image_pools
 from .types import Image, Request
-from .verify import Verifier
+from .verify.verifier import Verifier
 
 __all__ = ["PrefixCacheMachine", "machine_for"]
 

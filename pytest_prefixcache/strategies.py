@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from .generate import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
+from ._moves import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
 from .images import PATTERNS, make_image
 from .types import Image, Message, Request
 

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
-from .decode import decode_source, pil_to_rgb
 from .errors import ImageError, RequestError
+from .image_io import decode_source, pil_to_rgb
 
 if TYPE_CHECKING:
     from PIL import Image as PILImage

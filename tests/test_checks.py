@@ -6,12 +6,17 @@ import numpy as np
 import pytest
 
 from pytest_prefixcache import Message, Outcome, Request
-from pytest_prefixcache.checks import fault_problems, merge_problems, pair_problems, reuse_problems
-from pytest_prefixcache.compare import Tolerance, compare
+from pytest_prefixcache.checks.equivalence import Tolerance, compare
+from pytest_prefixcache.checks.oracle import Match
+from pytest_prefixcache.checks.problem import Problem
+from pytest_prefixcache.checks.protocol import (
+    fault_problems,
+    merge_problems,
+    pair_problems,
+    reuse_problems,
+)
 from pytest_prefixcache.images import make_image
-from pytest_prefixcache.messages import Context, describe_request, format_failure
-from pytest_prefixcache.oracle import Match
-from pytest_prefixcache.problems import Problem
+from pytest_prefixcache.verify.messages import Context, describe_request, format_failure
 
 REQ = Request((Message("user", ("hi",)),), max_new_tokens=2)
 
@@ -176,7 +181,7 @@ def test_message_names_everything_a_bug_report_needs() -> None:
 
 
 def test_positive_control() -> None:
-    from pytest_prefixcache.checks import control_problems
+    from pytest_prefixcache.checks.protocol import control_problems
 
     prev = Request((Message("user", ("x" * 10,)),))
     grown = Request((*prev.messages, Message("assistant", ("ok",)), Message("user", ("more",))))
@@ -195,7 +200,7 @@ def test_positive_control() -> None:
 
 
 def test_scenario_expectations() -> None:
-    from pytest_prefixcache.scenarios import expectation_problems
+    from pytest_prefixcache.checks.render import expectation_problems
 
     a = (out(logits(1), token_ids=(1, 2, 3, 4)), None)
     same = (out(logits(1), token_ids=(1, 2, 3, 4)), None)

@@ -96,7 +96,7 @@ def test_usage_errors_exit_2(workdir: Path, args: tuple[str, ...], message: str)
 
 
 def test_report_renders_html_and_rejects_a_malformed_file(workdir: Path) -> None:
-    from pytest_prefixcache.report import Report
+    from pytest_prefixcache.output.report import Report
 
     Report(seed=3, engine="m:e", requests=2, cache_hits=1).write_json(workdir / "r.json")
     res = prefixcache(workdir, "report", "r.json", "-o", "page.html", timeout=120)

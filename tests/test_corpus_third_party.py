@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_prefixcache import Message, Request
-from pytest_prefixcache.replay import corpus_files, load_stream, save_stream
+from pytest_prefixcache.output.streams import corpus_files, load_stream, save_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
@@ -34,7 +34,7 @@ def test_the_default_corpus_leaves_third_party_out() -> None:
 def test_counterexample_loads_and_passes_on_the_reference_engine(
     model: Any, path: Path, tmp_path: Path
 ) -> None:
-    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
     from reference_engine import Engine
 
     stream, meta = load_stream(path)

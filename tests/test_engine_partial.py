@@ -19,7 +19,7 @@ pytest.importorskip("mlx.core")
 from test_engine import BS, SYSTEM, assistant, compare, img, req, user
 
 from pytest_prefixcache import Outcome, Request
-from pytest_prefixcache.oracle import ReuseOracle
+from pytest_prefixcache.checks.oracle import ReuseOracle
 from reference_engine import Engine
 from reference_engine import pool as pool_mod
 from reference_engine.blocks import BlockKey, agreeing_prefix

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image as PILImage
 
 from pytest_prefixcache import Image, ImageError
-from pytest_prefixcache.decode import BACKGROUND, MAX_PIXELS
+from pytest_prefixcache.image_io import BACKGROUND, MAX_PIXELS
 
 
 def encode(img: PILImage.Image, fmt: str, **kw) -> bytes:

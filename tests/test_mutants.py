@@ -14,8 +14,8 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 from pytest_prefixcache import Image, Message, Outcome, Request  # noqa: E402
+from pytest_prefixcache.checks.oracle import ReuseOracle  # noqa: E402
 from pytest_prefixcache.images import make_image  # noqa: E402
-from pytest_prefixcache.oracle import ReuseOracle  # noqa: E402
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, Mutant  # noqa: E402

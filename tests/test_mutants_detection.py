@@ -18,8 +18,8 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 from pytest_prefixcache.errors import VerificationFailure  # noqa: E402
-from pytest_prefixcache.replay import load_stream  # noqa: E402
-from pytest_prefixcache.verify import Verifier, VerifyOptions  # noqa: E402
+from pytest_prefixcache.output.streams import load_stream  # noqa: E402
+from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions  # noqa: E402
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402

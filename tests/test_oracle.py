@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_prefixcache.oracle import ReuseOracle, position_keys, shared_prefix
+from pytest_prefixcache.checks.oracle import ReuseOracle, position_keys, shared_prefix
 
 PAD = 9
 A, B = "a" * 64, "b" * 64

@@ -10,9 +10,9 @@ import pytest
 from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache import settings as opt
-from pytest_prefixcache.fixtures import load_engine
-from pytest_prefixcache.state import SETTINGS_KEY
+from pytest_prefixcache.session import settings as opt
+from pytest_prefixcache.session.fixtures import load_engine
+from pytest_prefixcache.session.stash import SETTINGS_KEY
 
 pytest_plugins = ["pytester"]
 

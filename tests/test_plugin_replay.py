@@ -11,7 +11,7 @@ from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache import Image, Message, Request, load_stream, save_stream
 from pytest_prefixcache.images import make_image, reencode
-from pytest_prefixcache.replay import corpus_files, stream_id
+from pytest_prefixcache.output.streams import corpus_files, stream_id
 
 pytest_plugins = ["pytester"]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pytest_prefixcache import settings as opt
+from pytest_prefixcache.session import settings as opt
 
 pytest_plugins = ["pytester"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_prefixcache.errors import PrefixCacheError
-from pytest_prefixcache.replay import FORMAT, load_stream
+from pytest_prefixcache.output.streams import FORMAT, load_stream
 
 pytest_plugins = ["pytester"]
 

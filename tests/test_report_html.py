@@ -24,7 +24,7 @@ import pytest
 
 from pytest_prefixcache.html import render_html, write_html
 from pytest_prefixcache.html.charts import MAX_BARS, MAX_DECADES, diff_bins
-from pytest_prefixcache.report import FailureRecord, Report, RequestRecord
+from pytest_prefixcache.output.report import FailureRecord, Report, RequestRecord
 
 SAMPLE = Path(__file__).parent / "html_report_sample"
 PACKAGE = Path(__file__).parent.parent / "pytest_prefixcache" / "html"
@@ -411,7 +411,7 @@ def test_the_package_imports_only_the_standard_library() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 assert (node.module or "").split(".")[0] in allowed, module
             elif isinstance(node, ast.ImportFrom):
-                assert node.level == 1 or node.module == "report", (module, node.module)
+                assert node.level == 1 or node.module == "output.report", (module, node.module)
         assert len(module.read_text(encoding="utf-8").splitlines()) <= 300, module
     code = "import sys, pytest_prefixcache.html; print('mlx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefixcache.report import FailureRecord, Report
-from pytest_prefixcache.runner import CallTimedOut, EngineWorker
+from pytest_prefixcache.output.report import FailureRecord, Report
+from pytest_prefixcache.verify.worker import CallTimedOut, EngineWorker
 
 
 def test_worker_returns_values_and_errors_on_one_thread() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefixcache.usage import usage_problems
+from pytest_prefixcache.checks.memory import usage_problems
 
 
 def test_honest_usage_passes() -> None:

@@ -5,7 +5,7 @@ stream shown as a conversation, images inline.
 Standard library only and cheap to import (no MLX, no numpy)::
 
     from pytest_prefixcache.html import write_html
-    from pytest_prefixcache.report import Report
+    from pytest_prefixcache.output.report import Report
 
     write_html(Report.read_json("report.json"), "report.html", base_dir=".")
 """

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from html import escape
 
-from ..report import RequestRecord
+from ..output.report import RequestRecord
 from .svg import Frame, legend, nice_ticks, num
 
 __all__ = ["MAX_BARS", "DiffBin", "diff_bins", "diff_chart", "is_over", "reuse_chart"]

@@ -7,7 +7,7 @@ import os
 from html import escape
 from pathlib import Path
 
-from ..report import FORMAT, FailureRecord, Report
+from ..output.report import FORMAT, FailureRecord, Report
 from .charts import MAX_BARS, diff_chart, is_over, reuse_chart
 from .conversation import find_stream_dir, render_stream
 from .style import CSS

@@ -17,14 +17,14 @@ from hypothesis import HealthCheck, Phase, given, seed
 from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
-from pytest_prefixcache.generate import MOVES, StreamSpec
-from pytest_prefixcache.replay import corpus_files, load_stream
-from pytest_prefixcache.settings import STATEFUL_STEPS
-from pytest_prefixcache.state import DATABASE_KEY, START_KEY, settings_of
+from pytest_prefixcache._moves import MOVES, StreamSpec
+from pytest_prefixcache.output.streams import corpus_files, load_stream
+from pytest_prefixcache.session.settings import STATEFUL_STEPS
+from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Request
-from pytest_prefixcache.verify import Verifier
+from pytest_prefixcache.verify.verifier import Verifier
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

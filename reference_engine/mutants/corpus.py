@@ -1,6 +1,6 @@
 """Saving a mutant's shrunk counterexample as a regression case (fixtures/corpus/mutants/).
 
-The files use the scenario-corpus format (``pytest_prefixcache.replay``), plus the mutant's
+The files use the scenario-corpus format (``pytest_prefixcache.output.streams``), plus the mutant's
 name and expected check. They live in a subdirectory of the corpus, which the plugin's
 ``corpus_files`` (one directory level) does not pick up yet; ``tests/test_mutants_detection.py``
 replays each against its mutant and against the unmodified engine.
@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from pytest_prefixcache.replay import stream_to_json
+from pytest_prefixcache.output.streams import stream_to_json
 
 from .table import Detection
 

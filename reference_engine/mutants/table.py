@@ -24,11 +24,11 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import HypothesisException
 
 from pytest_prefixcache.errors import VerificationFailure
-from pytest_prefixcache.replay import corpus_files, load_stream
+from pytest_prefixcache.output.streams import corpus_files, load_stream
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Engine as EngineProtocol
 from pytest_prefixcache.types import Request
-from pytest_prefixcache.verify import Verifier, VerifyOptions
+from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 from ..engine import Engine
 from ..model import LoadedModel, load_model

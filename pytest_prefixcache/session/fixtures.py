@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from .compare import Tolerance
-from .errors import EngineError
-from .images import ImageFactory
-from .runner import CallTimedOut
+from ..checks.equivalence import Tolerance
+from ..errors import EngineError
+from ..images import ImageFactory
+from ..types import Engine, Request
+from ..verify.verifier import Step, Verifier, VerifyOptions
+from ..verify.worker import CallTimedOut
 from .settings import DEFAULT_ENGINE
-from .state import PROGRESS_KEY, report_of, settings_of, worker_of
-from .types import Engine, Request
-from .verify import Step, Verifier, VerifyOptions
+from .stash import PROGRESS_KEY, report_of, settings_of, worker_of
 
 __all__ = [
     "VerifyFunction",

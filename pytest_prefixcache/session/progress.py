@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from .report import Report
+from ..output.report import Report
 
 __all__ = ["Progress", "counts"]
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from .checks import RENDER_SLACK
+from ..types import Outcome
 from .oracle import Match
-from .problems import Problem
-from .types import Outcome
+from .problem import Problem
+from .protocol import RENDER_SLACK
 
 __all__ = ["expectation_problems"]
 

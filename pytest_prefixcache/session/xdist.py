@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from ..output.report import Report
 from .progress import Progress, counts
-from .report import Report
-from .state import report_of, settings_of
+from .stash import report_of, settings_of
 
 __all__ = ["Controller", "is_worker", "send_report", "worker_count", "worker_input"]
 

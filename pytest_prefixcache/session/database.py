@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import PrefixCacheError
+from ..errors import PrefixCacheError
 
 __all__ = ["DatabaseError", "example_database"]
 

@@ -1,8 +1,8 @@
 """The protocol, shape and reuse checks, as pure functions from outcomes to problems.
 
 Each function returns a list of :class:`~pytest_prefixcache.problems.Problem`;
-:mod:`pytest_prefixcache.verify` turns the first one into a readable failure. Equivalence
-lives in :mod:`pytest_prefixcache.compare`.
+:mod:`pytest_prefixcache.verify.verifier` turns the first one into a readable failure. Equivalence
+lives in :mod:`pytest_prefixcache.checks.equivalence`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
+from ..types import Outcome, Request
 from .oracle import Match
-from .problems import Problem
-from .types import Outcome, Request
+from .problem import Problem
 
 __all__ = [
     "CONTROL_MIN_TOKENS",

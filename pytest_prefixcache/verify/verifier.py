@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
 
-from . import errors
-from .checks import (
+from .. import errors
+from ..checks.efficiency import efficiency_problem, speedup_problem
+from ..checks.equivalence import Comparison, Tolerance, compare
+from ..checks.memory import usage_problems
+from ..checks.oracle import Match, ReuseOracle
+from ..checks.problem import Problem
+from ..checks.protocol import (
     Rendered,
     control_problems,
     fault_problems,
@@ -25,17 +30,12 @@ from .checks import (
     render_problems,
     reuse_problems,
 )
-from .compare import Comparison, Tolerance, compare
+from ..checks.render import expectation_problems
+from ..output.report import Report, RequestRecord
+from ..output.streams import stream_id
+from ..types import Engine, Outcome, Request
 from .messages import Context, format_failure
-from .oracle import Match, ReuseOracle
-from .problems import Problem
-from .replay import stream_id
-from .report import Report, RequestRecord
-from .runner import CallTimedOut, EngineWorker
-from .scenarios import expectation_problems
-from .stream_checks import efficiency_problem, speedup_problem
-from .types import Engine, Outcome, Request
-from .usage import usage_problems
+from .worker import CallTimedOut, EngineWorker
 
 __all__ = [
     "EFFICIENCY_MIN_TOKENS",
@@ -290,7 +290,7 @@ class Verifier:
     def expect_same_render(
         self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False
     ) -> None:
-        """Scenario expectations (see :mod:`pytest_prefixcache.scenarios`): request j renders
+        """Scenario expectations (see :mod:`pytest_prefixcache.checks.render`): request j renders
         to the same prompt as request i, or with ``extends`` keeps all of it."""
         __tracebackhide__ = True
         outcomes = [(s.cached, s.match) for s in steps]

@@ -24,8 +24,8 @@ from typing import Literal
 
 import numpy as np
 
-from .errors import VerificationFailure
-from .types import Engine, Message, Outcome, Request
+from ..errors import VerificationFailure
+from ..types import Engine, Message, Outcome, Request
 
 __all__ = [
     "ALPHA",

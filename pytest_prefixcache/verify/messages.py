@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .checks import span_at
-from .oracle import Match
-from .problems import Problem
-from .types import Image, Outcome, Request
+from ..checks.oracle import Match
+from ..checks.problem import Problem
+from ..checks.protocol import span_at
+from ..types import Image, Outcome, Request
 
 __all__ = ["Context", "describe_request", "format_failure"]
 

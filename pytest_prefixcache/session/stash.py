@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ..output.report import Report
+from ..verify.worker import EngineWorker
 from .progress import Progress
-from .report import Report
-from .runner import EngineWorker
 from .settings import Settings
 
 __all__ = [

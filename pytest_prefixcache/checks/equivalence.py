@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .problems import Problem
-from .types import Outcome
+from ..types import Outcome
+from .problem import Problem
 
 __all__ = ["TOP_K_KL", "Comparison", "Diff", "Tolerance", "compare"]
 

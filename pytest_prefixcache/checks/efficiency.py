@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from .problems import Problem
+from .problem import Problem
 
 __all__ = ["efficiency_problem", "speedup_problem"]
 

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import PrefixCacheError
-from .images import image_from_spec
-from .types import Image, Message, Request
+from ..errors import PrefixCacheError
+from ..images import image_from_spec
+from ..types import Image, Message, Request
 
 __all__ = [
     "FORMAT",
@@ -189,7 +189,7 @@ def corpus_dirs(rootdir: str | os.PathLike[str] | None = None) -> list[Path]:
     """The corpus directories: the project's ``fixtures/corpus`` and, when the plugin runs
     from a source checkout, the built-in one."""
     dirs: list[Path] = []
-    builtin = Path(__file__).resolve().parent.parent / "fixtures" / "corpus"
+    builtin = Path(__file__).resolve().parents[2] / "fixtures" / "corpus"
     for d in (builtin, Path(rootdir) / "fixtures" / "corpus" if rootdir else None):
         if d is not None and d.is_dir() and d.resolve() not in [x.resolve() for x in dirs]:
             dirs.append(d)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .problems import Problem
+from .problem import Problem
 
 __all__ = ["usage_problems"]
 

@@ -1,0 +1,2 @@
+"""The pytest session: options, settings, stash keys, fixtures, xdist, example database,
+progress."""
