@@ -43,7 +43,7 @@ def _check_size(width: int, height: int, name: str) -> None:
     if width * height > MAX_PIXELS:
         raise ImageError(
             f"image {name} is {width}x{height} = {width * height} pixels, above the limit of "
-            f"{MAX_PIXELS} (pytest_prefixcache.decode.MAX_PIXELS)"
+            f"{MAX_PIXELS} (pytest_prefixcache.image_io.MAX_PIXELS)"
         )
 
 

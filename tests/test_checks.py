@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from pytest_prefixcache import Message, Outcome, Request
-from pytest_prefixcache.checks.equivalence import Tolerance, compare
-from pytest_prefixcache.checks.oracle import Match
-from pytest_prefixcache.checks.problem import Problem
-from pytest_prefixcache.checks.protocol import (
+from pytest_prefixcache.checks import (
     fault_problems,
     merge_problems,
     pair_problems,
     reuse_problems,
 )
+from pytest_prefixcache.checks.equivalence import Tolerance, compare
+from pytest_prefixcache.checks.oracle import Match
+from pytest_prefixcache.checks.problem import Problem
 from pytest_prefixcache.images import make_image
 from pytest_prefixcache.verify.messages import Context, describe_request, format_failure
 
@@ -181,7 +181,7 @@ def test_message_names_everything_a_bug_report_needs() -> None:
 
 
 def test_positive_control() -> None:
-    from pytest_prefixcache.checks.protocol import control_problems
+    from pytest_prefixcache.checks import control_problems
 
     prev = Request((Message("user", ("x" * 10,)),))
     grown = Request((*prev.messages, Message("assistant", ("ok",)), Message("user", ("more",))))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_prefixcache import Outcome, Request
-from pytest_prefixcache.checks.isolation import ALPHA, audit, ks_2samp, timed
+from pytest_prefixcache.checks.timing import ALPHA, audit, ks_2samp, timed
 
 pytest_plugins = ["pytester"]
 

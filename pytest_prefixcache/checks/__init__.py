@@ -1,12 +1,48 @@
-"""The checks: pure functions from outcomes to problems.
+"""The checks: functions from outcomes to problems.
 
-Each check returns a list of :class:`Problem` (or one, or none); the verifier
-(:mod:`pytest_prefixcache.verify`) runs them per request and turns the first into a readable
-failure.
+Each check is pure (outcomes in, problems out; only the isolation audit in ``timing`` drives
+an engine itself) and returns a list of :class:`Problem` (or one, or none); the verifier
+(:mod:`pytest_prefixcache.verify`) runs them on every request and turns the first into a
+readable failure. One module per subject: ``protocol`` (faults, a pair's agreement, merges),
+``equivalence`` (cached vs uncached logits under a tolerance rule), ``oracle`` and ``reuse``
+(the most a correct cache could reuse; the reuse bound, the positive control, the efficiency
+floor), ``render`` (render stability, corpus expectations), ``memory`` (the budget) and
+``timing`` (the speedup floor, the tenant-isolation audit).
 """
 
 from __future__ import annotations
 
+from .equivalence import Comparison, Tolerance, compare
+from .memory import usage_problems
+from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
+from .protocol import fault_problems, merge_problems, pair_problems, span_at
+from .render import RENDER_SLACK, Rendered, expectation_problems, kept_prefix, render_problems
+from .reuse import CONTROL_MIN_TOKENS, control_problems, efficiency_problem, reuse_problems
+from .timing import speedup_problem
 
-__all__ = ["Problem"]
+__all__ = [
+    "CONTROL_MIN_TOKENS",
+    "RENDER_SLACK",
+    "Comparison",
+    "Match",
+    "Problem",
+    "Rendered",
+    "ReuseOracle",
+    "Tolerance",
+    "compare",
+    "control_problems",
+    "efficiency_problem",
+    "expectation_problems",
+    "fault_problems",
+    "kept_prefix",
+    "merge_problems",
+    "pair_problems",
+    "position_keys",
+    "render_problems",
+    "reuse_problems",
+    "shared_prefix",
+    "span_at",
+    "speedup_problem",
+    "usage_problems",
+]

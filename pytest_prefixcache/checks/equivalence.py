@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..types import Outcome
+from .oracle import shared_prefix
 from .problem import Problem
 
 __all__ = ["TOP_K_KL", "Comparison", "Diff", "Tolerance", "compare"]
@@ -174,9 +175,7 @@ def compare(cached: Outcome, uncached: Outcome, tol: Tolerance) -> Comparison:
     out = Comparison()
     c_steps, u_steps = _steps(cached), _steps(uncached)
     ct, ut = tuple(cached.tokens), tuple(uncached.tokens)
-    split = next((i for i, (a, b) in enumerate(zip(ct, ut)) if a != b), None)
-    if split is None and len(ct) != len(ut):
-        split = min(len(ct), len(ut))
+    split = None if ct == ut else shared_prefix(ct, ut)
     n = min(len(c_steps), len(u_steps))
     if split is not None:
         n = min(n, split + 1)

@@ -10,7 +10,7 @@ because at least one prompt token must be computed to produce logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 __all__ = ["Match", "ReuseOracle", "position_keys", "shared_prefix"]
@@ -28,8 +28,8 @@ def position_keys(token_ids: Sequence[int], spans: Sequence[tuple[int, int, str]
     return keys
 
 
-def shared_prefix(a: Sequence[Key], b: Sequence[Key]) -> int:
-    """The length of the longest common prefix of two key sequences."""
+def shared_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
+    """The length of the longest common prefix of two sequences (of keys, token ids, ...)."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

@@ -1,8 +1,7 @@
-"""The protocol, shape and reuse checks, as pure functions from outcomes to problems.
+"""The protocol checks: what one outcome, and a cached/uncached pair, must satisfy.
 
-Each function returns a list of :class:`~pytest_prefixcache.problems.Problem`;
-:mod:`pytest_prefixcache.verify.verifier` turns the first one into a readable failure. Equivalence
-lives in :mod:`pytest_prefixcache.checks.equivalence`.
+Faults (types, NaN/inf, shapes, dtypes, inconsistent counts), a pair's agreement on the prompt
+it saw, and the vision merges' shapes (as many embedding rows as placeholder slots).
 """
 
 from __future__ import annotations
@@ -12,31 +11,18 @@ import math
 import numpy as np
 
 from ..types import Outcome, Request
-from .oracle import Match
+from .oracle import shared_prefix
 from .problem import Problem
 
 __all__ = [
-    "CONTROL_MIN_TOKENS",
-    "RENDER_SLACK",
-    "Rendered",
-    "control_problems",
+    "Span",
     "fault_problems",
     "merge_problems",
     "pair_problems",
-    "render_problems",
-    "reuse_problems",
     "span_at",
 ]
 
 Span = tuple[int, int, str]
-#: The positive control applies only when the oracle could reuse at least this many tokens
-#: (so block-granular caches with blocks up to this size are not flagged).
-CONTROL_MIN_TOKENS = 64
-#: An append-only next turn must keep all of the previous prompt but its last RENDER_SLACK
-#: tokens (the generation prompt, e.g. ``<|im_start|>assistant\n``).
-RENDER_SLACK = 8
-Rendered = tuple[int, Request, tuple[int, ...]]
-"""(stream index, request, its prompt's token_ids) of an earlier request."""
 
 
 def _finite(name: str, arr: object) -> str | None:
@@ -116,7 +102,7 @@ def pair_problems(cached: Outcome, uncached: Outcome) -> list[Problem]:
     if cached.token_ids is not None and uncached.token_ids is not None:
         a, b = tuple(cached.token_ids), tuple(uncached.token_ids)
         if a != b:
-            i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            i = shared_prefix(a, b)
             msgs.append(
                 f"the prompt's token_ids differ between runs from position {i} (lengths "
                 f"{len(a)} vs {len(b)}): rendering the same request is not deterministic"
@@ -186,84 +172,3 @@ def merge_problems(o: Outcome) -> list[Problem]:
                 )
             )
     return probs
-
-
-def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
-    """``cached_tokens`` may not exceed the oracle's maximum valid reuse."""
-    if o.cached_tokens is None or match is None or o.cached_tokens <= match.max_reuse:
-        return []
-    src = "no earlier request" if match.source is None else f"request {match.source}"
-    return [
-        Problem(
-            "reuse bound",
-            f"cached_tokens={o.cached_tokens} exceeds the maximum valid reuse of "
-            f"{match.max_reuse} tokens",
-            (
-                f"longest valid shared prefix: {match.shared} tokens, with {src} of the same "
-                "namespace; at least one prompt token must be computed",
-            ),
-            position=match.max_reuse,
-        )
-    ]
-
-
-def render_problems(
-    request: Request, token_ids: tuple[int, ...], earlier: list[Rendered]
-) -> list[Problem]:
-    """An identical request must render to the same tokens, and an append-only next turn
-    must keep the earlier prompt (bar its generation prompt): else no cache can reuse it."""
-    ids = tuple(token_ids)
-    for index, req, before in reversed(earlier):
-        if req.namespace != request.namespace:
-            continue
-        n = len(req.messages)
-        if request.messages == req.messages:
-            kind, need = "an identical request", len(before)
-        elif len(request.messages) > n and request.messages[:n] == req.messages:
-            kind, need = "an append-only next turn", len(before) - RENDER_SLACK
-        else:
-            continue
-        same = next((i for i, (a, b) in enumerate(zip(ids, before)) if a != b), None)
-        if same is None:
-            same = min(len(ids), len(before))
-        if same >= need and (kind != "an identical request" or len(ids) == len(before)):
-            return []
-        got = f"{ids[same]}" if same < len(ids) else "end"
-        was = f"{before[same]}" if same < len(before) else "end"
-        return [
-            Problem(
-                "render stability",
-                f"{kind} of request {index} shares only the first {same} of its "
-                f"{len(before)} prompt tokens (now {len(ids)} tokens)",
-                (
-                    f"first different token at position {same}: {got} (was {was})",
-                    "the prompt is re-rendered or re-tokenised differently (volatile header, "
-                    "history re-rendered, tokenisation not compositional at the seam), so no "
-                    "prefix cache can reuse it",
-                ),
-                position=same,
-            )
-        ]
-    return []
-
-
-def control_problems(
-    req: Request, prev: Request | None, cached: Outcome, match: Match | None
-) -> list[Problem]:
-    """The positive control: an identical repeat or an append-only next turn of the previous
-    request (same namespace) must reuse something when the oracle says enough was reusable."""
-    if prev is None or cached.cached_tokens is None or cached.cached_tokens > 0:
-        return []
-    if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
-        return []
-    if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
-        return []
-    same = req.messages == prev.messages
-    kind = "an identical repeat" if same else "an append-only next turn"
-    return [
-        Problem(
-            "positive control",
-            f"{kind} of the previous request reused 0 tokens; {match.max_reuse} were reusable",
-            ("the cache never stores, drops every entry, or its key changes between turns",),
-        )
-    ]

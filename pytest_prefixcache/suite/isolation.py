@@ -1,6 +1,6 @@
 """The timing side-channel test that ``--prefixcache-isolation`` adds to the suite.
 
-See :mod:`pytest_prefixcache.checks.isolation`: time to first token must not reveal whether another
+See :mod:`pytest_prefixcache.checks.timing`: time to first token must not reveal whether another
 namespace cached a prefix, and the same measurement within one namespace must (the positive
 control), else the result is inconclusive and the test is skipped.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_prefixcache.checks.isolation import IsolationFailure, audit
+from pytest_prefixcache.checks.timing import IsolationFailure, audit
 from pytest_prefixcache.errors import EngineFault, EngineTimeout
 from pytest_prefixcache.session.stash import settings_of
 from pytest_prefixcache.types import Outcome, Request

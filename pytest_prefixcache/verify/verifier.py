@@ -16,26 +16,30 @@ from pathlib import Path
 from typing import NoReturn
 
 from .. import errors
-from ..checks.efficiency import efficiency_problem, speedup_problem
-from ..checks.equivalence import Comparison, Tolerance, compare
-from ..checks.memory import usage_problems
-from ..checks.oracle import Match, ReuseOracle
-from ..checks.problem import Problem
-from ..checks.protocol import (
+from ..checks import (
+    Comparison,
+    Match,
+    Problem,
     Rendered,
+    ReuseOracle,
+    Tolerance,
+    compare,
     control_problems,
+    efficiency_problem,
+    expectation_problems,
     fault_problems,
     merge_problems,
     pair_problems,
     render_problems,
     reuse_problems,
+    speedup_problem,
+    usage_problems,
 )
-from ..checks.render import expectation_problems
 from ..output.report import Report, RequestRecord
-from ..output.streams import stream_id
+from ..output.streams import FAILURES_DIR, stream_id
 from ..types import Engine, Outcome, Request
 from .messages import Context, format_failure
-from .worker import CallTimedOut, EngineWorker
+from .worker import DEFAULT_TIMEOUT, CallTimedOut, EngineWorker
 
 __all__ = [
     "EFFICIENCY_MIN_TOKENS",
@@ -60,10 +64,10 @@ class VerifyOptions:
     """How strict the checks are and how to name the replay of a failure."""
 
     tolerance: Tolerance = field(default_factory=Tolerance)
-    timeout: float = 60.0
+    timeout: float = DEFAULT_TIMEOUT
     min_efficiency: float | None = None
     min_speedup: float | None = None
-    failures_dir: Path = Path(".prefixcache/failures")
+    failures_dir: Path = FAILURES_DIR
     replay_command: Callable[[str], str] = default_replay_command
 
 

@@ -1,4 +1,6 @@
-"""The timing side channel: does time to first token reveal another namespace's cached prefix?
+"""The timing checks: the opt-in floor on the speedup of cache hits
+(``--prefixcache-min-speedup``), and the timing side channel: does time to first token reveal
+another namespace's cached prefix?
 
 Following Gu et al., "Auditing Prompt Caching in Language Model APIs" (ICML 2025), bug zoo
 class 24 (CVE-2025-46570). Each sample uses fresh random prompts:
@@ -26,6 +28,7 @@ import numpy as np
 
 from ..errors import VerificationFailure
 from ..types import Engine, Message, Outcome, Request
+from .problem import Problem
 
 __all__ = [
     "ALPHA",
@@ -37,6 +40,7 @@ __all__ = [
     "TimedRun",
     "audit",
     "ks_2samp",
+    "speedup_problem",
     "timed",
 ]
 
@@ -234,3 +238,16 @@ def audit(
         candidate_cached=tuple(cached),
         alpha=alpha,
     )
+
+
+def speedup_problem(warm: float, cold: float, speedup: float) -> Problem | None:
+    """A problem when cache hits took ``warm`` seconds against ``cold``, below ``speedup``."""
+    got = cold / warm
+    if got >= speedup:
+        return None
+    head = (
+        f"requests served from the cache took {warm:.3f} s against {cold:.3f} s cold "
+        f"(speedup {got:.2f}x), below --prefixcache-min-speedup={speedup:g}"
+    )
+    why = "restoring or managing the cache costs more than the prefill it saves"
+    return Problem("min speedup", head, (why,))
