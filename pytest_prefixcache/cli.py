@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .output.report import Report
-from .session import settings as opt
+from .session import settings
+from .verify.worker import DEFAULT_TIMEOUT
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -27,33 +28,34 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def _workers(value: str) -> str:
     if value != "auto":
-        opt.positive_int(value)
+        settings.positive_int(value)
     return value
 
 
 Option = tuple[str, Callable[[str], object], str, "str | None"]
 #: (flag, type, metavar, help) of the engine options both verify and replay take
 ENGINE_OPTIONS: tuple[Option, ...] = (
-    ("--engine", opt.engine_spec, "MODULE:ATTR",
+    ("--engine", settings.engine_spec, "MODULE:ATTR",
      "an Engine instance or a zero-argument callable returning one"),
-    ("--server-cmd", opt.server_cmd, "CMD",
+    ("--server-cmd", settings.server_cmd, "CMD",
      "an OpenAI-compatible server command with a {port} placeholder"),
-    ("--timeout", opt.positive_float, "SECONDS", "per engine call (default: 60)"),
-    ("--atol", opt.non_negative_float, "X", None),
-    ("--rtol", opt.non_negative_float, "X", None),
-    ("--kl", opt.non_negative_float, "X", None),
+    ("--timeout", settings.positive_float, "SECONDS",
+     f"per engine call (default: {DEFAULT_TIMEOUT:g})"),
+    ("--atol", settings.non_negative_float, "X", None),
+    ("--rtol", settings.non_negative_float, "X", None),
+    ("--kl", settings.non_negative_float, "X", None),
 )  # fmt: skip
 #: the options only verify takes
 VERIFY_OPTIONS: tuple[Option, ...] = (
-    ("--examples", opt.positive_int, "N",
-     f"examples per property (default: {opt.DEFAULT_EXAMPLES})"),
-    ("--seed", opt.seed, "S", "default: random, printed"),
-    ("--budget", opt.positive_float, "SECONDS",
+    ("--examples", settings.positive_int, "N",
+     f"examples per property (default: {settings.DEFAULT_EXAMPLES})"),
+    ("--seed", settings.seed, "S", "default: random, printed"),
+    ("--budget", settings.positive_float, "SECONDS",
      "keep fuzzing with fresh seeds until SECONDS of wall time are spent"),
     ("--workers", _workers, "N|auto", "split across pytest-xdist workers, one engine each"),
-    ("--database", opt.database_spec, "DIR|URL|none",
+    ("--database", settings.database_spec, "DIR|URL|none",
      "Hypothesis example database (a directory or redis://HOST:PORT/DB)"),
-    ("--min-efficiency", opt.fraction, "F", None),
+    ("--min-efficiency", settings.fraction, "F", None),
 )  # fmt: skip
 
 

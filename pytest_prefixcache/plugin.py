@@ -18,7 +18,7 @@ import pytest
 from .errors import VerificationFailure
 from .output.report import MAX_MESSAGE, FailureRecord, Report
 from .output.streams import save_stream
-from .session import settings as opt
+from .session import settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
 from .session.progress import Progress
@@ -58,11 +58,11 @@ def _engine(config: pytest.Config) -> tuple[str, str]:
     if ini:
         ini = str(ini).strip()
         try:
-            return opt.engine_spec(ini), "ini"
+            return settings.engine_spec(ini), "ini"
         except Exception as exc:
             where = config.inipath or "the ini file"
             raise pytest.UsageError(f"prefixcache_engine in {where}: {exc}") from None
-    return opt.DEFAULT_ENGINE, "default"
+    return settings.DEFAULT_ENGINE, "default"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,12 +81,12 @@ def pytest_configure(config: pytest.Config) -> None:
         if not replay_path.exists():
             raise pytest.UsageError(f"--prefixcache-replay={replay}: no such file or directory")
     isolation = bool(config.getoption("prefixcache_isolation"))
-    s = opt.Settings(
+    s = settings.Settings(
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
         examples=config.getoption("prefixcache_examples"),
-        seed=opt.Settings.random_seed() if given_seed is None else given_seed,
+        seed=settings.Settings.random_seed() if given_seed is None else given_seed,
         seed_given=given_seed is not None,
         report=None
         if config.getoption("prefixcache_report") is None
@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
         shards=config.getoption("prefixcache_shards") or xd.worker_count(config),
         database=config.getoption("prefixcache_database")
         or _env_database()
-        or opt.DEFAULT_DATABASE,
+        or settings.DEFAULT_DATABASE,
         progress=config.getoption("prefixcache_progress"),
         budget=config.getoption("prefixcache_budget"),
         failures_to=None
@@ -132,7 +132,7 @@ def _env_database() -> str | None:
     if not value:
         return None
     try:
-        return opt.database_spec(value)
+        return settings.database_spec(value)
     except Exception as exc:
         raise pytest.UsageError(f"PREFIXCACHE_DATABASE: {exc}") from None
 
@@ -158,7 +158,7 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     return None
 
 
-def _tolerance(s: opt.Settings) -> str:
+def _tolerance(s: settings.Settings) -> str:
     from .checks.equivalence import Tolerance
 
     return Tolerance(s.atol, s.rtol, s.kl).describe()

@@ -10,7 +10,7 @@ import pytest
 from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache.session import settings as opt
+from pytest_prefixcache.session import settings
 from pytest_prefixcache.session.fixtures import load_engine
 from pytest_prefixcache.session.stash import SETTINGS_KEY
 
@@ -23,16 +23,16 @@ pytest_plugins = ["pytester"]
 @pytest.mark.parametrize(
     ("fn", "bad", "says"),
     [
-        (opt.positive_int, "abc", "'abc' is not a positive integer"),
-        (opt.positive_int, "0", "'0' is not a positive integer"),
-        (opt.seed, "-3", "'-3' is not an integer from 0 to 2**63 - 1"),
-        (opt.positive_float, "0", "'0' is not a positive number of seconds"),
-        (opt.positive_float, "inf", "'inf' is not a positive number of seconds"),
-        (opt.non_negative_float, "-1e-3", "'-1e-3' is not a finite number >= 0"),
-        (opt.non_negative_float, "nan", "'nan' is not a finite number >= 0"),
-        (opt.fraction, "1.5", "'1.5' is not a number from 0 to 1"),
-        (opt.engine_spec, "nocolon", "'nocolon' is not MODULE:ATTR"),
-        (opt.engine_spec, "a:b:c", "'a:b:c' is not MODULE:ATTR"),
+        (settings.positive_int, "abc", "'abc' is not a positive integer"),
+        (settings.positive_int, "0", "'0' is not a positive integer"),
+        (settings.seed, "-3", "'-3' is not an integer from 0 to 2**63 - 1"),
+        (settings.positive_float, "0", "'0' is not a positive number of seconds"),
+        (settings.positive_float, "inf", "'inf' is not a positive number of seconds"),
+        (settings.non_negative_float, "-1e-3", "'-1e-3' is not a finite number >= 0"),
+        (settings.non_negative_float, "nan", "'nan' is not a finite number >= 0"),
+        (settings.fraction, "1.5", "'1.5' is not a number from 0 to 1"),
+        (settings.engine_spec, "nocolon", "'nocolon' is not MODULE:ATTR"),
+        (settings.engine_spec, "a:b:c", "'a:b:c' is not MODULE:ATTR"),
     ],
 )
 def test_validators_repeat_the_bad_value(fn: object, bad: str, says: str) -> None:
@@ -42,12 +42,12 @@ def test_validators_repeat_the_bad_value(fn: object, bad: str, says: str) -> Non
 
 
 def test_validators_accept_good_values() -> None:
-    assert opt.positive_int("7") == 7
-    assert opt.seed("0") == 0
-    assert opt.positive_float("0.5") == 0.5
-    assert opt.non_negative_float("0") == 0.0
-    assert opt.fraction("1") == 1.0
-    assert opt.engine_spec("pkg.mod:obj.attr") == "pkg.mod:obj.attr"
+    assert settings.positive_int("7") == 7
+    assert settings.seed("0") == 0
+    assert settings.positive_float("0.5") == 0.5
+    assert settings.non_negative_float("0") == 0.0
+    assert settings.fraction("1") == 1.0
+    assert settings.engine_spec("pkg.mod:obj.attr") == "pkg.mod:obj.attr"
 
 
 # -- option errors on the command line -----------------------------------------------------
@@ -95,8 +95,14 @@ def test_bad_ini_engine_names_the_value_and_the_file(pytester: pytest.Pytester) 
 
 def test_defaults(pytester: pytest.Pytester) -> None:
     s = pytester.parseconfigure().stash[SETTINGS_KEY]
-    assert (s.verify, s.engine, s.engine_source) == (False, opt.DEFAULT_ENGINE, "default")
-    assert (s.examples, s.timeout, s.atol, s.rtol, s.kl) == (opt.DEFAULT_EXAMPLES, 60.0, 0, 0, None)
+    assert (s.verify, s.engine, s.engine_source) == (False, settings.DEFAULT_ENGINE, "default")
+    assert (s.examples, s.timeout, s.atol, s.rtol, s.kl) == (
+        settings.DEFAULT_EXAMPLES,
+        60.0,
+        0,
+        0,
+        None,
+    )
     assert s.min_efficiency is None and s.replay is None and not s.seed_given
 
 
@@ -271,7 +277,7 @@ def test_default_engine_missing_says_how_to_install_it(monkeypatch: pytest.Monke
     with pytest.raises(
         EngineError, match=r"needs the mlx extra \(pip install 'pytest-prefixcache\[mlx\]'\)"
     ):
-        load_engine(opt.DEFAULT_ENGINE)
+        load_engine(settings.DEFAULT_ENGINE)
 
 
 def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester) -> None:

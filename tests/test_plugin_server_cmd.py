@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from pytest_prefixcache.session import settings as opt
+from pytest_prefixcache.session import settings
 
 pytest_plugins = ["pytester"]
 
 
 def test_command_without_port_placeholder_is_named() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match=r"'serve --port 80' has no \{port\}"):
-        opt.server_cmd("serve --port 80")
+        settings.server_cmd("serve --port 80")
 
 
 def test_bad_command_is_a_usage_error(pytester: pytest.Pytester) -> None:

@@ -39,6 +39,8 @@ __all__ = [
 
 FORMAT = "pytest-prefixcache/stream/v1"
 STREAM_FILE = "stream.json"
+#: Where failing streams are saved, relative to the invocation directory, unless told.
+FAILURES_DIR = Path(".prefixcache") / "failures"
 
 
 def _image_name(img: Image) -> str:

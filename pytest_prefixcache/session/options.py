@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from . import settings as opt
+from ..output.streams import FAILURES_DIR
+from . import settings
+
+DEFAULTS = settings.Settings()
 
 __all__ = ["pytest_addoption"]
 
@@ -20,23 +23,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-engine",
-        type=opt.engine_spec,
+        type=settings.engine_spec,
         default=None,
         metavar="MODULE:ATTR",
         help="Engine under test: an Engine instance or a zero-argument callable returning one "
-        f"(default: ini prefixcache_engine, else {opt.DEFAULT_ENGINE})",
+        f"(default: ini prefixcache_engine, else {settings.DEFAULT_ENGINE})",
     )
     add(
         "--prefixcache-examples",
-        type=opt.positive_int,
-        default=opt.DEFAULT_EXAMPLES,
+        type=settings.positive_int,
+        default=DEFAULTS.examples,
         metavar="N",
-        help=f"Examples per property (default: {opt.DEFAULT_EXAMPLES}; the state machine runs "
-        f"half as many, {opt.STATEFUL_STEPS} steps each)",
+        help=f"Examples per property (default: {settings.DEFAULT_EXAMPLES}; the state machine runs "
+        f"half as many, {settings.STATEFUL_STEPS} steps each)",
     )
     add(
         "--prefixcache-seed",
-        type=opt.seed,
+        type=settings.seed,
         default=None,
         metavar="S",
         help="Seed for the generated streams (default: random, printed in the header)",
@@ -49,28 +52,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-timeout",
-        type=opt.positive_float,
-        default=60.0,
+        type=settings.positive_float,
+        default=DEFAULTS.timeout,
         metavar="SECONDS",
-        help="Fail an engine call that takes longer, and treat the engine as dead (default: 60)",
+        help="Fail an engine call that takes longer, and treat the engine as dead "
+        f"(default: {DEFAULTS.timeout:g})",
     )
     add(
         "--prefixcache-atol",
-        type=opt.non_negative_float,
-        default=0.0,
+        type=settings.non_negative_float,
+        default=DEFAULTS.atol,
         metavar="X",
         help="Absolute tolerance for cached vs uncached logits (default: 0, exact)",
     )
     add(
         "--prefixcache-rtol",
-        type=opt.non_negative_float,
-        default=0.0,
+        type=settings.non_negative_float,
+        default=DEFAULTS.rtol,
         metavar="X",
         help="Relative tolerance for cached vs uncached logits (default: 0, exact)",
     )
     add(
         "--prefixcache-kl",
-        type=opt.non_negative_float,
+        type=settings.non_negative_float,
         default=None,
         metavar="X",
         help="Use the top-k/KL rule instead: estimated KL per step at most X and top tokens "
@@ -78,14 +82,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-min-efficiency",
-        type=opt.fraction,
+        type=settings.fraction,
         default=None,
         metavar="F",
         help="Fail when a stream reuses less than F of what the oracle says was reusable",
     )
     add(
         "--prefixcache-min-speedup",
-        type=opt.positive_ratio,
+        type=settings.positive_ratio,
         default=None,
         metavar="X",
         help="Fail when a stream's cache hits are not X times faster than their cold runs",
@@ -105,7 +109,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-server-cmd",
-        type=opt.server_cmd,
+        type=settings.server_cmd,
         default=None,
         metavar="CMD",
         help="Verify an OpenAI-compatible server started from CMD ({port} is replaced by an "
@@ -114,7 +118,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-shards",
-        type=opt.positive_int,
+        type=settings.positive_int,
         default=None,
         metavar="N",
         help="Split the generated tests into N shards, each with its own seed derived from "
@@ -122,16 +126,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-database",
-        type=opt.database_spec,
+        type=settings.database_spec,
         default=None,
         metavar="DIR|URL|none",
         help="Hypothesis example database, replayed first: a directory, a redis://HOST:PORT/DB "
         "URL shared by many machines, or none (default: $PREFIXCACHE_DATABASE, else "
-        f"{opt.DEFAULT_DATABASE})",
+        f"{settings.DEFAULT_DATABASE})",
     )
     add(
         "--prefixcache-budget",
-        type=opt.positive_float,
+        type=settings.positive_float,
         default=None,
         metavar="SECONDS",
         help="Keep generating new rounds of examples (fresh seeds) until SECONDS of wall time "
@@ -139,16 +143,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-progress",
-        type=opt.non_negative_float,
-        default=30.0,
+        type=settings.non_negative_float,
+        default=DEFAULTS.progress,
         metavar="SECONDS",
-        help="Print requests done, hits and failures so far every SECONDS (0: never; default: 30)",
+        help="Print requests done, hits and failures so far every SECONDS "
+        f"(0: never; default: {DEFAULTS.progress:g})",
     )
     add(
         "--prefixcache-failures-dir",
         default=None,
         metavar="DIR",
-        help="Save failing streams (stream.json and images) under DIR "
-        "(default: .prefixcache/failures)",
+        help=f"Save failing streams (stream.json and images) under DIR (default: {FAILURES_DIR})",
     )
     parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)

@@ -14,6 +14,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..output.streams import FAILURES_DIR
+from ..verify.worker import DEFAULT_TIMEOUT
+
 __all__ = [
     "DEFAULT_DATABASE",
     "DEFAULT_ENGINE",
@@ -135,7 +138,7 @@ class Settings:
     seed: int = 0
     seed_given: bool = False
     report: Path | None = None
-    timeout: float = 60.0
+    timeout: float = DEFAULT_TIMEOUT
     atol: float = 0.0
     rtol: float = 0.0
     kl: float | None = None
@@ -171,13 +174,13 @@ class Settings:
         return random.SystemRandom().randrange(2**32)
 
     failures_to: Path | None = None
-    """Where failing streams are saved (default: .prefixcache/failures)."""
+    """Where failing streams are saved (default: ``FAILURES_DIR``)."""
 
     @property
     def failures_dir(self) -> Path:
         if self.failures_to is not None:
             return self.invocation_dir / self.failures_to
-        return self.invocation_dir / ".prefixcache" / "failures"
+        return self.invocation_dir / FAILURES_DIR
 
     def flags(self) -> list[str]:
         """The flags that reproduce this run's engine and tolerances."""
@@ -194,7 +197,7 @@ class Settings:
             out.append(f"--prefixcache-min-efficiency={self.min_efficiency:g}")
         if self.min_speedup is not None:
             out.append(f"--prefixcache-min-speedup={self.min_speedup:g}")
-        if self.timeout != 60.0:
+        if self.timeout != DEFAULT_TIMEOUT:
             out.append(f"--prefixcache-timeout={self.timeout:g}")
         return out
 

@@ -18,7 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallResult", "CallTimedOut", "EngineWorker"]
+__all__ = ["DEFAULT_TIMEOUT", "CallResult", "CallTimedOut", "EngineWorker"]
+
+
+#: Seconds an engine call may take before the engine is treated as dead.
+DEFAULT_TIMEOUT = 60.0
 
 
 class CallTimedOut(Exception):
