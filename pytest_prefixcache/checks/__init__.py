@@ -18,12 +18,20 @@ from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
 from .protocol import fault_problems, merge_problems, pair_problems, span_at
 from .render import RENDER_SLACK, Rendered, expectation_problems, kept_prefix, render_problems
-from .reuse import CONTROL_MIN_TOKENS, control_problems, efficiency_problem, reuse_problems
-from .timing import speedup_problem
+from .reuse import (
+    CONTROL_MIN_TOKENS,
+    EFFICIENCY_MIN_TOKENS,
+    control_problems,
+    efficiency_problem,
+    reuse_problems,
+)
+from .timing import SPEEDUP_MIN_SECONDS, speedup_problem
 
 __all__ = [
     "CONTROL_MIN_TOKENS",
+    "EFFICIENCY_MIN_TOKENS",
     "RENDER_SLACK",
+    "SPEEDUP_MIN_SECONDS",
     "Comparison",
     "Match",
     "Problem",

@@ -8,11 +8,19 @@ from ..types import Outcome, Request
 from .oracle import Match
 from .problem import Problem
 
-__all__ = ["CONTROL_MIN_TOKENS", "control_problems", "efficiency_problem", "reuse_problems"]
+__all__ = [
+    "CONTROL_MIN_TOKENS",
+    "EFFICIENCY_MIN_TOKENS",
+    "control_problems",
+    "efficiency_problem",
+    "reuse_problems",
+]
 
 #: The positive control applies only when the oracle could reuse at least this many tokens
 #: (so block-granular caches with blocks up to this size are not flagged).
 CONTROL_MIN_TOKENS = 64
+#: --prefixcache-min-efficiency applies to a stream only when this many tokens were reusable.
+EFFICIENCY_MIN_TOKENS = 64
 
 
 def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
@@ -57,7 +65,10 @@ def control_problems(
 
 
 def efficiency_problem(reused: int, reusable: int, floor: float) -> Problem | None:
-    """A problem when the stream reused less than ``floor`` of what the oracle allowed."""
+    """A problem when the stream reused less than ``floor`` of what the oracle allowed
+    (judged only when at least ``EFFICIENCY_MIN_TOKENS`` were reusable)."""
+    if reusable < EFFICIENCY_MIN_TOKENS:
+        return None
     eff = reused / reusable
     if eff >= floor:
         return None

@@ -33,6 +33,7 @@ from .problem import Problem
 __all__ = [
     "ALPHA",
     "SAMPLES",
+    "SPEEDUP_MIN_SECONDS",
     "WORDS",
     "IsolationFailure",
     "IsolationResult",
@@ -50,6 +51,8 @@ ALPHA = 1e-3
 SAMPLES = 30
 #: Words per prompt: long enough that a cache hit is clearly faster than a prefill.
 WORDS = 80
+#: --prefixcache-min-speedup applies to a stream only when its cache hits took this long cold.
+SPEEDUP_MIN_SECONDS = 0.02
 _WARMUP = 3
 _VOCAB = (
     "amber basalt cedar delta ember fjord granite harbor island juniper kestrel lagoon meadow "
@@ -241,7 +244,10 @@ def audit(
 
 
 def speedup_problem(warm: float, cold: float, speedup: float) -> Problem | None:
-    """A problem when cache hits took ``warm`` seconds against ``cold``, below ``speedup``."""
+    """A problem when cache hits took ``warm`` seconds against ``cold``, below ``speedup``
+    (judged only when they took at least ``SPEEDUP_MIN_SECONDS`` cold)."""
+    if cold < SPEEDUP_MIN_SECONDS or warm <= 0:
+        return None
     got = cold / warm
     if got >= speedup:
         return None
