@@ -74,6 +74,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         help="where report.json, junit.xml, report.html and failures/ go "
         "(default: prefixcache-report)",
     )
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="pass even when some correctness check could not run (said as PASS (partial))",
+    )
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="more pytest arguments, after --")  # fmt: skip
 
@@ -82,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="prefixcache",
         description="Verify an inference engine's prefix cache (pytest-prefixcache).",
-        epilog="exit codes: 0 passed, 1 verification failed, 2 usage or engine-load error",
+        epilog="exit codes: 0 passed, 1 verification failed or incomplete (a correctness "
+        "check could not run), 2 usage or engine-load error",
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     v = sub.add_parser("verify", help="run the verification suite and write the reports")
@@ -112,6 +118,8 @@ def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
     for flag, *_ in options:
         if flag != "--workers":  # the same name as the plugin's option, prefixed
             args += _flag(flag[2:], getattr(a, flag[2:].replace("-", "_")))
+    if a.allow_partial:
+        args.append("--prefixcache-allow-partial")
     if a.command == "verify":
         if a.isolation:
             args.append("--prefixcache-isolation")

@@ -106,13 +106,18 @@ def pytest_configure(config: pytest.Config) -> None:
         or settings.DEFAULT_DATABASE,
         progress=config.getoption("prefixcache_progress"),
         budget=config.getoption("prefixcache_budget"),
+        allow_partial=bool(config.getoption("prefixcache_allow_partial")),
         failures_to=None
         if config.getoption("prefixcache_failures_dir") is None
         else Path(config.getoption("prefixcache_failures_dir")),
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(
-        seed=s.seed, engine=s.engine, tolerance=_tolerance(s), shards=s.shards
+        seed=s.seed,
+        engine=s.engine,
+        tolerance=_tolerance(s),
+        shards=s.shards,
+        allow_partial=s.allow_partial,
     )
     progress = Progress(0.0 if xd.is_worker(config) else s.progress, _writer(config))
     config.stash[PROGRESS_KEY] = progress
@@ -275,7 +280,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    xd.send_report(session.config)
+    config = session.config
+    xd.send_report(config)
+    if xd.is_worker(config) or not settings_of(config).verify or config.option.collectonly:
+        return
+    # A verification that ran no request, or whose correctness checks could not all run,
+    # is not a pass (the terminal summary says why).
+    if session.exitstatus == pytest.ExitCode.OK and report_of(config).verdict == "incomplete":
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(

@@ -76,7 +76,7 @@ class FakeEngine:
             "ignore_digest", "ignore_namespace", "bad_merge", "lie", "never_store", "raises",
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
-            "keep_volatile", "slow_hits", "minimal",
+            "keep_volatile", "slow_hits", "minimal", "ignore_use_cache",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -131,7 +131,7 @@ class FakeEngine:
         n = len(ids)
         keys = self._keys(request, ids, spans)
         state, cached = _h(b"ns", request.namespace.encode()), 0
-        if use_cache:
+        if use_cache or self.flags.get("ignore_use_cache"):
             for b, key in enumerate(keys):
                 if (b + 1) * BLOCK > n - 1 or key not in self.cache:
                     break
@@ -187,7 +187,7 @@ class FakeEngine:
         if hit and self.flags.get("scale_drift"):
             out_logits = (logits * np.float32(1.000001)).astype(np.float32)
         reported = cached
-        if self.flags.get("lie"):
+        if self.flags.get("lie") and use_cache:  # the uncached run's own lie: ignore_use_cache
             reported = min(n, cached + BLOCK)
         common: dict[str, Any] = dict(
             tokens=tuple(tokens),
@@ -240,6 +240,7 @@ volatile = _variant(volatile=True)
 keep_volatile = _variant(keep_volatile=True)
 slow_hits = _variant(slow_hits=True)
 minimal = _variant(minimal=True)
+ignore_use_cache = _variant(ignore_use_cache=True)
 minimal_ignore_digest = _variant(minimal=True, ignore_digest=True)
 instance = FakeEngine()
 not_an_engine = object()

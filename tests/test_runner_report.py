@@ -69,12 +69,13 @@ def test_report_lines_and_json(tmp_path: Path) -> None:
         "merges checked: 5",
     ]
     assert "failures by check: equivalence: 1" in lines
-    assert lines[-1] == "reproduce with --prefixcache-seed=3"
+    assert lines[-2:] == ["reproduce with --prefixcache-seed=3", "verdict: FAIL"]
     r.add_diff(math.inf, "request 9")
     r.write_json(tmp_path / "sub" / "r.json")
     data = json.loads((tmp_path / "sub" / "r.json").read_text())
     assert data["efficiency"] == 0.75 and data["worst_diff"] == "inf"
     assert data["failures"][0]["replay"] == "pytest ..."
+    assert data["verdict"] == "fail"
 
 
 def test_efficiency_is_unknown_when_nothing_was_reusable() -> None:

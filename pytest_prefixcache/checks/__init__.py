@@ -12,11 +12,12 @@ floor), ``render`` (render stability, corpus expectations), ``memory`` (the budg
 
 from __future__ import annotations
 
+from .coverage import coverage_of
 from .equivalence import Comparison, Tolerance, compare
 from .memory import usage_problems
 from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
-from .protocol import fault_problems, merge_problems, pair_problems, span_at
+from .protocol import baseline_problems, fault_problems, merge_problems, pair_problems, span_at
 from .render import RENDER_SLACK, Rendered, expectation_problems, kept_prefix, render_problems
 from .reuse import (
     CONTROL_MIN_TOKENS,
@@ -38,8 +39,10 @@ __all__ = [
     "Rendered",
     "ReuseOracle",
     "Tolerance",
+    "baseline_problems",
     "compare",
     "control_problems",
+    "coverage_of",
     "efficiency_problem",
     "expectation_problems",
     "fault_problems",

@@ -15,6 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from ..checks.coverage import APPLIED, HINTS, REQUIRED, missing
+
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
 
 FORMAT = "pytest-prefixcache/report/v2"
@@ -103,6 +105,68 @@ class Report:
     """pytest-xdist workers merged into this report (0: the run was not distributed)."""
     engine_error: str = ""
     """Why the engine could not be built, when it could not."""
+    coverage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """check -> {"applied": requests it applied to, reason: requests it could not run on}."""
+    allow_partial: bool = False
+    """The user accepts a PASS when some correctness check could not run (said as such)."""
+
+    def count(self, check: str, outcome: str) -> None:
+        """One request that ``check`` applied to (``APPLIED``) or could not run on (a reason)."""
+        row = self.coverage.setdefault(check, {})
+        row[outcome] = row.get(outcome, 0) + 1
+
+    @property
+    def verdict(self) -> str:
+        """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
+        ``fail`` (a failure, or the engine could not be built) or ``incomplete`` (no request
+        was verified, or a correctness check could not run and partial coverage was not
+        accepted)."""
+        if self.failures or self.engine_error:
+            return "fail"
+        if self.requests == 0:
+            return "incomplete"
+        if missing(self.coverage):
+            return "partial" if self.allow_partial else "incomplete"
+        return "pass"
+
+    def verdict_lines(self) -> list[str]:
+        """The verdict and, when coverage is incomplete, what the engine must return."""
+        gaps = missing(self.coverage)
+        names = ", ".join(gaps)
+        word = {
+            "pass": "PASS",
+            "fail": "FAIL",
+            "partial": f"PASS (partial: not checked on every request: {names})",
+            "incomplete": "INCOMPLETE: "
+            + (
+                "no request was verified"
+                if self.requests == 0
+                else f"not checked on every request: {names}; "
+                "--prefixcache-allow-partial accepts that"
+            ),
+        }[self.verdict]
+        out = [f"verdict: {word}"]
+        for check, reasons in gaps.items():
+            for reason, n in reasons.items():
+                hint = HINTS.get(reason, "")
+                out.append(
+                    f"  {check}: {n} request(s) with {reason}" + (f": {hint}" if hint else "")
+                )
+        return out
+
+    def coverage_lines(self) -> list[str]:
+        """One line per check: the requests it applied to, and why it could not run on others."""
+        out = []
+        width = max((len(c) for c in self.coverage), default=0)
+        order = [c for c in REQUIRED if c in self.coverage]
+        order += sorted(set(self.coverage) - set(order))
+        for check in order:
+            row = self.coverage[check]
+            applied = row.get(APPLIED, 0)
+            total = sum(row.values())
+            why = ", ".join(f"{k}: {v}" for k, v in row.items() if k != APPLIED)
+            out.append(f"  {check:<{width}}  {applied}/{total}" + (f" ({why})" if why else ""))
+        return ["coverage (requests each check ran on / that concern it):", *out] if out else []
 
     @property
     def efficiency(self) -> float | None:
@@ -165,7 +229,7 @@ class Report:
         if self.seed is not None:
             shards = f" --prefixcache-shards={self.shards}" if self.shards > 1 else ""
             out.append(f"reproduce with --prefixcache-seed={self.seed}{shards}")
-        return out
+        return out + self.coverage_lines() + self.verdict_lines()
 
     def merge(self, other: Report, worker: str = "") -> None:
         """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""
@@ -180,6 +244,10 @@ class Report:
             self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
+        for check, row in other.coverage.items():
+            mine = self.coverage.setdefault(check, {})
+            for key, n in row.items():
+                mine[key] = mine.get(key, 0) + n
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -203,6 +271,10 @@ class Report:
             "cold_seconds": self.cold_seconds,
             "engine_error": self.engine_error,
             "failures_by_check": self.failures_by_check,
+            "verdict": self.verdict,
+            "allow_partial": self.allow_partial,
+            "coverage": self.coverage,
+            "not_checked": missing(self.coverage),
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [

@@ -173,6 +173,8 @@ class Settings:
     def random_seed() -> int:
         return random.SystemRandom().randrange(2**32)
 
+    allow_partial: bool = False
+    """A run whose correctness checks could not all run passes, said as partial."""
     failures_to: Path | None = None
     """Where failing streams are saved (default: ``FAILURES_DIR``)."""
 

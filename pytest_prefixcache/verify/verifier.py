@@ -23,8 +23,10 @@ from ..checks import (
     Rendered,
     ReuseOracle,
     Tolerance,
+    baseline_problems,
     compare,
     control_problems,
+    coverage_of,
     efficiency_problem,
     expectation_problems,
     fault_problems,
@@ -198,7 +200,10 @@ class Verifier:
             self.report.cold_seconds += self._seconds
         self._check(fault_problems(uncached, request), ctx, "uncached run: ")
         assert isinstance(uncached, Outcome)
+        self._check(baseline_problems(uncached), ctx, "uncached run: ")
         self._check(pair_problems(cached, uncached), ctx)
+        for check, outcome in coverage_of(request, cached, uncached, has_usage=callable(usage)):
+            self.report.count(check, outcome)
         match = None
         render: list[Problem] = []
         if cached.token_ids is not None:

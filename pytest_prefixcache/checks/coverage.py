@@ -1,0 +1,90 @@
+"""Coverage: which correctness checks could run on a request, and why the others could not.
+
+A check needs data the engine may not return (token ids, image spans, cached_tokens, merges,
+decode-step logits). A verdict that says PASS for a check that never ran is worse than none,
+so the verifier counts, per check, the requests it applied to and, for every other request,
+the reason; the session's verdict is PASS only when every correctness check applied to every
+request it concerns (``REQUIRED``), or the user accepted partial coverage.
+
+The memory-budget check is counted too but not required: it is an extra an engine offers
+with ``cache_usage()``, and a server has no standard way to report its cache's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from ..types import Outcome, Request
+
+__all__ = [
+    "APPLIED",
+    "HINTS",
+    "REQUIRED",
+    "coverage_of",
+    "missing",
+]
+
+#: The key under which a check's count of requests it applied to is kept.
+APPLIED = "applied"
+#: The correctness checks that must apply for a full PASS, in the order reports show them.
+REQUIRED = (
+    "equivalence",
+    "equivalence at decode steps",
+    "shapes",
+    "reuse bound",
+    "positive control",
+    "render stability",
+)
+#: What the engine must return to enable a check that could not run, by reason.
+HINTS = {
+    "no token_ids": "return Outcome.token_ids (the prompt's token ids)",
+    "no cached_tokens": "return Outcome.cached_tokens (prompt tokens reused from the cache)",
+    "no image_spans": "return Outcome.image_spans ((start, end, digest) of each image's "
+    "placeholders)",
+    "no merges": "return Outcome.merges ((slots, rows) of each vision merge)",
+    "no step_logits": "return Outcome.step_logits (the logits of every decode step)",
+    "step_logits on one side only": "return step_logits from both the cached and the uncached run",
+    "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
+}
+
+
+def coverage_of(
+    request: Request, cached: Outcome, uncached: Outcome, *, has_usage: bool
+) -> Iterator[tuple[str, str]]:
+    """(check, APPLIED or the reason it could not run) for every check that concerns this
+    request. A check that does not concern it (shapes on a text-only request, decode steps of
+    a one-token answer) yields nothing."""
+    yield "equivalence", APPLIED  # first-token logits or top_logprobs: a fault otherwise
+    if max(len(cached.tokens), len(uncached.tokens)) > 1:
+        c, u = bool(cached.step_logits), bool(uncached.step_logits)
+        reason = "no step_logits" if not (c or u) else "step_logits on one side only"
+        yield "equivalence at decode steps", APPLIED if (c and u) else reason
+    ids = _first_missing(cached, "token_ids", "cached_tokens")
+    images = bool(request.images)
+    if images:
+        shape_gap = _first_missing(cached, "merges", "image_spans") or _first_missing(
+            uncached, "merges", "image_spans"
+        )
+        yield "shapes", shape_gap or APPLIED
+    spans = _first_missing(cached, "image_spans") if images else None
+    yield "reuse bound", ids or spans or APPLIED
+    yield "positive control", ids or APPLIED
+    yield "render stability", _first_missing(cached, "token_ids") or APPLIED
+    yield "memory budget", APPLIED if has_usage else "no cache_usage()"
+
+
+def _first_missing(outcome: Outcome, *names: str) -> str | None:
+    for name in names:
+        if getattr(outcome, name) is None:
+            return f"no {name}"
+    return None
+
+
+def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """The required checks that could not run on some request: check -> reason -> requests."""
+    out = {}
+    for check in REQUIRED:
+        reasons = {k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and v}
+        if reasons:
+            out[check] = reasons
+    return out
