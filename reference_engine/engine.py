@@ -16,6 +16,7 @@ Each step is a method, so a mutant (``reference_engine.mutants``) can break exac
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -88,8 +89,6 @@ class Engine:
         self.vision = VisionCache(model, vision_entries)
         self.tokens = PieceTokenizer.for_tokenizer(model.tokenizer)
         self._lock = threading.RLock()
-        self._meanwhile: Callable[[], object] | None = None
-        self._at_last_chunk: Callable[[], object] | None = None
         self._requests = 0
         self._hit_tokens = 0
         self._prompt_tokens = 0
@@ -212,17 +211,22 @@ class Engine:
         embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
-        self._meanwhile = getattr(keys, "complete", None)  # a KeyChain: hash the rest
-        stored: list[bool] = []  # store while MLX computes the last chunk (it reads its results)
-        self._at_last_chunk = None
+        stored = False
+
+        def store() -> None:  # while MLX computes the last chunk: it reads that chunk's rows
+            nonlocal stored
+            stored = True
+            self.store(cache, keys, start // self.block_size)
+
+        hooks = {
+            "meanwhile": getattr(keys, "complete", None),  # a KeyChain: hash the rest
+            "at_last_chunk": store if use_cache else None,
+        }
+        hooks = hooks if _takes_hooks(self.prefill) else {}
+        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
         if use_cache:
-            self._at_last_chunk = lambda: (
-                stored.append(True) or self.store(cache, keys, start // self.block_size)
-            )
-        logits = self.prefill(ids, start, embeds, cache, positions)
-        if use_cache:
-            if not stored:  # a prefill that never reached the model's forward
-                self.store(cache, keys, start // self.block_size)
+            if not stored:  # a prefill without the hooks, or one that never ran the model
+                store()
             self.pool.touch(reuse.blocks)
             self._requests += 1
             self._hit_tokens += start
@@ -251,20 +255,23 @@ class Engine:
         embeds: mx.array,
         cache: list[Any],
         positions: mx.array,
+        *,
+        meanwhile: Callable[[], object] | None = None,
+        at_last_chunk: Callable[[], object] | None = None,
     ) -> mx.array:
         """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
         ids (M-RoPE continues across the cached prefix); return the last position's logits.
-        The keys the lookup did not need are hashed while MLX computes the first chunk, and
-        the new blocks stored (``store``) while it computes the last one."""
-        meanwhile, self._meanwhile = self._meanwhile, None
-        last, self._at_last_chunk = self._at_last_chunk, None
+        ``meanwhile`` runs while MLX computes the first chunk (the engine hashes the keys the
+        lookup did not need), ``at_last_chunk`` while it computes the last one (the engine
+        stores the new blocks). An override may leave both out of its signature: the engine
+        then stores after it returns."""
         return self.model.forward(
             ids[start:],
             embeds,
             cache,
             positions[:, :, start:],
             meanwhile=meanwhile,
-            at_last_chunk=last,
+            at_last_chunk=at_last_chunk,
         )
 
     def suffix_embeddings(
@@ -323,3 +330,11 @@ class Engine:
     ) -> tuple[tuple[int, ...], list[np.ndarray]]:
         """Greedy continuation; returns the tokens and the logits before each of them."""
         return self.model.greedy(logits, cache, prompt_len, delta, max_new)
+
+
+def _takes_hooks(prefill: Callable[..., mx.array]) -> bool:
+    """Whether ``prefill`` takes ``meanwhile`` and ``at_last_chunk`` (an override written
+    without them is called without them)."""
+    params = inspect.signature(prefill).parameters.values()
+    names = {p.name for p in params}
+    return {"meanwhile", "at_last_chunk"} <= names or any(p.kind is p.VAR_KEYWORD for p in params)

@@ -5,7 +5,7 @@ The keys are right; the KV rows stored, restored or computed under them are not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,9 +182,10 @@ class MropeRestart(Engine):
         embeds: mx.array,
         cache: list[Any],
         positions: mx.array,
+        **hooks: Callable[[], object] | None,
     ) -> mx.array:
         if start > 0:
             # BUG: positions continue from the cache offset, ignoring the rope delta.
             n = len(ids)
             positions = mx.broadcast_to(mx.arange(n, dtype=mx.int32)[None, None, :], (3, 1, n))
-        return super().prefill(ids, start, embeds, cache, positions)
+        return super().prefill(ids, start, embeds, cache, positions, **hooks)
