@@ -179,22 +179,10 @@ class Engine:
         return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
-        """Acquire the longest stored chain of whole blocks, then the stored child of its last
-        block valid for the most leading positions of the next block; capped so that at least
-        one token is computed (an exact repeat reuses all but its last token)."""
-        hits = self.pool.lookup(keys)
-        tokens = sum(len(b.key.tokens) for b in hits)
-        if len(hits) < len(keys) and self.partial_blocks:
-            partial = self.pool.lookup_partial(keys[len(hits)])
-            if partial is not None:
-                hits.append(partial[0])
-                tokens += partial[1]
-        tokens = min(tokens, prompt_len - 1)
-        if not self.partial_blocks:
-            tokens -= tokens % self.block_size
-        while hits and hits[-1].key.index * self.block_size >= tokens:
-            self.pool.release([hits.pop()])
-        return Reuse(hits, max(tokens, 0) if hits else 0)
+        """What the pool lets this prompt reuse (``BlockPool.reuse``), its blocks acquired."""
+        return self.pool.reuse(
+            keys, prompt_len, block_size=self.block_size, partial=self.partial_blocks
+        )
 
     def _serve(
         self,

@@ -93,22 +93,17 @@ class EmptySuffixRefeed(Engine):
     token re-fed without trimming the cache).
     """
 
-    _whole: list[Block] | None = None
-
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
         hits = self.pool.lookup(keys)
-        whole = len(hits) * self.block_size >= prompt_len
-        self._whole = list(hits) if whole else None
-        while hits and len(hits) * self.block_size >= prompt_len:
-            self.pool.release([hits.pop()])
-        return Reuse(hits, len(hits) * self.block_size)
+        # an exact repeat keeps every block, the last one's row included; all tokens but
+        # the last count as reused, and the last is computed again
+        return Reuse(hits, min(len(hits) * self.block_size, prompt_len - 1))
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
-        whole, self._whole = self._whole, None
-        if whole is not None and len(whole) > len(reuse.blocks):
+        rows = len(reuse.blocks) * self.block_size
+        if rows > reuse.tokens:
             # BUG: the last token is recomputed, but the cache is not trimmed before it.
-            payloads = [b.payload for b in whole]
-            return self.model.restore(payloads, len(whole) * self.block_size, capacity)
+            return self.model.restore([b.payload for b in reuse.blocks], rows, capacity)
         return super().restore(reuse, capacity)
 
 
