@@ -29,9 +29,9 @@ import numpy as np
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, KeyChain, namespace_root
-from .kv import Segments
+from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
-from .pool import Block, BlockPool, Reuse
+from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache, merge_rows, slice_rows
@@ -84,8 +84,8 @@ class Engine:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.model = model
         self.block_size = block_size
-        self.segments = Segments()
-        self.pool = BlockPool(max_bytes, on_drop=self.segments.dropped)
+        self.kv = KVStore(model)
+        self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)
         self.vision = VisionCache(model, vision_entries)
         self.tokens = PieceTokenizer.for_tokenizer(model.tokenizer)
         self._lock = threading.RLock()
@@ -126,6 +126,11 @@ class Engine:
             vision_hits=self.vision.hits,
         )
 
+    @property
+    def segments(self) -> Segments:
+        """The KV store's segments and their windows (for inspection)."""
+        return self.kv.segments
+
     def cache_usage(self) -> dict[str, int]:
         """Memory of the block pool, for the plugin's memory-budget check."""
         return {
@@ -138,7 +143,7 @@ class Engine:
         """Drop every cached block and image, and zero the counters."""
         with self._lock:
             self.pool.clear()
-            self.segments.compact()
+            self.kv.compact()
             self.vision.clear()
             if self.tokens is not None:
                 self.tokens.clear()
@@ -158,7 +163,7 @@ class Engine:
                 return self._serve(request, rendered, prepared, keys, reuse, use_cache)
             finally:
                 self.pool.release(reuse.blocks)
-                self.segments.compact()
+                self.kv.compact()
 
     def render(
         self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
@@ -234,7 +239,7 @@ class Engine:
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         """A fresh KV cache holding copies of the reused rows, in chain order, with room for
         ``capacity`` positions (prompt and decode)."""
-        return self.model.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
+        return self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
 
     def prefill(
         self,
@@ -285,33 +290,12 @@ class Engine:
         return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
-        """Store the blocks from index ``first`` on (the partial tail too, unless a stored
-        sibling already covers it): one copy of their KV rows after prefill (a segment), a
-        window on it per block. Called while MLX computes the prefill's last chunk: the copy
-        is launched on the cache as that chunk leaves it, and evaluated before returning."""
+        """Store the blocks from index ``first`` on in the KV store (``KVStore.store``): the
+        partial tail too, unless a stored sibling already covers it."""
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
-        if not todo:
-            return
-        base = todo[0].index * self.block_size
-        end = todo[-1].index * self.block_size + len(todo[-1].tokens)
-        segment = self.model.kv_segment(cache, base, end, wait=False)
-        windows = [segment.window(k.index * self.block_size - base, len(k.tokens)) for k in todo]
-        self.segments.track(windows)
-        stored: list[Block] = []
-        try:
-            for key, window in zip(todo, windows):
-                block = self.pool.insert(key, window, window.nbytes)
-                if block is None:
-                    break
-                stored.append(block)
-            mx.eval([segment.layers])  # the copies done before anything can read them
-        finally:
-            adopted = {id(b.payload) for b in stored}
-            self.segments.discard([w for w in windows if id(w) not in adopted])
-            self.pool.touch(stored)
-            self.pool.release(stored)
+        self.kv.store(self.pool, cache, todo, block_size=self.block_size)
 
     def decode(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int

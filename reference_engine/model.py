@@ -21,7 +21,7 @@ import numpy as np
 
 from pytest_prefixcache.errors import EngineError
 
-from .kv import Segment, Window, copy_segment, restore_windows
+from .kv import Window, restore_windows
 from .positions import mrope_positions
 
 __all__ = ["LoadedModel", "default_model_path", "load_model"]
@@ -160,18 +160,6 @@ class LoadedModel:
             raise ValueError("forward() needs at least one token")
         mx.eval(logits)
         return logits
-
-    @staticmethod
-    def kv_segment(cache: list[Any], start: int, end: int, *, wait: bool = True) -> Segment:
-        """Copies of the KV rows [start, end) of every layer (never views of live buffers),
-        one array per layer for keys and one for values, for the blocks to take windows on
-        (``wait=False``: launched, not waited for; evaluate ``layers`` before reading)."""
-        return copy_segment(cache, start, end, wait=wait)
-
-    @staticmethod
-    def kv_rows(cache: list[Any], start: int, end: int) -> Window:
-        """A window on a copy of the KV rows [start, end) alone (one block's payload)."""
-        return copy_segment(cache, start, end).window(0, end - start)
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
         """A fresh cache holding the first ``tokens`` KV rows of the given blocks' windows in

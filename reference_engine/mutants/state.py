@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..blocks import BlockKey
 from ..engine import Engine
-from ..kv import Segment, Window
+from ..kv import Segment, Window, copy_segment
 from ..pool import Block, Reuse
 
 __all__ = [
@@ -72,7 +72,7 @@ class SnapshotAfterDecode(Engine):
                 # BUG: the chain's last whole block is cut at the cache offset after one
                 # decode step.
                 end = start + len(key.tokens) + (1 if whole and key is whole[-1] else 0)
-                rows = self.model.kv_rows(cache, start, end)
+                rows = copy_segment(cache, start, end).window(0, end - start)
                 block = self.pool.insert(key, rows, rows.nbytes)
                 if block is None:
                     break
@@ -103,7 +103,7 @@ class EmptySuffixRefeed(Engine):
         rows = len(reuse.blocks) * self.block_size
         if rows > reuse.tokens:
             # BUG: the last token is recomputed, but the cache is not trimmed before it.
-            return self.model.restore([b.payload for b in reuse.blocks], rows, capacity)
+            return self.kv.restore([b.payload for b in reuse.blocks], rows, capacity)
         return super().restore(reuse, capacity)
 
 
@@ -157,7 +157,7 @@ class AliasedLiveCache(Engine):
             for c in cache:
                 c.offset = reuse.tokens
             return cache
-        return self.model.restore([p.window() for p in live], reuse.tokens, capacity)
+        return self.kv.restore([p.window() for p in live], reuse.tokens, capacity)
 
 
 class MropeRestart(Engine):
