@@ -127,6 +127,7 @@ def restore_windows(
     if not windows or tokens <= 0:
         return cache
     runs = _runs(windows, tokens)
+    buffers = []
     for layer, c in enumerate(cache):
         parts = []
         for kind in (0, 1):
@@ -135,9 +136,10 @@ def restore_windows(
             if room:
                 pieces.append(mx.zeros((*tail.shape[:2], room, tail.shape[3]), tail.dtype))
             parts.append(mx.concatenate(pieces, axis=2))
-        c.keys, c.values = parts
-        c.offset = tokens
-    mx.eval([c.keys for c in cache], [c.values for c in cache])
+        c.state = tuple(parts)  # mlx-vlm's KVCache: its offset is now tokens + room,
+        c.trim(room)  # and back to tokens: the room is where the next rows are written
+        buffers += parts
+    mx.eval(buffers)
     return cache
 
 

@@ -103,7 +103,8 @@ class LoadedModel:
     def make_cache(self, capacity: int = 0) -> list[Any]:
         """An empty KV cache; with ``capacity``, its first write allocates room for that many
         positions at once (instead of growing 256 positions at a time, copying every row
-        each time it grows)."""
+        each time it grows). KVCache has no API for that: its growth ``step`` is a class
+        attribute, set here per instance."""
         from mlx_vlm.models.cache import KVCache
 
         cache = [KVCache() for _ in range(self.num_layers)]
@@ -146,7 +147,7 @@ class LoadedModel:
                 cache=cache,
                 position_ids=position_ids[:, :, s:e],
             )
-            state = [*[c.keys for c in cache], *[c.values for c in cache]]
+            state = [c.state for c in cache]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None
             if any(work):

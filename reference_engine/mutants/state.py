@@ -155,7 +155,7 @@ class AliasedLiveCache(Engine):
             cache = live[0].cache
             # BUG: the stored cache itself is reused, trimmed to the hit: writes land in it.
             for c in cache:
-                c.offset = reuse.tokens
+                c.trim(c.size() - reuse.tokens)
             return cache
         return self.kv.restore([p.window() for p in live], reuse.tokens, capacity)
 
