@@ -128,9 +128,9 @@ class LoadedModel:
         ``cache``, ``chunk`` positions at a time; return the float32 logits of the last
         position, shape (vocab,). The cache advances by n.
 
-        Chunking bounds the attention scores held at once (n x chunk instead of n x n); on
-        MLX CPU a split prefill is bit-identical to a one-shot one, and 4,096 tokens prefill
-        about 2.5x faster in chunks of 256 than in one piece. ``meanwhile`` runs while MLX computes
+        Chunking bounds the attention scores held at once (n x chunk instead of n x n), which
+        also makes a long prefill faster; on MLX CPU a split prefill is bit-identical to a
+        one-shot one (``benchmarks/chunked_prefill.py``). ``meanwhile`` runs while MLX computes
         the first chunk, ``at_last_chunk`` while it computes the last one (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
