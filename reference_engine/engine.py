@@ -3,13 +3,13 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading positions' KV rows come from the pool:
 
-    render -> block keys (hashed as the lookup needs them) -> lookup: the chain of whole
-    blocks, then the longest valid prefix of a stored child of its last block (token
-    granularity; cap: at least one token is computed) -> restore KV into a buffer sized for
-    the whole prompt -> embeddings of the suffix (vision rows only for uncached placeholders,
-    sliced exactly) -> prefill the suffix with the full prompt's position ids (the other
-    keys hashed while MLX computes) -> store the new blocks and the prompt's partial tail
-    (one copy of their rows, a window per block) -> release -> greedy decode
+    render (render.py, tokens.py) -> block keys (blocks.py, hashed as the lookup needs them)
+    -> lookup (pool.py, ``BlockPool.reuse``: token granularity, at least one token computed)
+    -> restore the reused rows into a buffer sized for the whole prompt (kv.py, ``KVStore``)
+    -> embeddings of the suffix (vision.py: rows only for uncached placeholders, sliced
+    exactly) -> prefill the suffix with the full prompt's position ids (model.py; the other
+    keys hashed meanwhile) -> store the new blocks and the prompt's partial tail (kv.py: one
+    copy of their rows, a window per block) -> release -> greedy decode (model.py)
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -34,7 +34,7 @@ from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .tokens import PieceTokenizer
-from .vision import Prepared, VisionCache, merge_rows, slice_rows
+from .vision import Prepared, VisionCache, merge_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
 
@@ -272,21 +272,9 @@ class Engine:
     ) -> tuple[mx.array, list[tuple[int, int]]]:
         """Input embeddings of positions [start, L): token embeddings with the rows of every
         image placeholder still to compute merged in; returns them and (slots, rows) per merge."""
-        placed: list[tuple[int, int, mx.array]] = []
-        merges: list[tuple[int, int]] = []
-        for (span_start, span_end, _digest), image in zip(rendered.spans, rendered.images):
-            if span_end <= start:
-                continue
-            all_rows = self.vision.rows(image, prepared[image.digest], use_cache=use_cache)
-            rows = slice_rows(all_rows, span_start, span_end, start)
-            first = max(span_start, start)
-            slots = span_end - first
-            merges.append((slots, int(rows.shape[0])))
-            if slots != rows.shape[0]:
-                raise RuntimeError(
-                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
-                )
-            placed.append((first, span_end, rows))
+        placed, merges = self.vision.suffix_rows(
+            rendered.spans, rendered.images, prepared, start, use_cache=use_cache
+        )
         return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
