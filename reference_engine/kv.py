@@ -242,7 +242,7 @@ class KVStore:
         try:
             for key, window in zip(keys, windows):
                 block = pool.insert(key, window, window.nbytes)
-                if block is None:  # it does not fit: neither do the blocks after it
+                if block is None:  # it does not fit (or collides): the chain stops here
                     break
                 stored.append(block)
             mx.eval([segment.layers])  # the copies done before anything can read them
