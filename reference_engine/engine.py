@@ -3,19 +3,20 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading positions' KV rows come from the pool:
 
-    render -> block keys (hashed as the lookup needs them) -> lookup: the chain of whole
-    blocks, then the longest valid prefix of a stored child of its last block (token
-    granularity; cap: at least one token is computed) -> restore KV into a buffer sized for
-    the whole prompt -> embeddings of the suffix (vision rows only for uncached placeholders,
-    sliced exactly) -> prefill the suffix with the full prompt's position ids (the other
-    keys hashed while MLX computes) -> store the new blocks and the prompt's partial tail
-    (one copy of their rows, a window per block) -> release -> greedy decode
+    render (render.py, tokens.py) -> block keys (blocks.py, hashed as the lookup needs them)
+    -> lookup (pool.py, ``BlockPool.reuse``: token granularity, at least one token computed)
+    -> restore the reused rows into a buffer sized for the whole prompt (kv.py, ``KVStore``)
+    -> embeddings of the suffix (vision.py: rows only for uncached placeholders, sliced
+    exactly) -> prefill the suffix with the full prompt's position ids (model.py; the other
+    keys hashed meanwhile) -> store the new blocks and the prompt's partial tail (kv.py: one
+    copy of their rows, a window per block) -> release -> greedy decode (model.py)
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -28,12 +29,12 @@ import numpy as np
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, KeyChain, namespace_root
-from .kv import Segments
+from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
-from .pool import Block, BlockPool, Reuse
+from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .tokens import PieceTokenizer
-from .vision import Prepared, VisionCache, merge_rows, slice_rows
+from .vision import Prepared, VisionCache, merge_rows
 
 __all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
 
@@ -83,13 +84,11 @@ class Engine:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.model = model
         self.block_size = block_size
-        self.segments = Segments()
-        self.pool = BlockPool(max_bytes, on_drop=self.segments.dropped)
+        self.kv = KVStore(model)
+        self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)
         self.vision = VisionCache(model, vision_entries)
         self.tokens = PieceTokenizer.for_tokenizer(model.tokenizer)
         self._lock = threading.RLock()
-        self._meanwhile: Callable[[], object] | None = None
-        self._at_last_chunk: Callable[[], object] | None = None
         self._requests = 0
         self._hit_tokens = 0
         self._prompt_tokens = 0
@@ -127,6 +126,11 @@ class Engine:
             vision_hits=self.vision.hits,
         )
 
+    @property
+    def segments(self) -> Segments:
+        """The KV store's segments and their windows (for inspection)."""
+        return self.kv.segments
+
     def cache_usage(self) -> dict[str, int]:
         """Memory of the block pool, for the plugin's memory-budget check."""
         return {
@@ -139,7 +143,7 @@ class Engine:
         """Drop every cached block and image, and zero the counters."""
         with self._lock:
             self.pool.clear()
-            self.segments.compact()
+            self.kv.compact()
             self.vision.clear()
             if self.tokens is not None:
                 self.tokens.clear()
@@ -159,7 +163,7 @@ class Engine:
                 return self._serve(request, rendered, prepared, keys, reuse, use_cache)
             finally:
                 self.pool.release(reuse.blocks)
-                self.segments.compact()
+                self.kv.compact()
 
     def render(
         self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
@@ -180,22 +184,10 @@ class Engine:
         return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
-        """Acquire the longest stored chain of whole blocks, then the stored child of its last
-        block valid for the most leading positions of the next block; capped so that at least
-        one token is computed (an exact repeat reuses all but its last token)."""
-        hits = self.pool.lookup(keys)
-        tokens = sum(len(b.key.tokens) for b in hits)
-        if len(hits) < len(keys) and self.partial_blocks:
-            partial = self.pool.lookup_partial(keys[len(hits)])
-            if partial is not None:
-                hits.append(partial[0])
-                tokens += partial[1]
-        tokens = min(tokens, prompt_len - 1)
-        if not self.partial_blocks:
-            tokens -= tokens % self.block_size
-        while hits and hits[-1].key.index * self.block_size >= tokens:
-            self.pool.release([hits.pop()])
-        return Reuse(hits, max(tokens, 0) if hits else 0)
+        """What the pool lets this prompt reuse (``BlockPool.reuse``), its blocks acquired."""
+        return self.pool.reuse(
+            keys, prompt_len, block_size=self.block_size, partial=self.partial_blocks
+        )
 
     def _serve(
         self,
@@ -212,17 +204,22 @@ class Engine:
         embeds, merges = self.suffix_embeddings(rendered, prepared, start, use_cache=use_cache)
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
-        self._meanwhile = getattr(keys, "complete", None)  # a KeyChain: hash the rest
-        stored: list[bool] = []  # store while MLX computes the last chunk (it reads its results)
-        self._at_last_chunk = None
+        stored = False
+
+        def store() -> None:  # while MLX computes the last chunk: it reads that chunk's rows
+            nonlocal stored
+            stored = True
+            self.store(cache, keys, start // self.block_size)
+
+        hooks = {
+            "meanwhile": getattr(keys, "complete", None),  # a KeyChain: hash the rest
+            "at_last_chunk": store if use_cache else None,
+        }
+        hooks = hooks if _takes_hooks(self.prefill) else {}
+        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
         if use_cache:
-            self._at_last_chunk = lambda: (
-                stored.append(True) or self.store(cache, keys, start // self.block_size)
-            )
-        logits = self.prefill(ids, start, embeds, cache, positions)
-        if use_cache:
-            if not stored:  # a prefill that never reached the model's forward
-                self.store(cache, keys, start // self.block_size)
+            if not stored:  # a prefill without the hooks, or one that never ran the model
+                store()
             self.pool.touch(reuse.blocks)
             self._requests += 1
             self._hit_tokens += start
@@ -242,7 +239,7 @@ class Engine:
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         """A fresh KV cache holding copies of the reused rows, in chain order, with room for
         ``capacity`` positions (prompt and decode)."""
-        return self.model.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
+        return self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
 
     def prefill(
         self,
@@ -251,20 +248,23 @@ class Engine:
         embeds: mx.array,
         cache: list[Any],
         positions: mx.array,
+        *,
+        meanwhile: Callable[[], object] | None = None,
+        at_last_chunk: Callable[[], object] | None = None,
     ) -> mx.array:
         """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
         ids (M-RoPE continues across the cached prefix); return the last position's logits.
-        The keys the lookup did not need are hashed while MLX computes the first chunk, and
-        the new blocks stored (``store``) while it computes the last one."""
-        meanwhile, self._meanwhile = self._meanwhile, None
-        last, self._at_last_chunk = self._at_last_chunk, None
+        ``meanwhile`` runs while MLX computes the first chunk (the engine hashes the keys the
+        lookup did not need), ``at_last_chunk`` while it computes the last one (the engine
+        stores the new blocks). An override may leave both out of its signature: the engine
+        then stores after it returns."""
         return self.model.forward(
             ids[start:],
             embeds,
             cache,
             positions[:, :, start:],
             meanwhile=meanwhile,
-            at_last_chunk=last,
+            at_last_chunk=at_last_chunk,
         )
 
     def suffix_embeddings(
@@ -272,54 +272,29 @@ class Engine:
     ) -> tuple[mx.array, list[tuple[int, int]]]:
         """Input embeddings of positions [start, L): token embeddings with the rows of every
         image placeholder still to compute merged in; returns them and (slots, rows) per merge."""
-        placed: list[tuple[int, int, mx.array]] = []
-        merges: list[tuple[int, int]] = []
-        for (span_start, span_end, _digest), image in zip(rendered.spans, rendered.images):
-            if span_end <= start:
-                continue
-            all_rows = self.vision.rows(image, prepared[image.digest], use_cache=use_cache)
-            rows = slice_rows(all_rows, span_start, span_end, start)
-            first = max(span_start, start)
-            slots = span_end - first
-            merges.append((slots, int(rows.shape[0])))
-            if slots != rows.shape[0]:
-                raise RuntimeError(
-                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
-                )
-            placed.append((first, span_end, rows))
+        placed, merges = self.vision.suffix_rows(
+            rendered.spans, rendered.images, prepared, start, use_cache=use_cache
+        )
         return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
 
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
-        """Store the blocks from index ``first`` on (the partial tail too, unless a stored
-        sibling already covers it): one copy of their KV rows after prefill (a segment), a
-        window on it per block. Called while MLX computes the prefill's last chunk: the copy
-        is launched on the cache as that chunk leaves it, and evaluated before returning."""
+        """Store the blocks from index ``first`` on in the KV store (``KVStore.store``): the
+        partial tail too, unless a stored sibling already covers it."""
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
-        if not todo:
-            return
-        base = todo[0].index * self.block_size
-        end = todo[-1].index * self.block_size + len(todo[-1].tokens)
-        segment = self.model.kv_segment(cache, base, end, wait=False)
-        windows = [segment.window(k.index * self.block_size - base, len(k.tokens)) for k in todo]
-        self.segments.track(windows)
-        stored: list[Block] = []
-        try:
-            for key, window in zip(todo, windows):
-                block = self.pool.insert(key, window, window.nbytes)
-                if block is None:
-                    break
-                stored.append(block)
-            mx.eval([segment.layers])  # the copies done before anything can read them
-        finally:
-            adopted = {id(b.payload) for b in stored}
-            self.segments.discard([w for w in windows if id(w) not in adopted])
-            self.pool.touch(stored)
-            self.pool.release(stored)
+        self.kv.store(self.pool, cache, todo, block_size=self.block_size)
 
     def decode(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
     ) -> tuple[tuple[int, ...], list[np.ndarray]]:
         """Greedy continuation; returns the tokens and the logits before each of them."""
         return self.model.greedy(logits, cache, prompt_len, delta, max_new)
+
+
+def _takes_hooks(prefill: Callable[..., mx.array]) -> bool:
+    """Whether ``prefill`` takes ``meanwhile`` and ``at_last_chunk`` (an override written
+    without them is called without them)."""
+    params = inspect.signature(prefill).parameters.values()
+    names = {p.name for p in params}
+    return {"meanwhile", "at_last_chunk"} <= names or any(p.kind is p.VAR_KEYWORD for p in params)

@@ -1,10 +1,11 @@
-"""Stored KV rows: one copy per request (a segment), one window of it per block.
+"""Stored KV rows: one copy per request (a segment), one window of it per block, and the KV
+store (``KVStore``) the engine calls to store a request's new blocks and to restore a chain.
 
 Storing a request's new blocks copies its new KV rows ONCE per layer (a ``Segment``: for each
 layer, keys and values of rows [start, end), copied out of the live cache) and gives each
 block a ``Window`` on it (offset, rows). Copying per block instead costs MLX a slice and a copy
-per block, layer, keys and values: 744 small arrays for a 2,969-token prompt on the tiny
-fixture, about 8 ms against 0.3 ms for the 4 copies of one segment.
+per block, layer, keys and values, and MLX pays per array far more than per byte
+(``benchmarks/store.py``; the figures are in the README).
 
 Restoring a chain concatenates its windows grouped into runs (consecutive windows of one
 segment that follow each other), so a prefix stored by one request is one slice per layer,
@@ -23,11 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
-__all__ = ["Segment", "Segments", "Window", "copy_segment", "restore_windows"]
+from .blocks import BlockKey
+from .pool import Block, BlockPool
+
+if TYPE_CHECKING:
+    from .model import LoadedModel
+
+__all__ = ["KVStore", "Segment", "Segments", "Window", "copy_segment", "restore_windows"]
 
 Rows = list[tuple[mx.array, mx.array]]
 """Per layer, keys and values shaped (batch, kv heads, rows, head dim)."""
@@ -74,7 +81,8 @@ class Window:
 
 
 def copy_segment(cache: Sequence[Any], start: int, end: int, *, wait: bool = True) -> Segment:
-    """A segment holding copies of the rows [start, end) of every layer of ``cache``
+    """A segment holding copies of the rows [start, end) of every layer of ``cache`` (KVCache
+    layers, or anything with ``keys`` and ``values`` buffers), never views of live buffers
     (``wait=False``: the copies are launched, and done when ``layers`` is evaluated)."""
     if not 0 <= start < end:
         raise ValueError(f"cannot copy KV rows [{start}, {end})")
@@ -119,6 +127,7 @@ def restore_windows(
     if not windows or tokens <= 0:
         return cache
     runs = _runs(windows, tokens)
+    buffers = []
     for layer, c in enumerate(cache):
         parts = []
         for kind in (0, 1):
@@ -127,9 +136,10 @@ def restore_windows(
             if room:
                 pieces.append(mx.zeros((*tail.shape[:2], room, tail.shape[3]), tail.dtype))
             parts.append(mx.concatenate(pieces, axis=2))
-        c.keys, c.values = parts
-        c.offset = tokens
-    mx.eval([c.keys for c in cache], [c.values for c in cache])
+        c.state = tuple(parts)  # mlx-vlm's KVCache: its offset is now tokens + room,
+        c.trim(room)  # and back to tokens: the room is where the next rows are written
+        buffers += parts
+    mx.eval(buffers)
     return cache
 
 
@@ -139,24 +149,24 @@ class Segments:
 
     Windows point at their segment, never the other way (the registry is here), so that a
     segment is freed by reference counting as soon as nothing points at it: a cycle would
-    leave it to Python's cyclic collector, whose full passes over a process that has
-    imported mlx-vlm cost tens of milliseconds at random points of a request.
+    leave it to Python's cyclic collector, whose full passes walk every object of a process
+    that has imported mlx-vlm, at random points of a request (README: what one costs).
     """
 
     def __init__(self) -> None:
-        self._windows: dict[int, list[Window]] = {}  # id(segment) -> its windows
-        self._dirty: dict[int, Segment] = {}
+        self._windows: dict[Segment, list[Window]] = {}  # by identity (Segment has no __eq__)
+        self._dirty: dict[Segment, None] = {}  # in the order their first window died
 
     def track(self, windows: Sequence[Window]) -> None:
         """Register windows of one segment (for compaction once some of them are dropped)."""
         if windows:
-            self._windows.setdefault(id(windows[0].segment), []).extend(windows)
+            self._windows.setdefault(windows[0].segment, []).extend(windows)
 
     def dropped(self, payload: Any) -> None:
         """The pool dropped a block with this payload: its window is dead."""
         if isinstance(payload, Window) and payload.alive:
             payload.alive = False
-            self._dirty[id(payload.segment)] = payload.segment
+            self._dirty[payload.segment] = None
 
     def discard(self, windows: Sequence[Window]) -> None:
         """Windows that never made it into the pool (not stored, or already stored)."""
@@ -165,14 +175,14 @@ class Segments:
 
     def members(self, segment: Segment) -> list[Window]:
         """The registered windows of ``segment``, dead ones included until compaction."""
-        return list(self._windows.get(id(segment), ()))
+        return list(self._windows.get(segment, ()))
 
     def compact(self) -> int:
         """Copy each dirty segment's live windows into a new segment; return rows freed."""
         freed = 0
-        dirty, self._dirty = list(self._dirty.values()), {}
+        dirty, self._dirty = list(self._dirty), {}
         for seg in dirty:
-            windows = self._windows.pop(id(seg), None)
+            windows = self._windows.pop(seg, None)
             if windows is None:  # not registered: freed with its only window
                 continue
             live = sorted((w for w in windows if w.alive), key=lambda w: w.offset)
@@ -194,5 +204,63 @@ class Segments:
             for w in live:
                 w.segment, w.offset = new, offset
                 offset += w.rows
-            self._windows[id(new)] = live
+            self._windows[new] = live
         return freed
+
+
+class KVStore:
+    """The KV rows of the pool's blocks, as the engine stores and restores them.
+
+    ``store`` copies a request's new rows once (a segment) and inserts a window on it per block
+    into the pool; the windows the pool does not take die at once. ``restore`` builds a fresh
+    cache from a chain of windows. The pool reports the blocks it drops to ``dropped`` (its
+    ``on_drop``), and ``compact``, run after every request, shrinks the segments that lost
+    windows (``segments``).
+
+    Args:
+        model: the model whose KV caches are restored (``LoadedModel.restore``).
+    """
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.segments = Segments()
+
+    def store(
+        self, pool: BlockPool, cache: list[Any], keys: Sequence[BlockKey], *, block_size: int
+    ) -> None:
+        """Insert a block per key of ``keys`` (consecutive) into ``pool``, each a window on
+        one copy of their rows of ``cache``. The copy is launched, then evaluated before
+        returning: called while MLX computes the prefill's last chunk, it overlaps with it."""
+        if not keys:
+            return
+        base = keys[0].index * block_size
+        end = keys[-1].index * block_size + len(keys[-1].tokens)
+        segment = copy_segment(cache, base, end, wait=False)
+        windows = [segment.window(k.index * block_size - base, len(k.tokens)) for k in keys]
+        self.segments.track(windows)
+        stored: list[Block] = []
+        try:
+            for key, window in zip(keys, windows):
+                block = pool.insert(key, window, window.nbytes)
+                if block is None:  # it does not fit (or collides): the chain stops here
+                    break
+                stored.append(block)
+            mx.eval([segment.layers])  # the copies done before anything can read them
+        finally:
+            stored_before = [w for w, b in zip(windows, stored) if b.payload is not w]
+            self.segments.discard(stored_before + windows[len(stored) :])
+            pool.touch(stored)
+            pool.release(stored)
+
+    def restore(self, windows: Sequence[Window], tokens: int, capacity: int) -> list[Any]:
+        """A fresh KV cache holding the first ``tokens`` rows of ``windows`` in chain order,
+        with room for ``capacity`` positions (prompt and decode) written in place."""
+        return self.model.restore(windows, tokens, capacity)
+
+    def dropped(self, payload: Any) -> None:
+        """The pool let go of a block with this payload (evicted, superseded or cleared)."""
+        self.segments.dropped(payload)
+
+    def compact(self) -> int:
+        """Copy the live windows of every segment that lost some; return the rows freed."""
+        return self.segments.compact()

@@ -21,7 +21,7 @@ import numpy as np
 
 from pytest_prefixcache.errors import EngineError
 
-from .kv import Segment, Window, copy_segment, restore_windows
+from .kv import Window, restore_windows
 from .positions import mrope_positions
 
 __all__ = ["LoadedModel", "default_model_path", "load_model"]
@@ -103,7 +103,8 @@ class LoadedModel:
     def make_cache(self, capacity: int = 0) -> list[Any]:
         """An empty KV cache; with ``capacity``, its first write allocates room for that many
         positions at once (instead of growing 256 positions at a time, copying every row
-        each time it grows)."""
+        each time it grows). KVCache has no API for that: its growth ``step`` is a class
+        attribute, set here per instance."""
         from mlx_vlm.models.cache import KVCache
 
         cache = [KVCache() for _ in range(self.num_layers)]
@@ -127,9 +128,9 @@ class LoadedModel:
         ``cache``, ``chunk`` positions at a time; return the float32 logits of the last
         position, shape (vocab,). The cache advances by n.
 
-        Chunking bounds the attention scores held at once (n x chunk instead of n x n); on
-        MLX CPU a split prefill is bit-identical to a one-shot one, and 4,096 tokens prefill
-        about 2.5x faster in chunks of 256 than in one piece. ``meanwhile`` runs while MLX computes
+        Chunking bounds the attention scores held at once (n x chunk instead of n x n), which
+        also makes a long prefill faster; on MLX CPU a split prefill is bit-identical to a
+        one-shot one (``benchmarks/chunked_prefill.py``). ``meanwhile`` runs while MLX computes
         the first chunk, ``at_last_chunk`` while it computes the last one (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
@@ -146,7 +147,7 @@ class LoadedModel:
                 cache=cache,
                 position_ids=position_ids[:, :, s:e],
             )
-            state = [*[c.keys for c in cache], *[c.values for c in cache]]
+            state = [c.state for c in cache]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None
             if any(work):
@@ -160,18 +161,6 @@ class LoadedModel:
             raise ValueError("forward() needs at least one token")
         mx.eval(logits)
         return logits
-
-    @staticmethod
-    def kv_segment(cache: list[Any], start: int, end: int, *, wait: bool = True) -> Segment:
-        """Copies of the KV rows [start, end) of every layer (never views of live buffers),
-        one array per layer for keys and one for values, for the blocks to take windows on
-        (``wait=False``: launched, not waited for; evaluate ``layers`` before reading)."""
-        return copy_segment(cache, start, end, wait=wait)
-
-    @staticmethod
-    def kv_rows(cache: list[Any], start: int, end: int) -> Window:
-        """A window on a copy of the KV rows [start, end) alone (one block's payload)."""
-        return copy_segment(cache, start, end).window(0, end - start)
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
         """A fresh cache holding the first ``tokens`` KV rows of the given blocks' windows in

@@ -4,11 +4,12 @@ The pool knows nothing of MLX: a block's payload is opaque and its size is given
 caller. A block that is referenced (acquired by a running request) is never evicted. A hit
 is confirmed against the stored parent, token ids and extra keys, never the hash alone.
 
-Besides the chain of whole blocks (``lookup``), ``lookup_partial`` finds, among the stored
-children of the chain's last block, the one whose leading rows are valid for the next block
-of the prompt for the most positions (``agreeing_prefix``): reuse at token granularity. A
-stored partial block (a prompt's tail) that a newer child of the same parent fully covers is
-dropped when unreferenced (``superseded``).
+``reuse`` is the one place that decides how much of a prompt is reused: the chain of whole
+blocks, then, among the stored children of the chain's last block, the one whose leading rows
+are valid for the next block of the prompt for the most positions (``agreeing_prefix``:
+reuse at token granularity), capped so that at least one token is computed. A stored partial
+block (a prompt's tail) that a newer child of the same parent fully covers is dropped when
+unreferenced (``superseded``).
 """
 
 from __future__ import annotations
@@ -102,37 +103,76 @@ class BlockPool:
         with self._lock:
             return list(self._blocks.values())
 
+    def reuse(
+        self, keys: Sequence[BlockKey], prompt_len: int, *, block_size: int, partial: bool = True
+    ) -> Reuse:
+        """Acquire what a prompt of ``prompt_len`` tokens cut into ``keys`` reuses: the
+        longest stored chain of whole blocks, then (``partial``) the stored child of its last
+        block valid for the most leading positions of the next block; capped so that at least
+        one token is computed (an exact repeat reuses all but its last token), and to whole
+        blocks unless ``partial``. The caller releases the blocks when done with them."""
+        with self._lock:
+            blocks = self._chain(keys)
+            tokens = sum(len(b.key.tokens) for b in blocks)
+            more = partial and len(blocks) < len(keys)
+            child = self._best_child(keys[len(blocks)]) if more else None
+            if child is not None:
+                blocks.append(child[0])
+                tokens += child[1]
+            tokens = min(tokens, prompt_len - 1)
+            if not partial:
+                tokens -= tokens % block_size
+            blocks = [b for b in blocks if b.key.index * block_size < tokens]
+            self._acquire(blocks)
+            return Reuse(blocks, tokens if blocks else 0)
+
     def lookup(self, keys: Sequence[BlockKey]) -> list[Block]:
         """Acquire the longest chain of stored blocks matching ``keys`` from the first one."""
         with self._lock:
-            self.stats.lookups += 1
-            found: list[Block] = []
-            for key in keys:
-                block = self._blocks.get(key.digest)
-                if block is None:
-                    break
-                if not block.matches(key):
-                    self.stats.collisions += 1
-                    break
-                found.append(block)
-            for block in found:
-                block.refcount += 1
-            self.stats.hit_blocks += len(found)
-            return found
+            return self._acquire(self._chain(keys))
 
     def lookup_partial(self, wanted: BlockKey) -> tuple[Block, int] | None:
         """Acquire the stored child of ``wanted.parent`` at ``wanted.index`` whose leading rows
         are valid for the most leading positions of ``wanted``, with that count (> 0)."""
         with self._lock:
-            best: tuple[Block, int] | None = None
-            for block in self._siblings(wanted):
-                n = agreeing_prefix(block.key, wanted)
-                if n > 0 and (best is None or n > best[1]):
-                    best = (block, n)
+            best = self._best_child(wanted)
             if best is not None:
-                best[0].refcount += 1
-                self.stats.partial_hits += 1
+                self._acquire([best[0]])
             return best
+
+    def _chain(self, keys: Sequence[BlockKey]) -> list[Block]:
+        """The longest chain of stored blocks matching ``keys`` from the first one, a hit
+        confirmed against parent, tokens and extras (counted: a lookup, its hits, collisions)."""
+        self.stats.lookups += 1
+        found: list[Block] = []
+        for key in keys:
+            block = self._blocks.get(key.digest)
+            if block is None:
+                break
+            if not block.matches(key):
+                self.stats.collisions += 1
+                break
+            found.append(block)
+        self.stats.hit_blocks += len(found)
+        return found
+
+    def _best_child(self, wanted: BlockKey) -> tuple[Block, int] | None:
+        """The sibling of ``wanted`` valid for the most of its leading positions, and how many
+        (counted as a partial hit)."""
+        best: tuple[Block, int] | None = None
+        for block in self._siblings(wanted):
+            n = agreeing_prefix(block.key, wanted)
+            if n > 0 and (best is None or n > best[1]):
+                best = (block, n)
+        if best is not None:
+            self.stats.partial_hits += 1
+        return best
+
+    @staticmethod
+    def _acquire(blocks: list[Block]) -> list[Block]:
+        for block in blocks:
+            block.refcount += 1
+        return blocks
 
     def covered(self, key: BlockKey) -> bool:
         """Whether a stored child of the same parent already holds valid rows for every
@@ -145,16 +185,9 @@ class BlockPool:
     def _siblings(self, key: BlockKey) -> list[Block]:
         """The stored children of ``key.parent`` at ``key.index`` (index entries whose block is
         gone, e.g. evicted by a subclass behind the index's back, are skipped)."""
-        out = []
-        for digest in self._children.get(key.parent, ()):
-            block = self._blocks.get(digest)
-            if (
-                block is not None
-                and block.key.parent == key.parent
-                and block.key.index == key.index
-            ):
-                out.append(block)
-        return out
+        found = (self._blocks.get(digest) for digest in self._children.get(key.parent, ()))
+        place = (key.parent, key.index)
+        return [b for b in found if b is not None and (b.key.parent, b.key.index) == place]
 
     def release(self, blocks: Iterable[Block]) -> None:
         """Drop one reference from each block."""

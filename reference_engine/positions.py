@@ -6,11 +6,12 @@ by the position the run starts at; the text after an image continues from the la
 used so far plus one. The rope delta (largest index + 1 - prompt length) shifts the decode
 positions.
 
-mlx-vlm's ``get_rope_index`` computes the same ids with Python lists over the whole prompt
-(5 ms per warm run of ``benchmarks/prefill.py``'s 5,651-token prompt with 4 images on the
-test machine); this takes 0.6 ms (``benchmarks/profile_warm.py --prefill-pair 5``).
-``tests/test_positions.py`` checks that both agree on generated prompts, the bit-exactness
-tests that a warm run still equals a cold one.
+mlx-vlm's ``get_rope_index`` computes the same ids with Python lists over the whole prompt, a
+cost every warm run pays however much of the prompt it reuses; this computes them with numpy
+operations over whole runs of positions (the timings of both: README, "Benchmark: cold vs warm
+prefill", ``benchmarks/profile_warm.py --prefill-pair 5``). ``tests/test_positions.py`` checks
+that both agree on generated prompts, the bit-exactness tests that a warm run still equals a
+cold one.
 """
 
 from __future__ import annotations

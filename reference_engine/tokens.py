@@ -23,8 +23,8 @@ from typing import Any
 __all__ = ["MAX_CHARS", "PieceTokenizer"]
 
 
-#: Characters of remembered pieces, at most: a long conversation. Full, with their ids as
-#: Python ints, about 4 MiB (tracemalloc, English-like text).
+#: Characters of remembered pieces, at most: a long conversation. What they keep in memory
+#: when full, with their ids: ``benchmarks/pieces.py`` (README, "Memory under a small budget").
 MAX_CHARS = 1 << 18
 
 

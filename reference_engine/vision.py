@@ -1,22 +1,25 @@
 """The vision-embedding cache: preprocessing and vision-tower rows keyed by image digest.
 
 An image's rows depend only on its pixels, so they are cached by digest and computed at most
-once while cached, and only for images that still have uncached placeholders. ``slice_rows``
-is the one place where a partly cached image is cut: it returns exactly the rows of the
-placeholders that are still to be computed; ``merge_rows`` puts rows in place of their
-placeholders' token embeddings.
+once while cached, and only for images that still have uncached placeholders
+(``VisionCache.suffix_rows``). ``slice_rows`` is the one place where a partly cached image is
+cut: it returns exactly the rows of the placeholders that are still to be computed;
+``merge_rows`` puts rows in place of their placeholders' token embeddings.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from pytest_prefixcache.types import Image
+
+from .blocks import ImageSpan
 
 __all__ = ["Prepared", "VisionCache", "merge_rows", "slice_rows"]
 
@@ -85,6 +88,35 @@ class VisionCache:
         if use_cache:
             entry.rows = rows
         return rows
+
+    def suffix_rows(
+        self,
+        spans: Sequence[ImageSpan],
+        images: Sequence[Image],
+        prepared: dict[str, Prepared],
+        start: int,
+        *,
+        use_cache: bool = True,
+    ) -> tuple[list[tuple[int, int, mx.array]], list[tuple[int, int]]]:
+        """The rows to merge into positions [start, L): ``(first, end, rows)`` for the
+        placeholders [first, end) of every image still to compute, in order, and
+        ``(slots, rows)`` for each merge (raises if they differ)."""
+        placed: list[tuple[int, int, mx.array]] = []
+        merges: list[tuple[int, int]] = []
+        for (span_start, span_end, _digest), image in zip(spans, images):
+            if span_end <= start:
+                continue
+            all_rows = self.rows(image, prepared[image.digest], use_cache=use_cache)
+            rows = slice_rows(all_rows, span_start, span_end, start)
+            first = max(span_start, start)
+            slots = span_end - first
+            merges.append((slots, int(rows.shape[0])))
+            if slots != rows.shape[0]:
+                raise RuntimeError(
+                    f"{slots} placeholder slots at [{first}, {span_end}) but {rows.shape[0]} rows"
+                )
+            placed.append((first, span_end, rows))
+        return placed, merges
 
     def clear(self) -> None:
         with self._lock:

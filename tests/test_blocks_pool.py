@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference_engine.blocks import agreeing_prefix, block_keys, extra_keys, namespace_root
-from reference_engine.pool import BlockPool
+from reference_engine.pool import BlockPool, Reuse
 
 ROOT = namespace_root("model", "")
 A = "a" * 64
@@ -202,6 +202,29 @@ def test_lookup_partial_acquires_the_child_valid_for_the_most_positions():
     assert pool.lookup_partial(keys([0, 2, 3, 4, 5, 6])[1]) is None
     pool.release([*hits, found[0]])
     assert all(b.refcount == 0 for b in pool.blocks())
+
+
+def test_reuse_decides_the_length_and_holds_exactly_the_blocks_it_returns():
+    pool = BlockPool(max_bytes=1000)
+    for k in keys([1, 2, 3, 4, 5, 6, 7, 8]):
+        pool.release([pool.insert(k, k.tokens, 10)])
+    wanted = keys([1, 2, 3, 4, 5, 6, 0, 0, 0])
+    mid_block = pool.reuse(wanted, 9, block_size=4)
+    assert mid_block.tokens == 6 and [b.key.index for b in mid_block.blocks] == [0, 1]
+    assert [b.refcount for b in pool.blocks()] == [1, 1]
+    pool.release(mid_block.blocks)
+    whole = pool.reuse(wanted, 9, block_size=4, partial=False)
+    assert whole.tokens == 4 and [b.key.index for b in whole.blocks] == [0]
+    pool.release(whole.blocks)
+    repeat = pool.reuse(keys([1, 2, 3, 4, 5, 6, 7, 8]), 8, block_size=4)
+    assert repeat.tokens == 7 and len(repeat.blocks) == 2  # one token is always computed
+    pool.release(repeat.blocks)
+    # the cap leaves block 1 without a row to give: it is not held
+    short = pool.reuse(keys([1, 2, 3, 4, 5]), 5, block_size=4)
+    assert short.tokens == 4 and [b.key.index for b in short.blocks] == [0]
+    pool.release(short.blocks)
+    assert all(b.refcount == 0 for b in pool.blocks())
+    assert pool.reuse(keys([9, 9, 9, 9, 9]), 5, block_size=4) == Reuse()
 
 
 def test_a_tail_is_superseded_by_the_block_that_extends_it_once_released():

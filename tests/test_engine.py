@@ -355,3 +355,26 @@ def test_a_prefill_override_without_the_hooks_still_stores(monkeypatch) -> None:
     second = req(SYSTEM, user("Describe this.", img(5)), assistant("ok"), user("More?"))
     warm = compare(engine, [first], second)
     assert warm.cached_tokens and warm.cached_tokens > BS
+
+
+def test_prefill_gets_its_hooks_as_parameters(engine: Engine) -> None:
+    """The engine hands prefill its two callbacks as arguments, not through fields: an
+    override that takes them and passes them on still stores while prefill runs."""
+    seen: dict[str, object] = {}
+
+    class Spy(Engine):
+        def prefill(self, ids, start, embeds, cache, positions, **hooks):  # type: ignore[override]
+            seen.update(hooks)
+            before = self.pool.stats.stored_blocks
+            logits = super().prefill(ids, start, embeds, cache, positions, **hooks)
+            seen["stored inside"] = self.pool.stats.stored_blocks - before
+            return logits
+
+    spy = Spy(engine.model, block_size=BS)
+    spy.run(req(SYSTEM, user("Describe this.", img(3))))
+    assert sorted(seen) == ["at_last_chunk", "meanwhile", "stored inside"]
+    assert callable(seen["meanwhile"]) and callable(seen["at_last_chunk"])
+    assert seen["stored inside"] == spy.stats.stored_blocks > 0
+    assert not hasattr(spy, "_meanwhile") and not hasattr(spy, "_at_last_chunk")
+    spy.run(req(SYSTEM, user("Describe this.", img(3))), use_cache=False)
+    assert seen["at_last_chunk"] is None  # an uncached run stores nothing

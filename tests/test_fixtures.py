@@ -17,7 +17,7 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from reference_engine import fixtures  # noqa: E402  (after the skips: it needs MLX)
-from reference_engine.fixtures_tokenizer import SPECIAL_TOKENS, vocab_size  # noqa: E402
+from reference_engine.fixtures.tokenizer import SPECIAL_TOKENS, vocab_size  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 QWEN2_VL = FIXTURES / fixtures.QWEN2_VL_DIR

@@ -162,3 +162,23 @@ def test_segments_are_per_request_not_per_block(model: Any) -> None:
     blocks = engine.pool.blocks()
     assert len(blocks) > 3
     assert len({id(b.payload.segment) for b in blocks}) == 1
+
+
+def test_the_kv_store_keeps_only_the_windows_the_pool_takes() -> None:
+    """A store whose first block is stored already and whose third does not fit: their
+    windows die at once, and compaction leaves the new segment with the one block taken."""
+    from reference_engine.blocks import block_keys, namespace_root
+    from reference_engine.kv import KVStore
+    from reference_engine.pool import BlockPool
+
+    keys = block_keys(list(range(48)), [], block_size=16, root=namespace_root("m"))
+    store = KVStore(model=None)  # type: ignore[arg-type]  # restore is not used here
+    pool = BlockPool(max_bytes=2 * 2048, on_drop=store.dropped)  # two blocks of 16 rows
+    store.store(pool, _cache(48, 7), keys[:1], block_size=16)
+    store.store(pool, _cache(48, 8), keys, block_size=16)
+    first, second = sorted(pool.blocks(), key=lambda b: b.key.index)
+    assert len(pool) == 2 and second.key == keys[1] and first.payload.segment.rows == 16
+    assert all(b.refcount == 0 for b in pool.blocks())
+    assert store.compact() == 32
+    assert second.payload.segment.rows == 16
+    assert store.segments.members(second.payload.segment) == [second.payload]

@@ -27,7 +27,8 @@ __all__ = [
     "ZeroByteAccounting",
 ]
 
-#: What SlowRestore's restore costs per reused token: about 4x this fixture's prefill cost.
+#: What SlowRestore's restore costs per reused token: more than prefilling a token costs on
+#: this fixture, so a hit is slower than no cache (``tests/test_mutants.py`` checks it is).
 RESTORE_SECONDS_PER_TOKEN = 1e-3
 #: A pool of about 16 blocks of the default fixture (8 KiB each): eviction in every stream.
 SMALL_BUDGET = 128 * 1024

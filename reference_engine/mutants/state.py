@@ -5,7 +5,7 @@ The keys are right; the KV rows stored, restored or computed under them are not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..blocks import BlockKey
 from ..engine import Engine
-from ..kv import Segment, Window
+from ..kv import Segment, Window, copy_segment
 from ..pool import Block, Reuse
 
 __all__ = [
@@ -72,7 +72,7 @@ class SnapshotAfterDecode(Engine):
                 # BUG: the chain's last whole block is cut at the cache offset after one
                 # decode step.
                 end = start + len(key.tokens) + (1 if whole and key is whole[-1] else 0)
-                rows = self.model.kv_rows(cache, start, end)
+                rows = copy_segment(cache, start, end).window(0, end - start)
                 block = self.pool.insert(key, rows, rows.nbytes)
                 if block is None:
                     break
@@ -93,22 +93,17 @@ class EmptySuffixRefeed(Engine):
     token re-fed without trimming the cache).
     """
 
-    _whole: list[Block] | None = None
-
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
         hits = self.pool.lookup(keys)
-        whole = len(hits) * self.block_size >= prompt_len
-        self._whole = list(hits) if whole else None
-        while hits and len(hits) * self.block_size >= prompt_len:
-            self.pool.release([hits.pop()])
-        return Reuse(hits, len(hits) * self.block_size)
+        # an exact repeat keeps every block, the last one's row included; all tokens but
+        # the last count as reused, and the last is computed again
+        return Reuse(hits, min(len(hits) * self.block_size, prompt_len - 1))
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
-        whole, self._whole = self._whole, None
-        if whole is not None and len(whole) > len(reuse.blocks):
+        rows = len(reuse.blocks) * self.block_size
+        if rows > reuse.tokens:
             # BUG: the last token is recomputed, but the cache is not trimmed before it.
-            payloads = [b.payload for b in whole]
-            return self.model.restore(payloads, len(whole) * self.block_size, capacity)
+            return self.kv.restore([b.payload for b in reuse.blocks], rows, capacity)
         return super().restore(reuse, capacity)
 
 
@@ -160,9 +155,9 @@ class AliasedLiveCache(Engine):
             cache = live[0].cache
             # BUG: the stored cache itself is reused, trimmed to the hit: writes land in it.
             for c in cache:
-                c.offset = reuse.tokens
+                c.trim(c.size() - reuse.tokens)
             return cache
-        return self.model.restore([p.window() for p in live], reuse.tokens, capacity)
+        return self.kv.restore([p.window() for p in live], reuse.tokens, capacity)
 
 
 class MropeRestart(Engine):
@@ -182,9 +177,10 @@ class MropeRestart(Engine):
         embeds: mx.array,
         cache: list[Any],
         positions: mx.array,
+        **hooks: Callable[[], object] | None,
     ) -> mx.array:
         if start > 0:
             # BUG: positions continue from the cache offset, ignoring the rope delta.
             n = len(ids)
             positions = mx.broadcast_to(mx.arange(n, dtype=mx.int32)[None, None, :], (3, 1, n))
-        return super().prefill(ids, start, embeds, cache, positions)
+        return super().prefill(ids, start, embeds, cache, positions, **hooks)
