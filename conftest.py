@@ -20,7 +20,7 @@ except ImportError:  # the plugin works without MLX; engine tests skip themselve
 def pytest_unconfigure(config: object) -> None:
     """Drain MLX's streams from the main thread before the interpreter exits: tests run MLX
     on other threads (the plugin's worker, the concurrency test), and without this MLX 0.32
-    on CPU sometimes aborts at exit (see pytest_prefixcache.runner._drain_mlx)."""
+    on CPU sometimes aborts at exit (see pytest_prefixcache.verify.worker._drain_mlx)."""
     import sys
 
     mx = sys.modules.get("mlx.core")

@@ -79,6 +79,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pass even when some correctness check could not run (said as PASS (partial))",
     )
+    p.add_argument(
+        "--strict-render",
+        action="store_true",
+        help="fail on render-hygiene findings (by default reported, not failed)",
+    )
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="more pytest arguments, after --")  # fmt: skip
 
@@ -120,6 +125,8 @@ def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
             args += _flag(flag[2:], getattr(a, flag[2:].replace("-", "_")))
     if a.allow_partial:
         args.append("--prefixcache-allow-partial")
+    if a.strict_render:
+        args.append("--prefixcache-strict-render")
     if a.command == "verify":
         if a.isolation:
             args.append("--prefixcache-isolation")

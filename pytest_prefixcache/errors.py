@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BaselineFailure",
     "EfficiencyFailure",
     "EngineError",
     "EngineFault",
@@ -12,6 +13,7 @@ __all__ = [
     "MemoryBudgetFailure",
     "PositiveControlFailure",
     "PrefixCacheError",
+    "RenderHygieneFailure",
     "RenderStabilityFailure",
     "RequestError",
     "ReuseBoundFailure",
@@ -119,10 +121,24 @@ class RenderStabilityFailure(VerificationFailure):
     check = "render stability"
 
 
+class RenderHygieneFailure(VerificationFailure):
+    """A next turn re-rendered the history, or requests that differ only in volatile bytes
+    rendered differently (an efficiency finding; a failure with --prefixcache-strict-render)."""
+
+    check = "render hygiene"
+
+
 class SpeedupFailure(VerificationFailure):
     """Requests served from the cache were not faster than ``--prefixcache-min-speedup``."""
 
     check = "min speedup"
+
+
+class BaselineFailure(VerificationFailure):
+    """The uncached baseline is not cold: a fresh instance of the engine computes another
+    answer for the same request."""
+
+    check = "cold baseline"
 
 
 class MemoryBudgetFailure(VerificationFailure):

@@ -107,6 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
         progress=config.getoption("prefixcache_progress"),
         budget=config.getoption("prefixcache_budget"),
         allow_partial=bool(config.getoption("prefixcache_allow_partial")),
+        strict_render=bool(config.getoption("prefixcache_strict_render")),
         failures_to=None
         if config.getoption("prefixcache_failures_dir") is None
         else Path(config.getoption("prefixcache_failures_dir")),
@@ -224,16 +225,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
 
-def _verification_failure(exc: BaseException | None) -> VerificationFailure | None:
-    """``exc`` itself, or the first VerificationFailure inside an exception group (Hypothesis
-    raises FlakyFailure, a group, when a failing example passes on replay)."""
-    if exc is None or isinstance(exc, VerificationFailure):
-        return exc
-    for inner in getattr(exc, "exceptions", ()):
-        found = _verification_failure(inner)
-        if found is not None:
-            return found
-    return None
+def _verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
+    """Every VerificationFailure in ``exc``: Hypothesis reports each distinct failure it found
+    (an exception group), or wraps one it saw once in a FlakyFailure group."""
+    if exc is None:
+        return []
+    if isinstance(exc, VerificationFailure):
+        return [exc]
+    return [f for inner in getattr(exc, "exceptions", ()) for f in _verification_failures(inner)]
 
 
 @pytest.hookimpl(wrapper=True)
@@ -242,37 +241,49 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     raised = call.excinfo.value if call.excinfo is not None else None
-    exc = _verification_failure(raised)
-    if report.failed and exc is not None and exc.stream:
-        s = settings_of(item.config)
-        path = exc.replay_path
-        if path:
-            try:
-                save_stream(
-                    cast("tuple[Request, ...]", exc.stream),
-                    Path(path).parent,
-                    check=exc.check,
-                    **exc.meta,
-                    seed=s.seed,
-                )
-            except OSError as err:
-                path = f"(could not save {path}: {err})"
-        summary = str(exc).splitlines()[0] if str(exc) else exc.check
-        if exc is not raised:  # Hypothesis saw it fail once and pass on replay
-            summary = f"flaky ({type(raised).__name__}): {summary}"
-        command = s.replay_command(path) if path else None
-        stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
-        report_of(item.config).failures.append(
-            FailureRecord(
-                exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
-                stream_dir if path == exc.replay_path else None, exc.request_index,
-            )
-        )  # fmt: skip
-        if command:
-            report.sections.append(("prefixcache replay", command))
+    if report.failed:
+        for exc in _verification_failures(raised):
+            if exc.stream:
+                _record(item, report, exc, flaky=exc is not raised and _is_flaky(raised))
     if _is_suite(item) and report.when == "call":
         xd.attach_progress(item.config, report)
     return report
+
+
+def _is_flaky(raised: BaseException | None) -> bool:
+    return type(raised).__name__ == "FlakyFailure"
+
+
+def _record(
+    item: pytest.Item, report: pytest.TestReport, exc: VerificationFailure, *, flaky: bool
+) -> None:
+    """Save the failing stream and add the failure to the session report."""
+    s = settings_of(item.config)
+    path = exc.replay_path
+    if path:
+        try:
+            save_stream(
+                cast("tuple[Request, ...]", exc.stream),
+                Path(path).parent,
+                check=exc.check,
+                **exc.meta,
+                seed=s.seed,
+            )
+        except OSError as err:
+            path = f"(could not save {path}: {err})"
+    summary = str(exc).splitlines()[0] if str(exc) else exc.check
+    if flaky:  # Hypothesis saw it fail once and pass on replay
+        summary = f"flaky (FlakyFailure): {summary}"
+    command = s.replay_command(path) if path else None
+    stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
+    report_of(item.config).failures.append(
+        FailureRecord(
+            exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
+            stream_dir if path == exc.replay_path else None, exc.request_index,
+        )
+    )  # fmt: skip
+    if command:
+        report.sections.append(("prefixcache replay", command))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -77,6 +77,7 @@ class FakeEngine:
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
             "keep_volatile", "slow_hits", "minimal", "ignore_use_cache",
+            "stale_features", "images_never_stored",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -85,6 +86,9 @@ class FakeEngine:
         self.cache: OrderedDict[bytes, bytes] = OrderedDict()
         self.resets = 0
         self.evictions = 0
+        # stale_features: image features keyed by image size, shared by the cached and the
+        # uncached path and kept across reset(): a same-size image gets the first one's
+        self.features: dict[tuple[int, ...], str] = {}
 
     def reset(self) -> None:
         self.cache.clear()
@@ -130,6 +134,12 @@ class FakeEngine:
         )
         n = len(ids)
         keys = self._keys(request, ids, spans)
+        features = spans  # what the model sees at each image position
+        if self.flags.get("stale_features"):
+            features = [
+                (s, e, self.features.setdefault(img.pixels.shape, d))
+                for (s, e, d), img in zip(spans, request.images)
+            ]
         state, cached = _h(b"ns", request.namespace.encode()), 0
         if use_cache or self.flags.get("ignore_use_cache"):
             for b, key in enumerate(keys):
@@ -152,7 +162,7 @@ class FakeEngine:
                 merges.append((todo, e - s if self.flags.get("bad_merge") else todo))
         stored: list[tuple[bytes, bytes]] = []
         for pos in range(cached, n):
-            state = self._advance(state, ids[pos], self._extras(pos, spans))
+            state = self._advance(state, ids[pos], self._extras(pos, features))
             if (pos + 1) % BLOCK == 0:
                 stored.append((keys[pos // BLOCK], state))
         logits = self._logits(state)
@@ -163,7 +173,10 @@ class FakeEngine:
             state = self._advance(state, tok, b"")
             if len(tokens) < request.max_new_tokens:
                 steps.append(self._logits(state))
-        if use_cache and not self.flags.get("never_store"):
+        never = self.flags.get("never_store") or (
+            self.flags.get("images_never_stored") and request.images
+        )
+        if use_cache and not never:
             if self.flags.get("stale_decode") and stored and tokens:
                 stored[-1] = (stored[-1][0], state)
             if self.flags.get("store_half"):
@@ -241,6 +254,10 @@ keep_volatile = _variant(keep_volatile=True)
 slow_hits = _variant(slow_hits=True)
 minimal = _variant(minimal=True)
 ignore_use_cache = _variant(ignore_use_cache=True)
+stale_features = _variant(stale_features=True)
+# two bugs: image requests are never stored (positive control) and text hits drift
+two_bugs = _variant(images_never_stored=True, drift=True)
+stale_features_instance = FakeEngine(stale_features=True)
 minimal_ignore_digest = _variant(minimal=True, ignore_digest=True)
 instance = FakeEngine()
 not_an_engine = object()

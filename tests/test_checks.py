@@ -208,7 +208,7 @@ def test_scenario_expectations() -> None:
     grown = (out(logits(1), token_ids=(1, 2, 3, 4, 5, 6)), None)
     assert list(expectation_problems([a, same], [[0, 1]])) == []
     [(j, p, meta)] = expectation_problems([a, changed], [[0, 1]])
-    assert (j, p.check, meta) == (1, "render stability", {"expect_same_prompt": [[0, 1]]})
+    assert (j, p.check, meta) == (1, "render hygiene", {"expect_same_prompt": [[0, 1]]})
     assert p.headline == "request 1's prompt should equal request 0's (4 tokens) but shares " \
         "only its first 1 tokens (now 4 tokens)"  # fmt: skip
     assert list(expectation_problems([a, grown], [[0, 1]], extends=True)) == []

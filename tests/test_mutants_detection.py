@@ -107,7 +107,7 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
     stream, meta = load_stream(path)
     name = json.loads(path.read_text())["mutant"]
     mutant = MUTANTS[name]
-    options = VerifyOptions(failures_dir=tmp_path, min_speedup=mutant.verify.get("min_speedup"))
+    options = VerifyOptions(failures_dir=tmp_path, **mutant.verify)  # type: ignore[arg-type]
     with pytest.raises(VerificationFailure) as info:
         Verifier(mutant.build(model), options=options).run(stream)
     assert info.value.check == mutant.expected_check

@@ -138,3 +138,14 @@ def test_a_run_that_verified_nothing_is_not_a_pass(pytester: pytest.Pytester) ->
     result.assert_outcomes(passed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines(["verdict: INCOMPLETE: no request was verified"])
+
+
+def test_one_finding_does_not_end_the_search(pytester: pytest.Pytester) -> None:
+    """Image requests are never stored (the positive control fails first) and text hits
+    drift: both failures are found, shrunk and recorded, each with its own saved stream."""
+    with_fakes(pytester)
+    result = run_suite(pytester, "two_bugs", "-k", "request_streams", examples=60)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["failures by check: equivalence: 1, positive control: 1"])
+    saved = list((pytester.path / ".prefixcache" / "failures").glob("*/stream.json"))
+    assert len(saved) == 2

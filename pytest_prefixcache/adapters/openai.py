@@ -78,6 +78,11 @@ class OpenAIEngine:
             Default: None.
     """
 
+    #: The baseline audit would start a new server per audited request: too slow to do by
+    #: default, so a server's cold baseline (``cold``) is reported as not audited.
+    supports_fresh_instances = False
+    fresh_instances_missing = "a fresh instance would be a new server per request"
+
     def __init__(
         self,
         cmd: Command | None = None,

@@ -12,13 +12,21 @@ floor), ``render`` (render stability, corpus expectations), ``memory`` (the budg
 
 from __future__ import annotations
 
+from .baseline import baseline_problems, fresh_problems, fresh_verdict
 from .coverage import coverage_of
 from .equivalence import Comparison, Tolerance, compare
 from .memory import usage_problems
 from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
-from .protocol import baseline_problems, fault_problems, merge_problems, pair_problems, span_at
-from .render import RENDER_SLACK, Rendered, expectation_problems, kept_prefix, render_problems
+from .protocol import fault_problems, merge_problems, pair_problems, span_at
+from .render import (
+    HYGIENE,
+    RENDER_SLACK,
+    Rendered,
+    expectation_problems,
+    kept_prefix,
+    render_problems,
+)
 from .reuse import (
     CONTROL_MIN_TOKENS,
     EFFICIENCY_MIN_TOKENS,
@@ -31,6 +39,7 @@ from .timing import SPEEDUP_MIN_SECONDS, speedup_problem
 __all__ = [
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
+    "HYGIENE",
     "RENDER_SLACK",
     "SPEEDUP_MIN_SECONDS",
     "Comparison",
@@ -46,6 +55,8 @@ __all__ = [
     "efficiency_problem",
     "expectation_problems",
     "fault_problems",
+    "fresh_problems",
+    "fresh_verdict",
     "kept_prefix",
     "merge_problems",
     "pair_problems",

@@ -34,6 +34,7 @@ REQUIRED = (
     "reuse bound",
     "positive control",
     "render stability",
+    "cold baseline",
 )
 #: What the engine must return to enable a check that could not run, by reason.
 HINTS = {
@@ -45,6 +46,14 @@ HINTS = {
     "no step_logits": "return Outcome.step_logits (the logits of every decode step)",
     "step_logits on one side only": "return step_logits from both the cached and the uncached run",
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
+    "engine given as an instance": "name a zero-argument callable that builds the engine "
+    "(MODULE:FACTORY), so that a fresh instance can recompute uncached requests",
+    "a fresh instance would be a new server per request": "accept partial coverage, or "
+    "verify the engine in-process with a factory",
+    "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
+    "fresh instance cheaply and drop supports_fresh_instances = False",
+    "engine from a conftest.py fixture": "name the engine's factory with "
+    "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
 }
 
 

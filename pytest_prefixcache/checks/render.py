@@ -21,7 +21,20 @@ from ..types import Outcome, Request
 from .oracle import Match, shared_prefix
 from .problem import Problem
 
-__all__ = ["RENDER_SLACK", "Rendered", "expectation_problems", "kept_prefix", "render_problems"]
+__all__ = [
+    "HYGIENE",
+    "RENDER_SLACK",
+    "Rendered",
+    "expectation_problems",
+    "kept_prefix",
+    "render_problems",
+]
+
+#: The efficiency-tier render check: a next turn that re-renders the history, or requests
+#: that differ only in volatile bytes. Reported everywhere; fails only when asked
+#: (``--prefixcache-strict-render``). An identical request that renders differently is
+#: "render stability", a correctness failure.
+HYGIENE = "render hygiene"
 
 #: An append-only next turn must keep all of the previous prompt but its last RENDER_SLACK
 #: tokens (the generation prompt, e.g. ``<|im_start|>assistant\n``).
@@ -63,7 +76,7 @@ def expectation_problems(
         if before.token_ids is None or after.token_ids is None:
             if after.cached_tokens == 0:
                 head = f"request {j} should reuse request {i}'s prompt but reused 0 tokens"
-                yield j, Problem("render stability", head, WHY), meta
+                yield j, Problem(HYGIENE, head, WHY), meta
             continue
         a, b = tuple(before.token_ids), tuple(after.token_ids)
         same = kept_prefix(a, b, extends=extends)
@@ -73,7 +86,7 @@ def expectation_problems(
                 f"request {j}'s prompt should {what} request {i}'s ({len(a)} tokens) but "
                 f"shares only its first {same} tokens (now {len(b)} tokens)"
             )
-            yield j, Problem("render stability", head, WHY, position=same), meta
+            yield j, Problem(HYGIENE, head, WHY, position=same), meta
 
 
 def render_problems(
@@ -99,7 +112,7 @@ def render_problems(
         was = f"{before[same]}" if same < len(before) else "end"
         return [
             Problem(
-                "render stability",
+                HYGIENE if extends else "render stability",
                 f"{kind} of request {index} shares only the first {same} of its "
                 f"{len(before)} prompt tokens (now {len(ids)} tokens)",
                 (

@@ -29,12 +29,18 @@ def _seconds(x: float) -> str:
 
 
 def verdict(report: Report) -> tuple[str, str]:
-    """``(css class, text)``: fail on any failure or engine error, empty when nothing ran."""
+    """``(css class, text)``, from the report's own verdict: fail on any failure or engine
+    error, empty when nothing ran, partial or incomplete when a check could not run."""
     if report.failures or report.engine_error:
         n = len(report.failures)
         return "fail", f"FAIL: {n} failure{'s' if n != 1 else ''}" if n else "FAIL: engine error"
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
+    gaps = ", ".join(report.not_checked)
+    if report.verdict == "incomplete":
+        return "empty", f"INCOMPLETE: not checked on every request: {gaps}"
+    if report.verdict == "partial":
+        return "pass", f"PASS (partial: not checked on every request: {gaps})"
     return "pass", "PASS"
 
 

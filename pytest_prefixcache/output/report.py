@@ -24,6 +24,8 @@ FORMAT = "pytest-prefixcache/report/v2"
 MAX_RECORDS = 20_000
 #: Characters of a failure's full message kept in the report.
 MAX_MESSAGE = 8_000
+#: Efficiency findings kept in full (all are counted).
+MAX_FINDING_EXAMPLES = 20
 
 
 def _finite(x: float) -> float | str:
@@ -109,11 +111,26 @@ class Report:
     """check -> {"applied": requests it applied to, reason: requests it could not run on}."""
     allow_partial: bool = False
     """The user accepts a PASS when some correctness check could not run (said as such)."""
+    findings: dict[str, int] = field(default_factory=dict)
+    """Efficiency findings that did not fail the run: check -> how many."""
+    finding_examples: list[str] = field(default_factory=list)
+    """The first few findings, one line each."""
+
+    def add_finding(self, check: str, line: str) -> None:
+        """An efficiency finding that does not fail the run (reported everywhere)."""
+        self.findings[check] = self.findings.get(check, 0) + 1
+        if len(self.finding_examples) < MAX_FINDING_EXAMPLES:
+            self.finding_examples.append(f"{check}: {line}")
 
     def count(self, check: str, outcome: str) -> None:
         """One request that ``check`` applied to (``APPLIED``) or could not run on (a reason)."""
         row = self.coverage.setdefault(check, {})
         row[outcome] = row.get(outcome, 0) + 1
+
+    @property
+    def not_checked(self) -> dict[str, dict[str, int]]:
+        """The required checks that could not run on some request: check -> reason -> n."""
+        return missing(self.coverage)
 
     @property
     def verdict(self) -> str:
@@ -125,13 +142,13 @@ class Report:
             return "fail"
         if self.requests == 0:
             return "incomplete"
-        if missing(self.coverage):
+        if self.not_checked:
             return "partial" if self.allow_partial else "incomplete"
         return "pass"
 
     def verdict_lines(self) -> list[str]:
         """The verdict and, when coverage is incomplete, what the engine must return."""
-        gaps = missing(self.coverage)
+        gaps = self.not_checked
         names = ", ".join(gaps)
         word = {
             "pass": "PASS",
@@ -226,6 +243,10 @@ class Report:
             out.extend(f"  replay: {f.replay}" for f in self.failures if f.replay)
         else:
             out.append("failures by check: none")
+        if self.findings:
+            counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.findings.items()))
+            out.append(f"efficiency findings (not failures; see the README's tiers): {counts}")
+            out.extend(f"  {line}" for line in self.finding_examples[:3])
         if self.seed is not None:
             shards = f" --prefixcache-shards={self.shards}" if self.shards > 1 else ""
             out.append(f"reproduce with --prefixcache-seed={self.seed}{shards}")
@@ -244,6 +265,10 @@ class Report:
             self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
+        for check, n in other.findings.items():
+            self.findings[check] = self.findings.get(check, 0) + n
+        room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
+        self.finding_examples.extend(other.finding_examples[: max(0, room)])
         for check, row in other.coverage.items():
             mine = self.coverage.setdefault(check, {})
             for key, n in row.items():
@@ -272,9 +297,11 @@ class Report:
             "engine_error": self.engine_error,
             "failures_by_check": self.failures_by_check,
             "verdict": self.verdict,
+            "findings": self.findings,
+            "finding_examples": self.finding_examples,
             "allow_partial": self.allow_partial,
             "coverage": self.coverage,
-            "not_checked": missing(self.coverage),
+            "not_checked": self.not_checked,
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [

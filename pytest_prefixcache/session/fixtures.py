@@ -8,9 +8,10 @@ through every check. ``prefixcache_images`` (session) is a deterministic image f
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,14 +22,16 @@ from ..checks.equivalence import Tolerance
 from ..errors import EngineError
 from ..images import ImageFactory
 from ..types import Engine, Request
+from ..verify.audit import Audit
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
 from .settings import DEFAULT_ENGINE
-from .stash import PROGRESS_KEY, report_of, settings_of, worker_of
+from .stash import BUILT_KEY, PROGRESS_KEY, report_of, settings_of, worker_of
 
 __all__ = [
     "VerifyFunction",
     "load_engine",
+    "load_engines",
     "prefixcache_engine",
     "prefixcache_images",
     "prefixcache_verifier",
@@ -47,11 +50,8 @@ def _is_engine(obj: object) -> bool:
     )
 
 
-def load_engine(spec: str, *search_dirs: Path) -> Engine:
-    """Import ``MODULE:ATTR`` and return the engine (ATTR is one, or builds one when called).
-
-    ``search_dirs`` (the invocation directory and the rootdir) are put on ``sys.path`` first.
-    """
+def _resolve(spec: str, search_dirs: Sequence[Path]) -> Any:
+    """The object ``MODULE:ATTR`` names (``search_dirs`` go on ``sys.path`` first)."""
     module_name, _, attr = spec.partition(":")
     for d in reversed(search_dirs):
         if str(d) not in sys.path:
@@ -74,20 +74,43 @@ def load_engine(spec: str, *search_dirs: Path) -> Engine:
             obj = getattr(obj, part)
         except AttributeError:
             raise EngineError(f"engine {spec!r}: {obj!r} has no attribute {part!r}") from None
-    if not _is_engine(obj):
-        if not callable(obj):
-            raise EngineError(
-                f"engine {spec!r} is a {type(obj).__name__}: expected an object with run() and "
-                "reset(), or a zero-argument callable returning one"
-            )
-        made = obj()
-        if not _is_engine(made):
-            raise EngineError(
-                f"engine {spec!r}() returned a {type(made).__name__}, which has no run() and "
-                "reset() methods"
-            )
-        obj = made
-    return obj  # type: ignore[no-any-return]
+    if not _is_engine(obj) and not callable(obj):
+        raise EngineError(
+            f"engine {spec!r} is a {type(obj).__name__}: expected an object with run() and "
+            "reset(), or a zero-argument callable returning one"
+        )
+    return obj
+
+
+def _build(spec: str, factory: Callable[[], Any]) -> Engine:
+    made = factory()
+    if not _is_engine(made):
+        raise EngineError(
+            f"engine {spec!r}() returned a {type(made).__name__}, which has no run() and "
+            "reset() methods"
+        )
+    return made  # type: ignore[no-any-return]
+
+
+def load_engine(spec: str, *search_dirs: Path) -> Engine:
+    """Import ``MODULE:ATTR`` and return the engine (ATTR is one, or builds one when called).
+
+    ``search_dirs`` (the invocation directory and the rootdir) are put on ``sys.path`` first.
+    """
+    return load_engines(spec, *search_dirs)[0]
+
+
+def load_engines(spec: str, *search_dirs: Path) -> tuple[Engine, Audit]:
+    """The engine ``MODULE:ATTR`` names, and its baseline audit: when ATTR builds the engine,
+    it builds a fresh instance for every audited request."""
+    obj = _resolve(spec, search_dirs)
+    if _is_engine(obj):
+        return obj, Audit(None, "engine given as an instance")  # type: ignore[return-value]
+    engine = _build(spec, obj)
+    if getattr(engine, "supports_fresh_instances", True) is False:
+        why = getattr(engine, "fresh_instances_missing", None)
+        return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
+    return engine, Audit(functools.partial(_build, spec, obj))
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +119,7 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
     s = settings_of(pytestconfig)
     try:
         res = worker_of(pytestconfig).call(
-            lambda: load_engine(s.engine, s.invocation_dir, pytestconfig.rootpath),
+            lambda: load_engines(s.engine, s.invocation_dir, pytestconfig.rootpath),
             timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
             what=f"building the engine {s.engine}",
         )
@@ -111,7 +134,9 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
             error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
         report_of(pytestconfig).engine_error = str(error)  # the CLI exits 2 on this
         raise error from res.error
-    return res.value  # type: ignore[no-any-return]
+    engine, audit = res.value
+    pytestconfig.stash[BUILT_KEY] = (engine, audit)
+    return engine  # type: ignore[no-any-return]
 
 
 def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
@@ -121,10 +146,14 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
         timeout=s.timeout,
         min_efficiency=s.min_efficiency,
         min_speedup=s.min_speedup,
+        strict_render=s.strict_render,
         failures_dir=s.failures_dir,
         replay_command=s.replay_command,
     )
-    verifier = Verifier(engine, worker_of(config), options, report_of(config))
+    built, audit = config.stash.get(BUILT_KEY, (None, None))
+    if built is not engine or audit is None:  # a conftest.py override of prefixcache_engine
+        audit = Audit(None, "engine from a conftest.py fixture")
+    verifier = Verifier(engine, worker_of(config), options, report_of(config), audit=audit)
     progress = config.stash.get(PROGRESS_KEY, None)
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step

@@ -162,4 +162,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="Pass even when some correctness check could not run on every request (the "
         "verdict says PASS (partial) and names them); without it such a run exits 1",
     )
+    add(
+        "--prefixcache-strict-render",
+        action="store_true",
+        default=False,
+        help="Fail on render-hygiene findings (a next turn that re-renders the history, "
+        "requests that differ only in volatile bytes); by default they are reported",
+    )
     parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)

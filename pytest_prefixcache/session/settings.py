@@ -174,6 +174,8 @@ class Settings:
         return random.SystemRandom().randrange(2**32)
 
     allow_partial: bool = False
+    strict_render: bool = False
+    """Render-hygiene findings (re-rendered history, volatile prompt bytes) fail."""
     """A run whose correctness checks could not all run passes, said as partial."""
     failures_to: Path | None = None
     """Where failing streams are saved (default: ``FAILURES_DIR``)."""
@@ -199,6 +201,8 @@ class Settings:
             out.append(f"--prefixcache-min-efficiency={self.min_efficiency:g}")
         if self.min_speedup is not None:
             out.append(f"--prefixcache-min-speedup={self.min_speedup:g}")
+        if self.strict_render:
+            out.append("--prefixcache-strict-render")
         if self.timeout != DEFAULT_TIMEOUT:
             out.append(f"--prefixcache-timeout={self.timeout:g}")
         return out

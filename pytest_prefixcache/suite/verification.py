@@ -62,7 +62,9 @@ def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
         "deadline": None,
         "database": config.stash.get(DATABASE_KEY, None),
         "derandomize": False,
-        "report_multiple_bugs": False,
+        # no finding ends the search: after a positive-control failure the run goes on
+        # generating swapped, replaced and repeated images, and shrinks each distinct failure
+        "report_multiple_bugs": True,
         "print_blob": False,
         "phases": (Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
         "suppress_health_check": list(HealthCheck),

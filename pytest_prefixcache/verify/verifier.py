@@ -17,6 +17,7 @@ from typing import NoReturn
 
 from .. import errors
 from ..checks import (
+    HYGIENE,
     Comparison,
     Match,
     Problem,
@@ -40,6 +41,7 @@ from ..checks import (
 from ..output.report import Report, RequestRecord
 from ..output.streams import FAILURES_DIR, stream_id
 from ..types import Engine, Outcome, Request
+from .audit import Audit
 from .messages import Context, format_failure
 from .worker import DEFAULT_TIMEOUT, CallTimedOut, EngineWorker
 
@@ -62,6 +64,8 @@ class VerifyOptions:
     timeout: float = DEFAULT_TIMEOUT
     min_efficiency: float | None = None
     min_speedup: float | None = None
+    strict_render: bool = False
+    """Render-hygiene findings fail (by default they are reported and the run goes on)."""
     failures_dir: Path = FAILURES_DIR
     replay_command: Callable[[str], str] = default_replay_command
 
@@ -92,6 +96,8 @@ class Verifier:
     on_step: Callable[[Report, int], None] | None = None
     """Called before each request with the report and the failing examples seen so far."""
     failing_examples: int = 0
+    audit: Audit = field(default_factory=Audit)
+    """A fresh instance recomputes a sample of uncached requests (the baseline audit)."""
     _rendered: list[Rendered] = field(default_factory=list)
     _seconds: float = 0.0
     _warm: float = 0.0
@@ -162,6 +168,7 @@ class Verifier:
         self._rendered.clear()
         self._reused = self._reusable = 0
         self._warm = self._cold = 0.0
+        self.audit.reset()
         self.report.streams += 1
 
     def step(self, request: Request) -> Step:
@@ -208,7 +215,7 @@ class Verifier:
         render: list[Problem] = []
         if cached.token_ids is not None:
             ids = tuple(cached.token_ids)
-            render = render_problems(request, ids, self._rendered)
+            render = self._findings(render_problems(request, ids, self._rendered), index)
             self._rendered.append((index, request, ids))
             spans = cached.image_spans or ()
             match = self.oracle.match(request.namespace, cached.token_ids, spans)
@@ -216,6 +223,13 @@ class Verifier:
         ctx = Context(ctx.stream, index, cached, match)
         self._account(cached, uncached, match)
         comparison = compare(cached, uncached, self.options.tolerance)
+        self._check(
+            self.audit.check(
+                index, request, cached, uncached, comparison, tol=self.options.tolerance,
+                call=lambda what, fn: self._call(what, fn, ctx), report=self.report,
+            ),
+            ctx,
+        )  # fmt: skip
         self.report.add_diff(comparison.worst_diff, f"request {index}")
         self.report.worst_kl = max(self.report.worst_kl, comparison.worst_kl)
         self.report.add_record(
@@ -235,6 +249,16 @@ class Verifier:
             ctx,
         )
         return Step(request, cached, uncached, match, comparison)
+
+    def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
+        """The problems that fail: render-hygiene findings are recorded instead, unless
+        ``strict_render``."""
+        if self.options.strict_render:
+            return problems
+        for p in problems:
+            if p.check == HYGIENE:
+                self.report.add_finding(p.check, f"request {index}: {p.headline}")
+        return [p for p in problems if p.check != HYGIENE]
 
     def _account(self, cached: Outcome, uncached: Outcome, match: Match | None) -> None:
         r = self.report
@@ -297,6 +321,8 @@ class Verifier:
         __tracebackhide__ = True
         outcomes = [(s.cached, s.match) for s in steps]
         for j, problem, meta in expectation_problems(outcomes, pairs, extends=extends):
+            if not self._findings([problem], j):
+                continue
             ctx = Context(tuple(self.stream[: j + 1]), j, steps[j].cached, steps[j].match)
             self.fail(problem, ctx, meta=meta)
 

@@ -58,6 +58,7 @@ PROTOCOL_CHECKS = frozenset(
         "positive control",
         "min efficiency",
         "render stability",
+        "render hygiene",
         "min speedup",
         "fault",
         "memory budget",
@@ -86,12 +87,15 @@ class Mutant:
     expected_check: str
     engine_class: type[Engine]
     options: dict[str, Any] = field(default_factory=dict)
-    verify: dict[str, float] = field(default_factory=dict)
+    verify: dict[str, float | bool] = field(default_factory=dict)
 
     @property
     def flags(self) -> tuple[str, ...]:
         """The ``--prefixcache-*`` options that enable :attr:`verify`."""
-        return tuple(f"--prefixcache-{k.replace('_', '-')}={v:g}" for k, v in self.verify.items())
+        return tuple(
+            f"--prefixcache-{k.replace('_', '-')}" + ("" if v is True else f"={v:g}")
+            for k, v in self.verify.items()
+        )
 
     @property
     def source(self) -> str:
@@ -145,9 +149,10 @@ _ALL = (
     Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
            NamespaceMissing),
     Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "
-           "system prompt", "render stability", VolatileHeaderKept),
+           "system prompt", "render hygiene", VolatileHeaderKept,
+           verify={"strict_render": True}),
     Mutant("history_rerendered", 13, "latest reply re-rendered once a turn is added",
-           "render stability", HistoryRerendered),
+           "render hygiene", HistoryRerendered, verify={"strict_render": True}),
     Mutant("mrope_restart", 15, "suffix positions continue from the cache offset without "
            "the rope delta", "equivalence", MropeRestart),
     Mutant("zero_byte_accounting", 20, "blocks counted as 0 bytes: budget never enforced",

@@ -1,0 +1,83 @@
+"""The cold baseline is verified, not trusted: a fresh instance recomputes a sample of the
+uncached requests (the baseline audit), and the coverage table says when it could not."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_support import run_suite, with_fakes
+
+pytest_plugins = ["pytester"]
+
+
+def test_a_stale_feature_cache_is_caught_and_blamed_on_the_baseline(
+    pytester: pytest.Pytester,
+) -> None:
+    """Negative control: features keyed by image size, shared by both paths, kept across
+    reset(). Cached == uncached (both stale), so only a fresh instance sees it."""
+    with_fakes(pytester)
+    result = run_suite(pytester, "stale_features", "-k", "request_streams", examples=30)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E   *BaselineFailure: cold baseline: the uncached baseline is not cold: a fresh "
+            "instance of the engine computes another answer for the same request",
+            "E     uncached: step 0, token id *: * vs fresh * (|diff| *)",
+            "E     the cached run differs from the fresh instance too: step 0, *",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*EquivalenceFailure*")
+
+
+def test_the_same_engine_without_the_audit_passes_every_other_check(
+    pytester: pytest.Pytester,
+) -> None:
+    """Given as an instance there is no fresh instance: every other check passes, and the
+    verdict says the baseline was not audited instead of PASS."""
+    with_fakes(pytester)
+    result = run_suite(pytester, "stale_features_instance", "-k", "request_streams", examples=30)
+    result.assert_outcomes(passed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(
+        [
+            "  cold baseline * 0/* (engine given as an instance: *)",
+            "verdict: INCOMPLETE: not checked on every request: cold baseline; *",
+            "  cold baseline: * request(s) with engine given as an instance: name a "
+            "zero-argument callable that builds the engine *",
+        ]
+    )
+
+
+def test_a_correct_engine_is_audited(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "good", "-k", "request_streams", examples=10)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["  cold baseline * [1-9]*/[1-9]*", "verdict: PASS"])
+
+
+def test_an_equivalence_failure_says_which_side_a_fresh_instance_agrees_with(
+    pytester: pytest.Pytester,
+) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "ignore_digest", "-k", "request_streams", examples=30)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E   *EquivalenceFailure: equivalence: *",
+            "E     a fresh instance agrees with the uncached run: the cached run is wrong",
+        ]
+    )
+
+
+def test_a_conftest_engine_is_not_audited_and_says_so(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    pytester.makeconftest(
+        "import pytest, fakeengines\n\n\n@pytest.fixture(scope='session')\n"
+        "def prefixcache_engine():\n    return fakeengines.FakeEngine()\n"
+    )
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-examples=5",
+        "--prefixcache-seed=1", "-k", "request_streams",
+    )  # fmt: skip
+    result.assert_outcomes(passed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["  cold baseline * 0/* (engine from a conftest.py fixture: *)"])
