@@ -115,7 +115,8 @@ def _flag(name: str, value: object) -> list[str]:
 
 
 def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
-    args = ["-c", str(ini), "--rootdir", str(Path.cwd()), "-p", "no:cacheprovider"]
+    # a gate reads none of the project's pytest configuration: no ini, no conftest.py
+    args = ["-c", str(ini), "--rootdir", str(Path.cwd()), "-p", "no:cacheprovider", "--noconftest"]
     args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
     args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
     args.append(f"--prefixcache-failures-dir={out / 'failures'}")

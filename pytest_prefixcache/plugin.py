@@ -11,16 +11,16 @@ import time
 from collections.abc import Callable, Generator
 from contextlib import nullcontext
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from .errors import VerificationFailure
-from .output.report import MAX_MESSAGE, FailureRecord, Report
-from .output.streams import save_stream
+from .errors import PrefixCacheError
+from .output.report import FailureRecord, Report
+from .output.streams import load_stream
 from .session import settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
+from .session.failures import FailedTests, is_flaky, record, verification_failures
 from .session.progress import Progress
 from .session.stash import (
     DATABASE_KEY,
@@ -33,7 +33,6 @@ from .session.stash import (
     settings_of,
 )
 from .suite import ISOLATION_FILE, SUITE_FILE
-from .types import Request
 
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
@@ -80,11 +79,16 @@ def pytest_configure(config: pytest.Config) -> None:
         replay_path = Path(replay) if Path(replay).is_absolute() else invocation / replay
         if not replay_path.exists():
             raise pytest.UsageError(f"--prefixcache-replay={replay}: no such file or directory")
+        try:
+            load_stream(replay_path)
+        except PrefixCacheError as exc:  # malformed: a usage error naming the file and field
+            raise pytest.UsageError(f"--prefixcache-replay={replay}: {exc}") from None
     isolation = bool(config.getoption("prefixcache_isolation"))
     s = settings.Settings(
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
+        server_cmd=config.getoption("prefixcache_server_cmd"),
         examples=config.getoption("prefixcache_examples"),
         seed=settings.Settings.random_seed() if given_seed is None else given_seed,
         seed_given=given_seed is not None,
@@ -115,7 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(
         seed=s.seed,
-        engine=s.engine,
+        engine=s.engine if s.server_cmd is None else f"{s.engine} serving {s.server_cmd}",
         tolerance=_tolerance(s),
         shards=s.shards,
         allow_partial=s.allow_partial,
@@ -127,6 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[DATABASE_KEY] = example_database(s.database, invocation)
         except DatabaseError as exc:
             raise pytest.UsageError(str(exc)) from None
+    if s.verify and not xd.is_worker(config):
+        config.pluginmanager.register(FailedTests(), "prefixcache-failed")
     if config.pluginmanager.hasplugin("xdist") and not xd.is_worker(config):
         config.pluginmanager.register(xd.Controller(config, progress), "prefixcache-xdist")
     if s.verify and str(SUITE_FILE.parent) not in config.args:
@@ -225,16 +231,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
 
-def _verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
-    """Every VerificationFailure in ``exc``: Hypothesis reports each distinct failure it found
-    (an exception group), or wraps one it saw once in a FlakyFailure group."""
-    if exc is None:
-        return []
-    if isinstance(exc, VerificationFailure):
-        return [exc]
-    return [f for inner in getattr(exc, "exceptions", ()) for f in _verification_failures(inner)]
-
-
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
@@ -242,48 +238,12 @@ def pytest_runtest_makereport(
     report = yield
     raised = call.excinfo.value if call.excinfo is not None else None
     if report.failed:
-        for exc in _verification_failures(raised):
+        for exc in verification_failures(raised):
             if exc.stream:
-                _record(item, report, exc, flaky=exc is not raised and _is_flaky(raised))
+                record(item, report, exc, flaky=exc is not raised and is_flaky(raised))
     if _is_suite(item) and report.when == "call":
         xd.attach_progress(item.config, report)
     return report
-
-
-def _is_flaky(raised: BaseException | None) -> bool:
-    return type(raised).__name__ == "FlakyFailure"
-
-
-def _record(
-    item: pytest.Item, report: pytest.TestReport, exc: VerificationFailure, *, flaky: bool
-) -> None:
-    """Save the failing stream and add the failure to the session report."""
-    s = settings_of(item.config)
-    path = exc.replay_path
-    if path:
-        try:
-            save_stream(
-                cast("tuple[Request, ...]", exc.stream),
-                Path(path).parent,
-                check=exc.check,
-                **exc.meta,
-                seed=s.seed,
-            )
-        except OSError as err:
-            path = f"(could not save {path}: {err})"
-    summary = str(exc).splitlines()[0] if str(exc) else exc.check
-    if flaky:  # Hypothesis saw it fail once and pass on replay
-        summary = f"flaky (FlakyFailure): {summary}"
-    command = s.replay_command(path) if path else None
-    stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
-    report_of(item.config).failures.append(
-        FailureRecord(
-            exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
-            stream_dir if path == exc.replay_path else None, exc.request_index,
-        )
-    )  # fmt: skip
-    if command:
-        report.sections.append(("prefixcache replay", command))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -295,6 +255,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     xd.send_report(config)
     if xd.is_worker(config) or not settings_of(config).verify or config.option.collectonly:
         return
+    rep = report_of(config)
+    recorded = {f.test for f in rep.failures}
+    failed = config.pluginmanager.get_plugin("prefixcache-failed")
+    for nodeid, line in getattr(failed, "lines", {}).items():
+        if nodeid not in recorded:  # a test error, an isolation failure, a crashed worker
+            rep.failures.append(FailureRecord("error", nodeid, line))
     # A verification that ran no request, or whose correctness checks could not all run,
     # is not a pass (the terminal summary says why).
     if session.exitstatus == pytest.ExitCode.OK and report_of(config).verdict == "incomplete":

@@ -114,3 +114,10 @@ def test_verify_on_two_workers(workdir: Path) -> None:
     assert res.returncode == EXIT_OK, res.stdout + res.stderr
     report = json.loads((workdir / "prefixcache-report" / "report.json").read_text())
     assert report["workers"] == 2 and report["shards"] == 2
+
+
+def test_replay_of_a_malformed_file_is_a_usage_error(workdir: Path) -> None:
+    (workdir / "bad.json").write_text('{"format": "pytest-prefixcache/stream/v1"}')
+    res = prefixcache(workdir, "replay", "bad.json", "--engine", "fakeengines:good")
+    assert res.returncode == EXIT_USAGE, res.stdout + res.stderr
+    assert "bad.json" in res.stderr and "requests" in res.stderr

@@ -65,9 +65,9 @@ def test_replay_of_a_corrupt_file_says_what_is_wrong(pytester: pytest.Pytester) 
     result = pytester.runpytest(
         "--prefixcache-engine=fakeengines:good", "--prefixcache-replay=bad.json"
     )
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
-        ["*PrefixCacheError: stream file *bad.json* does not declare format*"]
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # a usage error, not a failed check
+    result.stderr.fnmatch_lines(
+        ["ERROR: --prefixcache-replay=bad.json: stream file *bad.json* does not declare format*"]
     )
 
 

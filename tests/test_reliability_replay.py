@@ -113,10 +113,25 @@ def test_a_hand_edited_replay_fails_the_session_with_the_field(pytester: pytest.
         "-p", "no:cacheprovider", "--prefixcache-engine=engine:build",
         "--prefixcache-replay=edited.json",
     )  # fmt: skip
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # not a verification failure
+    result.stderr.fnmatch_lines(
         [
-            "*PrefixCacheError: stream file *edited.json*: requests[[]0[]].messages[[]0[]].role: "
+            "ERROR: --prefixcache-replay=edited.json: stream file *edited.json*: "
+            "requests[[]0[]].messages[[]0[]].role: "
             "Message role 'robot' is not one of system, user, assistant"
         ]
+    )
+
+
+def test_a_malformed_corpus_scenario_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    corpus = pytester.mkdir("fixtures") / "corpus"
+    corpus.mkdir()
+    (corpus / "broken.json").write_text(json.dumps(_msg(role="robot")), encoding="utf-8")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "-k", "corpus",
+        "--prefixcache-examples=1",
+    )  # fmt: skip
+    assert result.ret in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.USAGE_ERROR)
+    result.stdout.fnmatch_lines(
+        ["*corpus scenario: stream file *broken.json*: requests[[]0[]].messages[[]0[]].role: *"]
     )

@@ -153,11 +153,28 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
     built, audit = config.stash.get(BUILT_KEY, (None, None))
     if built is not engine or audit is None:  # a conftest.py override of prefixcache_engine
         audit = Audit(None, "engine from a conftest.py fixture")
+        _overridden(config, engine)
     verifier = Verifier(engine, worker_of(config), options, report_of(config), audit=audit)
     progress = config.stash.get(PROGRESS_KEY, None)
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step
     return verifier
+
+
+def _overridden(config: pytest.Config, engine: Engine) -> None:
+    """A conftest.py fixture built the engine: name it in the report, and refuse an explicit
+    engine option it would silently beat."""
+    s = settings_of(config)
+    kind = f"{type(engine).__module__}.{type(engine).__qualname__}"
+    if s.engine_source in ("option", "--prefixcache-server-cmd"):
+        flag = "--prefixcache-engine" if s.engine_source == "option" else s.engine_source
+        pytest.exit(
+            f"{flag} names the engine ({s.engine}), but a prefixcache_engine fixture (in "
+            f"conftest.py) builds another ({kind}), and the fixture would win: remove the "
+            "option, or the fixture",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+    report_of(config).engine = f"{kind} (the prefixcache_engine fixture of conftest.py)"
 
 
 @pytest.fixture(scope="session")

@@ -134,6 +134,8 @@ class Settings:
     verify: bool = False
     engine: str = DEFAULT_ENGINE
     engine_source: str = "default"
+    server_cmd: str | None = None
+    """The server command of ``--prefixcache-server-cmd`` (replays start the same one)."""
     examples: int = DEFAULT_EXAMPLES
     seed: int = 0
     seed_given: bool = False
@@ -191,6 +193,8 @@ class Settings:
         out = ["--prefixcache-verify"]
         if self.engine_source == "option":
             out.append(f"--prefixcache-engine={self.engine}")
+        if self.server_cmd is not None:
+            out.append(f"--prefixcache-server-cmd={self.server_cmd}")
         if self.atol:
             out.append(f"--prefixcache-atol={self.atol:g}")
         if self.rtol:

@@ -18,6 +18,7 @@ from hypothesis import settings as hsettings
 from hypothesis.stateful import run_state_machine_as_test
 
 from pytest_prefixcache._moves import MOVES, StreamSpec
+from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.output.streams import corpus_files, load_stream
 from pytest_prefixcache.session.settings import STATEFUL_STEPS
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
@@ -30,6 +31,11 @@ from pytest_prefixcache.verify.verifier import Verifier
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "corpus_file" in metafunc.fixturenames:
         files = corpus_files(metafunc.config.rootpath)
+        for f in files:  # a malformed scenario is a usage error naming the file and field
+            try:
+                load_stream(f)
+            except PrefixCacheError as exc:
+                raise pytest.UsageError(f"corpus scenario: {exc}") from None
         metafunc.parametrize("corpus_file", files, ids=[f.stem for f in files])
     shards = settings_of(metafunc.config).shards
     if "shard" in metafunc.fixturenames and shards > 1:

@@ -1,0 +1,80 @@
+"""Recording failures into the session report: every verification failure of a test (each
+distinct one Hypothesis found) with its saved stream and replay command, and every other
+failed test (an error, an isolation failure, a crashed xdist worker) as an "error" record, so
+that the report, the terminal and the exit code tell one verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from ..errors import VerificationFailure
+from ..output.report import MAX_MESSAGE, FailureRecord
+from ..output.streams import save_stream
+from ..types import Request
+from .stash import report_of, settings_of
+
+__all__ = ["FailedTests", "is_flaky", "record", "verification_failures"]
+
+
+def verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
+    """Every VerificationFailure in ``exc``: Hypothesis reports each distinct failure it found
+    (an exception group), or wraps one it saw once in a FlakyFailure group."""
+    if exc is None:
+        return []
+    if isinstance(exc, VerificationFailure):
+        return [exc]
+    return [f for inner in getattr(exc, "exceptions", ()) for f in verification_failures(inner)]
+
+
+def is_flaky(raised: BaseException | None) -> bool:
+    return type(raised).__name__ == "FlakyFailure"
+
+
+def record(
+    item: pytest.Item, report: pytest.TestReport, exc: VerificationFailure, *, flaky: bool
+) -> None:
+    """Save the failing stream and add the failure to the session report."""
+    s = settings_of(item.config)
+    path = exc.replay_path
+    if path:
+        try:
+            save_stream(
+                cast("tuple[Request, ...]", exc.stream),
+                Path(path).parent,
+                check=exc.check,
+                **exc.meta,
+                seed=s.seed,
+            )
+        except OSError as err:
+            path = f"(could not save {path}: {err})"
+    summary = str(exc).splitlines()[0] if str(exc) else exc.check
+    if flaky:  # Hypothesis saw it fail once and pass on replay
+        summary = f"flaky (FlakyFailure): {summary}"
+    command = s.replay_command(path) if path else None
+    stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
+    report_of(item.config).failures.append(
+        FailureRecord(
+            exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
+            stream_dir if path == exc.replay_path else None, exc.request_index,
+        )
+    )  # fmt: skip
+    if command:
+        report.sections.append(("prefixcache replay", command))
+
+
+class FailedTests:
+    """Remembers every failed test (on the controller, crashed xdist workers included): one
+    without a recorded verification failure becomes an "error" record of the report."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, str] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            text = getattr(crash, "message", None) or str(report.longrepr).strip()
+            line = (text.splitlines() or [""])[-1 if crash is None else 0][:300]
+            self.lines.setdefault(report.nodeid, f"{report.when}: {line}")
