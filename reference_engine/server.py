@@ -12,7 +12,7 @@ Endpoints (the API itself, requests and replies, lives in ``reference_engine.ope
 - ``POST /v1/completions``: ``prompt`` as the exact prompt text (no chat template), the same
   fields, ``logprobs`` as the legacy integer (0-5).
 - ``GET /v1/models`` (and ``/v1/models/ID``): one model, its id the model directory's name
-  or ``--served-model-name``.
+  or ``--served-model-name``; replies name it whatever ``model`` a request gives (not checked).
 - ``GET /health``, ``GET /v1/cache/stats``, ``POST /v1/cache/reset``.
 
 Decoding is greedy: sampling fields are accepted only with values that mean greedy

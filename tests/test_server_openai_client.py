@@ -218,16 +218,25 @@ def test_errors_have_the_openai_shape(server: Any, client: Any) -> None:
     assert set(json.loads(http.value.read())["error"]) == {"message", "type", "param", "code"}
 
 
-def test_models_list_names_the_model_directory() -> None:
+@pytest.mark.parametrize(
+    ("flags", "name"), [([], MODEL), (["--served-model-name", "ref-7"], "ref-7")]
+)
+def test_models_list_names_the_model(flags: list[str], name: str) -> None:
+    """The id is the model directory's name (the fixture's, wherever it was built) or
+    --served-model-name, never a path."""
     cmd = [sys.executable, "-m", "reference_engine.server", "--host", "127.0.0.1", "--port", "0"]
+    cmd += flags
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line.startswith("listening on "), line
         client = openai.OpenAI(base_url=line.split()[-1] + "/v1", api_key="x", max_retries=0)
-        assert [m.id for m in client.models.list()] == [default_model_path().name] == [MODEL]
-        assert client.models.retrieve(MODEL).id == MODEL
+        assert default_model_path().name == MODEL
+        assert [m.id for m in client.models.list()] == [name]
+        assert client.models.retrieve(name).id == name
+        reply = client.chat.completions.create(model=name, messages=HELLO, max_tokens=1)
+        assert reply.model == name
         with pytest.raises(openai.NotFoundError):  # negative control
             client.models.retrieve("other-model")
     finally:
