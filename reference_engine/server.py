@@ -50,18 +50,15 @@ from pytest_prefixcache.types import Outcome
 
 from .engine import Engine, default_model_path
 from .openai_api import (
+    ENDPOINTS,
     APIError,
     build_request,
-    chat_chunks,
     chat_completion,
     check_sampling,
     extension,
     generated,
-    prompt_request,
     stop_strings,
     stream_usage,
-    text_chunks,
-    text_completion,
 )
 
 __all__ = [
@@ -74,8 +71,6 @@ __all__ = [
 ]
 
 NAMESPACE_HEADER = "x-prefixcache-namespace"
-_ROUTES = {"/v1/chat/completions": (chat_completion, chat_chunks, build_request, True)}
-_ROUTES["/v1/completions"] = (text_completion, text_chunks, prompt_request, False)
 
 
 def completion(
@@ -164,7 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.call(self.server.engine.reset)
             self._send(200, {"status": "ok"})
             return
-        if path not in _ROUTES:
+        if path not in ENDPOINTS:
             self._not_found(f"POST {path}")
             return
         try:
@@ -186,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _complete(self, path: str, raw: bytes) -> tuple[bool, Any]:
         """(streamed?, the reply or its chunks) of a completion request; raises APIError."""
-        reply, chunks, to_request, template = _ROUTES[path]
+        route = ENDPOINTS[path]
         try:
             body = json.loads(raw or b"{}")
         except ValueError as exc:
@@ -196,17 +191,18 @@ class _Handler(BaseHTTPRequestHandler):
         check_sampling(body)
         stream_usage(body)  # checks stream and stream_options before the engine runs
         stop = stop_strings(body)
-        request = to_request(body, self.headers.get(NAMESPACE_HEADER, ""))
+        route.check(body)
+        request = route.request(body, self.headers.get(NAMESPACE_HEADER, ""))
         s, model = self.server, self.server.engine.model
         # Chat requests call run() as before, so engines overriding it without ``template``
         # (mutants, test doubles) still serve them.
-        flags = {} if template else {"template": False}
+        flags = {} if route.template else {"template": False}
         out = s.call(s.engine.run, request, use_cache=True, **flags)
         gen = generated(out, model.tokenizer, model.eos_token_ids, stop)
         args = (out, gen, body, model.tokenizer, s.model_name)
         if body.get("stream"):
-            return True, list(chunks(*args))
-        return False, reply(*args)
+            return True, list(route.chunks(*args))
+        return False, route.reply(*args)
 
 
 class _Server(ThreadingHTTPServer):

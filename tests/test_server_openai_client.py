@@ -210,6 +210,15 @@ def test_errors_have_the_openai_shape(server: Any, client: Any) -> None:
     with pytest.raises(openai.NotFoundError) as info:
         client.embeddings.create(model=MODEL, input="x")
     assert set(info.value.body) == {"message", "type", "param", "code"}
+    for bad, param in [
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs=true
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"max_tokens": -1}, "max_tokens"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as bad_request:
+            chat(client, **{"max_tokens": 1, **bad})
+        assert bad_request.value.body["param"] == param
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/chat/completions"
     req = urllib.request.Request(url, data=b"{not json", method="POST")
     with pytest.raises(urllib.error.HTTPError) as http:

@@ -15,18 +15,22 @@ from typing import Any
 
 from pytest_prefixcache.types import Outcome
 
+from .errors import APIError
 from .params import int_field, stream_usage
 from .replies import Generated, chat_logprobs, extension_field, reply_id, usage
 
-__all__ = ["MAX_TOP_LOGPROBS", "chat_chunks", "chat_completion"]
+__all__ = ["MAX_TOP_LOGPROBS", "chat_chunks", "chat_completion", "logprobs_k"]
 
 #: ``top_logprobs`` at most (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
 
 
-def _top_k(body: dict[str, Any]) -> int | None:
-    """k of ``top_logprobs`` when ``logprobs`` is asked for, else None."""
+def logprobs_k(body: dict[str, Any]) -> int | None:
+    """k of ``top_logprobs`` when ``logprobs`` is asked for, else None; raises APIError for
+    a bad ``top_logprobs``."""
     k = int_field(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+    if k and not body.get("logprobs"):
+        raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
     return k if body.get("logprobs") else None
 
 
@@ -34,7 +38,7 @@ def chat_completion(
     out: Outcome, gen: Generated, body: dict[str, Any], tokenizer: Any, model: str
 ) -> dict[str, Any]:
     """The ``chat.completion`` reply."""
-    k = _top_k(body)
+    k = logprobs_k(body)
     rid, created = reply_id("chatcmpl")
     return {
         "id": rid,
@@ -60,7 +64,7 @@ def chat_chunks(
     out: Outcome, gen: Generated, body: dict[str, Any], tokenizer: Any, model: str
 ) -> Iterator[dict[str, Any]]:
     """The ``chat.completion.chunk`` objects of a streamed reply, in order."""
-    k = _top_k(body)
+    k = logprobs_k(body)
     with_usage = stream_usage(body)
     rid, created = reply_id("chatcmpl")
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model}

@@ -16,13 +16,14 @@ from .errors import APIError
 from .params import stream_usage
 from .replies import Generated, extension_field, reply_id, text_logprobs, usage
 
-__all__ = ["MAX_LOGPROBS", "text_chunks", "text_completion"]
+__all__ = ["MAX_LOGPROBS", "logprobs_k", "text_chunks", "text_completion"]
 
 #: ``logprobs`` at most (OpenAI's limit for ``/v1/completions``).
 MAX_LOGPROBS = 5
 
 
-def _k(body: dict[str, Any]) -> int | None:
+def logprobs_k(body: dict[str, Any]) -> int | None:
+    """k of the legacy integer ``logprobs``, or None; raises APIError for a bad one."""
     k = body.get("logprobs")
     if k is None:
         return None
@@ -37,7 +38,7 @@ def text_completion(
     out: Outcome, gen: Generated, body: dict[str, Any], tokenizer: Any, model: str
 ) -> dict[str, Any]:
     """The ``text_completion`` reply."""
-    k = _k(body)
+    k = logprobs_k(body)
     rid, created = reply_id("cmpl")
     return {
         "id": rid,
@@ -61,7 +62,7 @@ def text_chunks(
     out: Outcome, gen: Generated, body: dict[str, Any], tokenizer: Any, model: str
 ) -> Iterator[dict[str, Any]]:
     """The chunks of a streamed ``/v1/completions`` reply, in order."""
-    k = _k(body)
+    k = logprobs_k(body)
     with_usage = stream_usage(body)
     rid, created = reply_id("cmpl")
     head = {"id": rid, "object": "text_completion", "created": created, "model": model}
