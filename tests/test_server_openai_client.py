@@ -68,7 +68,7 @@ def test_chat(client: Any) -> None:
 
 @pytest.mark.parametrize("include_usage", [True, False])
 def test_stream_equals_the_reply(client: Any, include_usage: bool) -> None:
-    kw: dict[str, Any] = {"max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+    kw: dict[str, Any] = {"max_tokens": 8, "logprobs": True, "top_logprobs": 2, "extra_body": EXT}
     whole = chat(client, **kw)
     options = {"include_usage": include_usage}
     chunks = list(chat(client, stream=True, stream_options=options, **kw))
@@ -84,6 +84,8 @@ def test_stream_equals_the_reply(client: Any, include_usage: bool) -> None:
         e.model_dump() for e in whole.choices[0].logprobs.content
     ]
     assert with_choices[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    ext = with_choices[-1].model_extra["prefixcache"]  # on the chunk that finishes
+    assert ext["token_ids"] == whole.model_extra["prefixcache"]["token_ids"]
     if include_usage:  # the last chunk alone carries it, with no choices
         assert not chunks[-1].choices
         assert all(c.usage is None for c in chunks[:-1])

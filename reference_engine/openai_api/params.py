@@ -53,10 +53,13 @@ def check_sampling(body: dict[str, Any]) -> None:
         raise APIError(f"seed must be an integer, got {seed!r}", param="seed")
     if body.get("logit_bias"):
         raise _refuse("logit_bias", body["logit_bias"], "this server decodes greedily")
-    if body.get("tools"):
+    tools = body.get("tools")
+    if tools:
+        if isinstance(tools, list):
+            tools = [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)]
         raise _refuse(
             "tools",
-            [t.get("function", {}).get("name") for t in body["tools"] if isinstance(t, dict)],
+            tools,
             "replies are never parsed into tool calls (earlier tool calls and tool results in "
             "'messages' are rendered)",
         )
