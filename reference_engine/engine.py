@@ -150,13 +150,14 @@ class Engine:
             self._requests = self._hit_tokens = self._prompt_tokens = 0
 
     # -- the request path -------------------------------------------------------------------
-    def run(self, request: Request, *, use_cache: bool = True) -> Outcome:
-        """Serve ``request``; with ``use_cache=False`` the caches are neither read nor written."""
+    def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
+        """Serve ``request``; with ``use_cache=False`` the caches are neither read nor written;
+        ``template=False`` takes its text as the prompt, without the chat template."""
         with self._lock:
             prepared = {
                 img.digest: self.vision.prepare(img, use_cache=use_cache) for img in request.images
             }
-            rendered = self.render(request, prepared, use_cache=use_cache)
+            rendered = self.render(request, prepared, use_cache=use_cache, template=template)
             keys = self.keys(rendered, request) if use_cache else []
             reuse = self.lookup(keys, len(rendered.token_ids)) if use_cache else Reuse()
             try:
@@ -166,7 +167,12 @@ class Engine:
                 self.kv.compact()
 
     def render(
-        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+        self,
+        request: Request,
+        prepared: dict[str, Prepared],
+        *,
+        use_cache: bool = True,
+        template: bool = True,
     ) -> Rendered:
         """Token ids and image spans; cached runs tokenise piece by piece (``tokens.py``)."""
         return render(
@@ -175,6 +181,7 @@ class Engine:
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
             encode=self.tokens.encode if use_cache and self.tokens is not None else None,
+            template=template,
         )
 
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:

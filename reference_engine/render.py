@@ -89,19 +89,24 @@ def render(
     placeholder_count: Callable[[Image], int],
     normalize: bool = True,
     encode: Callable[[str], Sequence[int]] | None = None,
+    template: bool = True,
 ) -> Rendered:
     """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image;
     ``normalize`` removes volatile header lines from system prompts; ``encode`` tokenises the
-    text (default: the tokenizer, on the whole text)."""
+    text (default: the tokenizer, on the whole text); ``template=False`` takes the messages'
+    text as it is, without the chat template (a plain completion prompt)."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pad = tokenizer.convert_ids_to_tokens(image_token_id)
     add_generation_prompt = request.messages[-1].role != "assistant"
     template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
-    text = template_owner.apply_chat_template(
-        to_chat_messages(request, normalize=normalize),
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-    )
+    if template:
+        text = template_owner.apply_chat_template(
+            to_chat_messages(request, normalize=normalize),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+    else:
+        text = "".join(p for m in request.messages for p in m.content if isinstance(p, str))
     images = request.images
     if text.count(pad) != len(images):
         raise EngineError(

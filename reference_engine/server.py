@@ -1,17 +1,32 @@
 """A small OpenAI-compatible HTTP front end for the reference engine (stdlib ``http.server``).
 
-Endpoints:
+Endpoints (the API itself, requests and replies, lives in ``reference_engine.openai_api``):
 
-- ``POST /v1/chat/completions``: ``messages`` (text, or parts with ``image_url`` data URLs),
-  ``max_tokens`` (default 16), ``logprobs``, ``top_logprobs`` (0-20); greedy decoding. The
-  reply carries ``logprobs.content[i].top_logprobs`` sorted by logprob, each with its token
-  ``id``, and ``usage.prompt_tokens_details.cached_tokens``. The ``x-prefixcache-namespace``
-  header (or a ``namespace`` body field) sets the request's cache namespace.
-- ``GET /health``, ``GET /v1/models``, ``GET /v1/cache/stats``, ``POST /v1/cache/reset``.
+- ``POST /v1/chat/completions``: ``messages`` (text, or parts with ``image_url`` data URLs;
+  roles ``system``, ``developer`` (as ``system``), ``user``, ``assistant`` with ``tool_calls``
+  and ``tool``, rendered as ``openai_api.messages`` says), ``max_tokens`` or
+  ``max_completion_tokens`` (default 16), ``logprobs``, ``top_logprobs`` (0-20), ``stop``,
+  ``stream`` and ``stream_options.include_usage``. The reply carries
+  ``logprobs.content[i].top_logprobs`` sorted by logprob, each with its token ``id``, and
+  ``usage.prompt_tokens_details.cached_tokens``.
+- ``POST /v1/completions``: ``prompt`` as the exact prompt text (no chat template), the same
+  fields, ``logprobs`` as the legacy integer (0-5).
+- ``GET /v1/models`` (and ``/v1/models/ID``): one model, its id the model directory's name
+  or ``--served-model-name``; replies name it whatever ``model`` a request gives (not checked).
+- ``GET /health``, ``GET /v1/cache/stats``, ``POST /v1/cache/reset``.
 
-A body field ``"prefixcache": {"logits": true}`` adds a ``prefixcache`` object to the reply:
-the prompt's token ids, image spans and vision merges, and the full float32 logits of every
-step (base64), so an HTTP client can compare exactly.
+Decoding is greedy: sampling fields are accepted only with values that mean greedy
+(``temperature`` 0, ``n`` 1, ...) and refused with HTTP 400 naming the field otherwise
+(``openai_api.params``). ``seed`` is accepted (a greedy decode is the same under every seed);
+``tools`` are refused. Errors have the OpenAI shape ``{"error": {"message", "type", "param",
+"code"}}``. A stream (server-sent events ``data: {...}``, then ``data: [DONE]``) is the
+finished reply cut into one chunk per token. The ``x-prefixcache-namespace`` header (or a
+``namespace`` body field) sets the request's cache namespace.
+
+A body field ``"prefixcache": {"logits": true}`` adds a ``prefixcache`` object to the reply
+(to the chunk with ``finish_reason`` when streaming): the prompt's token ids, image spans and
+vision merges, and the full float32 logits of every step (base64), so an HTTP client can
+compare exactly.
 
 Run ``python -m reference_engine.server --model DIR --host 127.0.0.1 --port 0``; it prints
 ``listening on http://HOST:PORT`` once it accepts connections.
@@ -20,24 +35,31 @@ Run ``python -m reference_engine.server --model DIR --host 127.0.0.1 --port 0``;
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
 import json
 import sys
 import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pytest_prefixcache.adapters.chat import log_softmax
 from pytest_prefixcache.errors import PrefixCacheError
-from pytest_prefixcache.types import Image, Message, Outcome, Part, Request
+from pytest_prefixcache.types import Outcome
 
 from .engine import Engine, default_model_path
+from .openai_api import (
+    ENDPOINTS,
+    APIError,
+    build_request,
+    chat_completion,
+    check_sampling,
+    extension,
+    generated,
+    stop_strings,
+    stream_usage,
+)
 
 __all__ = [
     "NAMESPACE_HEADER",
@@ -49,127 +71,14 @@ __all__ = [
 ]
 
 NAMESPACE_HEADER = "x-prefixcache-namespace"
-MAX_TOP_LOGPROBS = 20
-
-
-class BadRequest(ValueError):
-    """The request body is not a chat completion this server can serve."""
-
-
-def _image(url: Any) -> Image:
-    if isinstance(url, dict):
-        url = url.get("url")
-    if not isinstance(url, str) or not url.startswith("data:") or "," not in url:
-        raise BadRequest("images must be data URLs (data:image/png;base64,...)")
-    try:
-        return Image.open(base64.b64decode(url.partition(",")[2], validate=True))
-    except (ValueError, PrefixCacheError) as exc:
-        raise BadRequest(f"bad image data URL: {exc}") from None
-
-
-def _parts(content: Any) -> tuple[Part, ...]:
-    if isinstance(content, str):
-        return (content,)
-    if not isinstance(content, list):
-        raise BadRequest("message content must be a string or a list of parts")
-    parts: list[Part] = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            parts.append(part["text"])
-        elif kind in ("image_url", "input_image", "image"):
-            parts.append(_image(part.get("image_url", part.get("image"))))
-        else:
-            raise BadRequest(f"unsupported content part {part!r:.80}")
-    return tuple(parts)
-
-
-def build_request(body: dict[str, Any], namespace: str = "") -> Request:
-    """The engine Request for an OpenAI chat completion body."""
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
-        raise BadRequest(f"'max_tokens' must be an int >= 0, got {max_tokens!r}")
-    try:
-        msgs = tuple(Message(m.get("role"), _parts(m.get("content", ""))) for m in messages)
-        return Request(
-            msgs, namespace=str(body.get("namespace", namespace)), max_new_tokens=max_tokens
-        )
-    except (PrefixCacheError, AttributeError) as exc:
-        raise BadRequest(str(exc)) from None
-
-
-def _top(logprobs: np.ndarray, k: int, tokenizer: Any) -> list[dict[str, Any]]:
-    order = np.argsort(-logprobs, kind="stable")[:k]
-    return [
-        {"token": tokenizer.decode([int(i)]), "id": int(i), "logprob": float(logprobs[i])}
-        for i in order
-    ]
 
 
 def completion(
     out: Outcome, body: dict[str, Any], tokenizer: Any, model: str, eos: frozenset[int]
 ) -> dict[str, Any]:
     """The OpenAI chat completion reply for an engine Outcome."""
-    k = body.get("top_logprobs") or 0
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP_LOGPROBS:
-        raise BadRequest(f"'top_logprobs' must be an int in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
-    choice: dict[str, Any] = {
-        "index": 0,
-        "message": {"role": "assistant", "content": tokenizer.decode(list(out.tokens))},
-        "finish_reason": "stop" if out.tokens and out.tokens[-1] in eos else "length",
-        "logprobs": None,
-    }
-    if body.get("logprobs"):
-        content = []
-        for token, logits in zip(out.tokens, out.step_logits):
-            lp = log_softmax(logits)
-            content.append(
-                {
-                    "token": tokenizer.decode([token]),
-                    "id": int(token),
-                    "logprob": float(lp[token]),
-                    "top_logprobs": _top(lp, k, tokenizer),
-                }
-            )
-        choice["logprobs"] = {"content": content}
-    n_prompt = out.prompt_tokens or 0
-    reply: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "usage": {
-            "prompt_tokens": n_prompt,
-            "completion_tokens": len(out.tokens),
-            "total_tokens": n_prompt + len(out.tokens),
-            "prompt_tokens_details": {"cached_tokens": out.cached_tokens or 0},
-        },
-    }
-    ext = body.get("prefixcache")
-    if isinstance(ext, dict):
-        reply["prefixcache"] = extension(out, logits=bool(ext.get("logits")))
-    return reply
-
-
-def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
-    """What only this server tells (asked for by ``"prefixcache": {"logits": true}`` in the
-    body): prompt token ids, image spans, vision merges and, with ``logits``, the float32
-    logits before each generated token as base64."""
-    ext: dict[str, Any] = {
-        "token_ids": list(out.token_ids or ()),
-        "image_spans": [list(s) for s in out.image_spans or ()],
-        "merges": [list(m) for m in out.merges or ()],
-    }
-    if logits:
-        ext["step_logits"] = [
-            base64.b64encode(np.asarray(x, dtype=np.float32).tobytes()).decode("ascii")
-            for x in out.step_logits
-        ]
-    return ext
+    gen = generated(out, tokenizer, eos, stop_strings(body))
+    return chat_completion(out, gen, body, tokenizer, model)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -188,48 +97,112 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _stream(self, events: Iterable[dict[str, Any]]) -> None:
+        """Server-sent events, one ``data:`` line each, then ``data: [DONE]`` (chunked)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        lines = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+        try:
+            for line in lines:
+                self.wfile.write(b"%X\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped reading
+            self.close_connection = True
+
+    def _not_found(self, what: str) -> None:
+        self._send(404, APIError(f"Invalid URL ({what})", status=404).body())
+
+    def _models(self) -> list[dict[str, Any]]:
+        s = self.server
+        return [
+            {
+                "id": s.model_name,
+                "object": "model",
+                "created": s.created,
+                "owned_by": "reference_engine",
+            }
+        ]
+
     def do_GET(self) -> None:
-        if self.path == "/health":
+        path = self.path.partition("?")[0]
+        if path == "/health":
             self._send(200, {"status": "ok"})
-        elif self.path == "/v1/models":
-            self._send(
-                200, {"object": "list", "data": [{"id": self.server.model_name, "object": "model"}]}
-            )
-        elif self.path == "/v1/cache/stats":
+        elif path == "/v1/models":
+            self._send(200, {"object": "list", "data": self._models()})
+        elif path.startswith("/v1/models/"):
+            model = self._models()[0]
+            if path.removeprefix("/v1/models/") != model["id"]:
+                error = APIError(
+                    f"The model {path[11:]!r} does not exist; this server has {model['id']!r}",
+                    status=404,
+                    param="model",
+                    code="model_not_found",
+                )
+                self._send(404, error.body())
+            else:
+                self._send(200, model)
+        elif path == "/v1/cache/stats":
             stats = self.server.call(lambda: self.server.engine.stats)
             self._send(200, dataclasses.asdict(stats))
         else:
-            self._send(404, {"error": {"message": f"no route GET {self.path}"}})
+            self._not_found(f"GET {path}")
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
-        if self.path == "/v1/cache/reset":
+        path = self.path.partition("?")[0]
+        if path == "/v1/cache/reset":
             self.server.call(self.server.engine.reset)
             self._send(200, {"status": "ok"})
             return
-        if self.path != "/v1/chat/completions":
-            self._send(404, {"error": {"message": f"no route POST {self.path}"}})
+        if path not in ENDPOINTS:
+            self._not_found(f"POST {path}")
             return
         try:
-            body = json.loads(raw or b"{}")
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            if body.get("stream"):
-                raise BadRequest("streaming is not supported")
-            request = build_request(body, self.headers.get(NAMESPACE_HEADER, ""))
-            s = self.server
-            out = s.call(s.engine.run, request, use_cache=True)
-            reply = completion(
-                out, body, s.engine.model.tokenizer, s.model_name, s.engine.model.eos_token_ids
-            )
-        except (BadRequest, ValueError) as exc:
-            self._send(400, {"error": {"message": str(exc), "type": "invalid_request_error"}})
+            stream, payload = self._complete(path, raw)
+        except APIError as exc:
+            self._send(exc.status, exc.body())
+            return
+        except PrefixCacheError as exc:  # a request the engine cannot render
+            self._send(400, APIError(str(exc)).body())
             return
         except Exception as exc:  # the engine failed: say so, keep serving
-            self._send(500, {"error": {"message": f"{type(exc).__name__}: {exc}"}})
+            error = APIError(f"{type(exc).__name__}: {exc}", status=500, type="server_error")
+            self._send(500, error.body())
             return
-        self._send(200, reply)
+        if stream:
+            self._stream(payload)
+        else:
+            self._send(200, payload)
+
+    def _complete(self, path: str, raw: bytes) -> tuple[bool, Any]:
+        """(streamed?, the reply or its chunks) of a completion request; raises APIError."""
+        route = ENDPOINTS[path]
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError as exc:
+            raise APIError(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise APIError("the body must be a JSON object")
+        check_sampling(body)
+        stream_usage(body)  # checks stream and stream_options before the engine runs
+        stop = stop_strings(body)
+        route.check(body)
+        request = route.request(body, self.headers.get(NAMESPACE_HEADER, ""))
+        s, model = self.server, self.server.engine.model
+        # Chat requests call run() as before, so engines overriding it without ``template``
+        # (mutants, test doubles) still serve them.
+        flags = {} if route.template else {"template": False}
+        out = s.call(s.engine.run, request, use_cache=True, **flags)
+        gen = generated(out, model.tokenizer, model.eos_token_ids, stop)
+        args = (out, gen, body, model.tokenizer, s.model_name)
+        if body.get("stream"):
+            return True, list(route.chunks(*args))
+        return False, route.reply(*args)
 
 
 class _Server(ThreadingHTTPServer):
@@ -242,6 +215,7 @@ class _Server(ThreadingHTTPServer):
         self.engine = engine
         self.model_name = model_name
         self.verbose = verbose
+        self.created = int(time.time())
         # MLX state is per thread: every engine call runs on this one worker thread.
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -265,20 +239,42 @@ def make_server(
     return _Server((host, port), engine, model_name, verbose)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    """The command line (every option's help names its default)."""
+    p = argparse.ArgumentParser(
         prog="python -m reference_engine.server",
         description="OpenAI-compatible HTTP server for the reference engine",
     )
-    parser.add_argument("--model", default=None, help="Model directory (default: tiny Qwen2-VL)")
-    parser.add_argument("--host", default="127.0.0.1", help="Address to bind")
-    parser.add_argument("--port", type=int, default=8080, help="Port to bind (0: any free port)")
-    parser.add_argument("--block-size", type=int, default=16, help="Tokens per cache block")
-    parser.add_argument("--verbose", action="store_true", help="Log every request")
-    args = parser.parse_args(argv)
-    path = args.model or default_model_path()
+    p.add_argument(
+        "--model",
+        default=None,
+        help="Model directory (default: the repository's tiny Qwen2-VL fixture)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="Model id in /v1/models and replies (default: the model directory's name)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="Address to bind (default: %(default)s)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=8080,
+        help="Port to bind, 0 for any free port (default: %(default)s)",
+    )
+    p.add_argument(
+        "--block-size", type=int, default=16, help="Tokens per cache block (default: %(default)s)"
+    )
+    p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    path = Path(args.model or default_model_path())
     engine = Engine.from_pretrained(path, block_size=args.block_size)
-    server = make_server(engine, args.host, args.port, model_name=str(path), verbose=args.verbose)
+    name = args.served_model_name or path.resolve().name
+    server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
     host, port = server.server_address[:2]
     print(f"listening on http://{host!s}:{port}", flush=True)
     try:

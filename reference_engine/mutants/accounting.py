@@ -143,11 +143,11 @@ class LyingHitCount(Engine):
     misleading hit metrics of ROCm/ATOM #939 and jundot/omlx #1901.
     """
 
-    def run(self, request: Request, *, use_cache: bool = True) -> Outcome:
+    def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
         if not use_cache:
-            return super().run(request, use_cache=False)
+            return super().run(request, use_cache=False, template=template)
         seen = {i.digest for i in request.images if self.vision.prepare(i).rows is not None}
-        out = super().run(request, use_cache=True)
+        out = super().run(request, use_cache=True, template=template)
         if not out.image_spans or out.cached_tokens is None:
             return out
         # BUG: vision-cache hits are added to the prompt-cache hit count.

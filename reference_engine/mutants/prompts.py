@@ -30,7 +30,12 @@ class VolatileHeaderKept(Engine):
     """
 
     def render(
-        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+        self,
+        request: Request,
+        prepared: dict[str, Prepared],
+        *,
+        use_cache: bool = True,
+        template: bool = True,
     ) -> Rendered:
         return render(
             request,
@@ -38,6 +43,7 @@ class VolatileHeaderKept(Engine):
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
             normalize=False,  # BUG: volatile header lines are kept.
+            template=template,
         )
 
 
@@ -68,7 +74,14 @@ class HistoryRerendered(Engine):
     """
 
     def render(
-        self, request: Request, prepared: dict[str, Prepared], *, use_cache: bool = True
+        self,
+        request: Request,
+        prepared: dict[str, Prepared],
+        *,
+        use_cache: bool = True,
+        template: bool = True,
     ) -> Rendered:
         # BUG: the history is rendered differently depending on how many turns follow it.
-        return super().render(_mark_latest_reply(request), prepared, use_cache=use_cache)
+        return super().render(
+            _mark_latest_reply(request), prepared, use_cache=use_cache, template=template
+        )
