@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from pytest_prefixcache import Message, Request
+from pytest_prefixcache.checks.coverage import missing
+from pytest_prefixcache.checks.reuse import control_problems
 from pytest_prefixcache.output.streams import corpus_files, load_stream, save_stream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +50,21 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
-    assert len(steps) == len(stream)
+    # "passes": every correctness check ran on every request it concerns, not just no failure
+    report = verifier.report
+    assert report.verdict == "pass", (report.coverage, missing(report.coverage))
+    assert report.requests == len(stream) == len(steps)
+    # and the counterexample still catches what it caught, on an engine with that bug
+    if check == "positive control":  # an engine that reuses nothing fails it
+        prev = [None, *(s.request for s in steps)]
+        assert any(
+            control_problems(s.request, p, replace(s.cached, cached_tokens=0), s.match)
+            for s, p in zip(steps, prev)
+        ), "no request of this stream is subject to the positive control"
+    elif check == "render stability":  # the expectation that failed is in the file
+        assert meta.get("expect_same_prompt") or meta.get("expect_extends"), meta
+    else:
+        assert check == "fault", check
 
 
 def _findings() -> ModuleType:

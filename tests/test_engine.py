@@ -1,7 +1,8 @@
 """The reference engine: cached runs are bit-identical to cold runs, and reuse is segmented.
 
 Every scenario runs a history through the cache, then the final request cached and cold, and
-asserts max |diff| == 0.0 for the logits of the last prompt position and every decode step.
+asserts max |diff| == 0.0 for the logits of the last prompt position and every decode step,
+and that the cached run reused exactly what the scenario allows (the reuse oracle's maximum).
 The negative controls run the same scenarios on an engine whose block keys drop the image
 digests, and assert that the comparison then fails.
 """
@@ -16,6 +17,7 @@ import pytest
 mx = pytest.importorskip("mlx.core")
 
 from pytest_prefixcache import Image, Message, Outcome, Request  # noqa: E402
+from pytest_prefixcache.checks.oracle import ReuseOracle  # noqa: E402
 from reference_engine import Engine, default_model_path  # noqa: E402
 from reference_engine import blocks as blocks_mod  # noqa: E402
 from reference_engine import engine as engine_mod  # noqa: E402
@@ -124,12 +126,33 @@ IMAGE_SENSITIVE = [
 ]
 
 
+#: Where each scenario's reuse must stop, from the final request's outcome and the history
+#: request's prompt: a correct cache with partial blocks reuses everything up to there.
+EXPECTED_REUSE: dict[str, Callable[[Outcome, Outcome], int]] = {
+    "exact_repeat": lambda warm, before: len(before.token_ids or ()) - 1,  # one token computed
+    "multi_turn_extension": lambda warm, before: len(before.token_ids or ()),
+    "new_image_after_cached_text": lambda warm, before: len(before.token_ids or ()),
+    "same_image_in_later_turn": lambda warm, before: len(before.token_ids or ()),
+    "two_images_swapped": lambda warm, before: (warm.image_spans or ())[0][0],
+    "different_image_same_size_same_slot": lambda warm, before: (warm.image_spans or ())[0][0],
+    "different_image_size": lambda warm, before: (warm.image_spans or ())[0][0],
+    "boundary_inside_image_span": lambda warm, before: (warm.image_spans or ())[1][0],
+}
+
+
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_cached_equals_cold(engine: Engine, name: str) -> None:
     history, final = SCENARIOS[name]
     warm = compare(engine, history, final)
-    if name in ("exact_repeat", "multi_turn_extension", "same_image_in_later_turn"):
-        assert warm.cached_tokens and warm.cached_tokens > 0, "expected a cache hit"
+    (earlier,) = history
+    before = engine.run(earlier, use_cache=False)  # its prompt, without touching the cache
+    expected = EXPECTED_REUSE[name](warm, before)
+    assert expected > 0
+    assert warm.cached_tokens == expected
+    oracle = ReuseOracle()  # the plugin's reuse oracle agrees that this is the most reusable
+    oracle.add(0, earlier.namespace, before.token_ids or (), before.image_spans or ())
+    match = oracle.match(final.namespace, warm.token_ids or (), warm.image_spans or ())
+    assert match.max_reuse == expected
 
 
 def test_exact_repeat_recomputes_only_the_last_token(engine: Engine) -> None:

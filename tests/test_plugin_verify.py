@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from plugin_support import run_suite, with_fakes
 
@@ -164,6 +166,35 @@ def test_top_logprobs_engine_is_compared_exactly(pytester: pytest.Pytester) -> N
     with_fakes(pytester)
     result = run_suite(pytester, "top_only", "-k", "request_streams")
     result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["worst |cached - uncached|: 0"])
+    requests = re.search(r"^requests run: (\d+) ", result.stdout.str(), re.M)
+    assert requests is not None and int(requests[1]) > 0
+    n = requests[1]
+    result.stdout.re_match_lines([rf"  equivalence +{n}/{n}$"])  # compared on every request
+
+
+@pytest.mark.parametrize(
+    ("engine", "lines"),
+    [
+        # a 1e-6 shift of the cached logits moves the logprobs by ~3e-8: exact mode sees it
+        (
+            "top_only_drift",
+            ["equivalence: logits differ beyond the tolerance (exact) *", "*|diff| *e-0*)"],
+        ),
+        # a cache that ignores image digests answers for another image
+        ("top_only_ignore_digest", ["equivalence: step 0: top tokens differ: only cached *"]),
+    ],
+)
+def test_top_logprobs_engine_with_a_cache_bug_fails(
+    pytester: pytest.Pytester, engine: str, lines: list[str]
+) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, engine, "-k", "request_streams", examples=30)
+    result.assert_outcomes(failed=1)
+    head, *rest = lines
+    result.stdout.fnmatch_lines(
+        [f"E   pytest_prefixcache.errors.EquivalenceFailure: {head}", *rest]
+    )
 
 
 def test_nothing_runs_when_the_engine_cannot_be_built(pytester: pytest.Pytester) -> None:

@@ -61,14 +61,33 @@ def test_numpy_positions_equal_get_rope_index(model: Any, pieces: list[Any]) -> 
     assert np.asarray(got).dtype == np.int32
 
 
-def test_the_engine_uses_the_numpy_positions_for_qwen2_vl(model: Any) -> None:
-    ids, grids = build(model, [[5, 6], (1, 4, 6), [7]])
-    got, _ = model.positions(ids, grids)
-    fast, _ = mrope_positions(
-        ids, grids, image_token_id=model.image_token_id, merge_size=model.merge_size
-    )
+def test_the_engine_uses_the_numpy_positions_for_qwen2_vl(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request with an image, cached and cold, gets its position ids from
+    ``mrope_positions`` over its whole prompt; mlx-vlm's ``get_rope_index`` is never called
+    (both give the same ids, so comparing values could not tell them apart)."""
+    from test_engine import img, req, user
+
+    from reference_engine import Engine
+    from reference_engine import model as model_mod
+
     assert model.model_type == "qwen2_vl"
-    assert np.array_equal(np.asarray(got)[:, 0, :], fast)
+    prompts: list[tuple[int, ...]] = []
+
+    def spy(token_ids: Any, grids: Any, **kwargs: Any) -> Any:
+        prompts.append(tuple(token_ids))
+        return mrope_positions(token_ids, grids, **kwargs)
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the engine called get_rope_index")
+
+    monkeypatch.setattr(model_mod, "mrope_positions", spy)
+    monkeypatch.setattr(type(model.model.language_model), "get_rope_index", forbidden)
+    engine = Engine(model)
+    request = req(user("What is this?", img(1)), max_new_tokens=2)
+    outcomes = [engine.run(request, use_cache=True), engine.run(request, use_cache=False)]
+    assert prompts == [o.token_ids for o in outcomes]
 
 
 def test_control_image_positions_are_not_text_positions(model: Any) -> None:

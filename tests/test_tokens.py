@@ -107,7 +107,11 @@ def test_the_memory_is_bounded_by_characters(model: Any) -> None:
     for i in range(10):
         pieces.encode(f"piece {i}<|im_end|>")  # 7 characters a piece
     assert list(pieces._pieces) == ["piece 7", "piece 8", "piece 9"]
-    assert pieces.encode("x" * 25) == pieces.encode("x" * 25)  # too long to keep: not kept
-    assert "x" * 25 not in pieces._pieces and pieces._chars == 21
+    long = "x" * 25  # too long to keep: tokenised each time, not kept
+    whole = tuple(int(t) for t in model.tokenizer(long, add_special_tokens=False)["input_ids"])
+    misses = pieces.misses
+    assert pieces.encode(long) == whole and pieces.encode(long) == whole
+    assert pieces.misses == misses + 2
+    assert list(pieces._pieces) == ["piece 7", "piece 8", "piece 9"] and pieces._chars == 21
     with pytest.raises(ValueError, match="max_chars must be positive, got 0"):
         PieceTokenizer(model.tokenizer, {}, max_chars=0)
