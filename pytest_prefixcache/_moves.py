@@ -178,14 +178,24 @@ def apply_move(
     if move == "swap":
         imgs = base.images
         if len(set(imgs)) < 2:
-            two = (pool[0], pool[1 % len(pool)])
-            extra = Message("user", (_text(draw), *two))
+            if spec.max_images_per_message == 0:  # nothing to swap in a text-only stream
+                return apply_move(draw, "append", stream, pool, spec, base)
+            one, two = pool[0], pool[1 % len(pool)]
             rest = (
                 base.messages
                 if base.messages[-1].role != "user"
                 else (*base.messages, Message("assistant", (_text(draw),)))
             )
-            return Request((*rest, extra), base.namespace, base.max_new_tokens)
+            if spec.max_images_per_message >= 2:
+                extra: tuple[Message, ...] = (Message("user", (_text(draw), one, two)),)
+            else:  # one image a message: the two in consecutive user turns
+                reply = Message("assistant", (_text(draw),))
+                extra = (
+                    Message("user", (_text(draw), one)),
+                    reply,
+                    Message("user", (_text(draw), two)),
+                )
+            return Request((*rest, *extra), base.namespace, base.max_new_tokens)
         a = 0
         b = next(i for i, img in enumerate(imgs) if img != imgs[0])
         order = list(imgs)

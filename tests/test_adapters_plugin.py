@@ -23,9 +23,10 @@ def corrupt_once():
 """
 
 
-def run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
+def run(pytester: pytest.Pytester, engine: str, *args: str) -> pytest.RunResult:
     pytester.makepyfile(factories=FACTORY)
     return pytester.runpytest_subprocess(
+        *args,
         "-p",
         "no:randomly",
         "--prefixcache-verify",
@@ -39,8 +40,17 @@ def run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
 
 
 def test_the_suite_passes_on_the_reference_server(pytester: pytest.Pytester) -> None:
-    result = run(pytester, "pytest_prefixcache.adapters.presets:reference_server")
-    result.stdout.fnmatch_lines(["worst |cached - uncached|: 0", "failures by check: none"])
+    """Every check runs through the preset (it renders token ids and asks for the server's
+    extension) but the cold baseline: a server is not audited with fresh instances."""
+    engine = "pytest_prefixcache.adapters.presets:reference_server"
+    result = run(pytester, engine, "--prefixcache-allow-partial")
+    result.stdout.fnmatch_lines(
+        [
+            "worst |cached - uncached|: 0",
+            "failures by check: none",
+            "verdict: PASS (partial: not checked on every request: cold baseline)",
+        ]
+    )
     assert result.ret == 0
 
 

@@ -149,3 +149,17 @@ def test_one_finding_does_not_end_the_search(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["failures by check: equivalence: 1, positive control: 1"])
     saved = list((pytester.path / ".prefixcache" / "failures").glob("*/stream.json"))
     assert len(saved) == 2
+
+
+def test_equivalence_that_compared_nothing_did_not_run() -> None:
+    got = dict(coverage_of(request(), full(), full(), has_usage=True, compared=0))
+    assert got["equivalence"] == "nothing compared"
+
+
+def test_the_junit_file_carries_the_verdict_and_the_coverage(pytester: pytest.Pytester) -> None:
+    with_fakes(pytester)
+    result = run_suite(pytester, "minimal", "-k", "request_streams", "--junitxml=j.xml")
+    assert result.ret == 1
+    junit = (pytester.path / "j.xml").read_text()
+    assert '<property name="prefixcache_verdict" value="incomplete"' in junit
+    assert '<property name="prefixcache_coverage: reuse bound" value="0/' in junit

@@ -142,7 +142,9 @@ def test_command_line_engine_beats_the_ini(pytester: pytest.Pytester) -> None:
 
 
 def test_replay_implies_verify(pytester: pytest.Pytester) -> None:
-    path = pytester.makefile(".json", stream="{}")
+    stream = {"format": "pytest-prefixcache/stream/v1", "requests": [{"messages": [
+        {"role": "user", "content": ["hi"]}]}]}  # fmt: skip
+    path = pytester.makefile(".json", stream=json.dumps(stream))
     s = pytester.parseconfigure(f"--prefixcache-replay={path}").stash[SETTINGS_KEY]
     assert s.verify and s.replay == path
 

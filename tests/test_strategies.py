@@ -218,13 +218,14 @@ def test_a_strategy_pool_can_be_shared() -> None:
     assert seen == pool_digests  # the streams really drew from the pool, all of it
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the 'swap' move adds a user turn with two images whatever "
-    "max_images_per_message is (_moves.apply_move, when the base has < 2 distinct images)",
-)
 @given(request_streams(pool=st.just(SHARED_POOL), max_images_per_message=1))
 @settings(max_examples=50, deadline=None, database=None)
 def test_max_images_per_message_is_honoured(stream: tuple[Request, ...]) -> None:
     counts = [len(m.images) for r in stream for m in r.messages]
     assert max(counts) <= 1, counts
+
+
+@given(request_streams(max_images_per_message=0, moves=("swap",)))
+@settings(max_examples=50, deadline=None, database=None)
+def test_no_images_means_none_from_any_move(stream: tuple[Request, ...]) -> None:
+    assert not any(r.images for r in stream)

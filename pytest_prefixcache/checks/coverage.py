@@ -45,6 +45,7 @@ HINTS = {
     "no merges": "return Outcome.merges ((slots, rows) of each vision merge)",
     "no step_logits": "return Outcome.step_logits (the logits of every decode step)",
     "step_logits on one side only": "return step_logits from both the cached and the uncached run",
+    "nothing compared": "return logits (or top_logprobs that name the same token ids) on both runs",
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
     "engine given as an instance": "name a zero-argument callable that builds the engine "
     "(MODULE:FACTORY), so that a fresh instance can recompute uncached requests",
@@ -58,12 +59,12 @@ HINTS = {
 
 
 def coverage_of(
-    request: Request, cached: Outcome, uncached: Outcome, *, has_usage: bool
+    request: Request, cached: Outcome, uncached: Outcome, *, has_usage: bool, compared: int = 1
 ) -> Iterator[tuple[str, str]]:
     """(check, APPLIED or the reason it could not run) for every check that concerns this
     request. A check that does not concern it (shapes on a text-only request, decode steps of
-    a one-token answer) yields nothing."""
-    yield "equivalence", APPLIED  # first-token logits or top_logprobs: a fault otherwise
+    a one-token answer) yields nothing. ``compared``: the steps the comparison compared."""
+    yield "equivalence", APPLIED if compared else "nothing compared"
     if max(len(cached.tokens), len(uncached.tokens)) > 1:
         c, u = bool(cached.step_logits), bool(uncached.step_logits)
         reason = "no step_logits" if not (c or u) else "step_logits on one side only"

@@ -209,8 +209,6 @@ class Verifier:
         assert isinstance(uncached, Outcome)
         self._check(baseline_problems(uncached), ctx, "uncached run: ")
         self._check(pair_problems(cached, uncached), ctx)
-        for check, outcome in coverage_of(request, cached, uncached, has_usage=callable(usage)):
-            self.report.count(check, outcome)
         match = None
         render: list[Problem] = []
         if cached.token_ids is not None:
@@ -223,6 +221,11 @@ class Verifier:
         ctx = Context(ctx.stream, index, cached, match)
         self._account(cached, uncached, match)
         comparison = compare(cached, uncached, self.options.tolerance)
+        has_usage = callable(usage)
+        for check, outcome in coverage_of(
+            request, cached, uncached, has_usage=has_usage, compared=comparison.steps
+        ):
+            self.report.count(check, outcome)
         self._check(
             self.audit.check(
                 index, request, cached, uncached, comparison, tol=self.options.tolerance,
