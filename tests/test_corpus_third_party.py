@@ -37,6 +37,7 @@ def test_the_default_corpus_leaves_third_party_out() -> None:
 def test_counterexample_loads_and_passes_on_the_reference_engine(
     model: Any, path: Path, tmp_path: Path
 ) -> None:
+    from pytest_prefixcache.verify.audit import Audit
     from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
     from reference_engine import Engine
 
@@ -46,7 +47,9 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     assert path.parent.name.startswith(f"{engine}-{mode}-"), (path.parent.name, meta)
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
-    verifier = Verifier(Engine(model), options=VerifyOptions(failures_dir=tmp_path))
+    options = VerifyOptions(failures_dir=tmp_path)
+    # a fresh engine per audited request: the baseline audit runs too
+    verifier = Verifier(Engine(model), options=options, audit=Audit(lambda: Engine(model)))
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
