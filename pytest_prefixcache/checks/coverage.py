@@ -20,7 +20,9 @@ __all__ = [
     "APPLIED",
     "HINTS",
     "REQUIRED",
+    "coverage_lines",
     "coverage_of",
+    "gap_lines",
     "missing",
 ]
 
@@ -98,3 +100,28 @@ def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, in
         if reasons:
             out[check] = reasons
     return out
+
+
+def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """One line per check: the requests it ran on, and why it could not run on the others."""
+    out = []
+    width = max((len(c) for c in coverage), default=0)
+    order = [c for c in REQUIRED if c in coverage]
+    order += sorted(set(coverage) - set(order))
+    for check in order:
+        row = coverage[check]
+        why = ", ".join(f"{k}: {v}" for k, v in row.items() if k != APPLIED)
+        ran = f"{row.get(APPLIED, 0)}/{sum(row.values())}"
+        out.append(f"  {check:<{width}}  {ran}" + (f" ({why})" if why else ""))
+    return ["coverage (requests each check ran on / that concern it):", *out] if out else []
+
+
+def gap_lines(gaps: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """For every required check that could not run: on how many requests, why, and what the
+    engine must return to enable it."""
+    return [
+        f"  {check}: {n} request(s) with {reason}"
+        + (f": {HINTS[reason]}" if reason in HINTS else "")
+        for check, reasons in gaps.items()
+        for reason, n in reasons.items()
+    ]

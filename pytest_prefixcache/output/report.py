@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ..checks.coverage import APPLIED, HINTS, REQUIRED, missing
+from ..checks.coverage import coverage_lines, gap_lines, missing
+from .records import FailureRecord, RequestRecord
 
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
 
@@ -35,41 +36,6 @@ def _finite(x: float) -> float | str:
 
 def _number(x: Any) -> float:
     return float(x) if isinstance(x, (int, float, str)) else 0.0
-
-
-@dataclass(frozen=True)
-class FailureRecord:
-    """One failed test: which check, where, the first line of the message, the replay command,
-    the full message and the directory holding the saved stream (its images are PNGs there)."""
-
-    check: str
-    test: str
-    summary: str
-    replay: str | None = None
-    message: str = ""
-    stream_dir: str | None = None
-    request_index: int | None = None
-    worker: str = ""
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """One request the verifier ran (cached, then uncached)."""
-
-    stream: int
-    request: int
-    prompt_tokens: int | None
-    cached_tokens: int | None
-    """Prompt tokens the engine reported as reused."""
-    reusable: int | None
-    """The oracle's maximum valid reuse for this request (None without token ids)."""
-    diff: float
-    """Worst |cached - uncached| over the compared positions."""
-    kl: float
-    warm_seconds: float
-    cold_seconds: float
-    images: int
-    worker: str = ""
 
 
 #: Report counters that add up across workers.
@@ -162,28 +128,7 @@ class Report:
                 "--prefixcache-allow-partial accepts that"
             ),
         }[self.verdict]
-        out = [f"verdict: {word}"]
-        for check, reasons in gaps.items():
-            for reason, n in reasons.items():
-                hint = HINTS.get(reason, "")
-                out.append(
-                    f"  {check}: {n} request(s) with {reason}" + (f": {hint}" if hint else "")
-                )
-        return out
-
-    def coverage_lines(self) -> list[str]:
-        """One line per check: the requests it applied to, and why it could not run on others."""
-        out = []
-        width = max((len(c) for c in self.coverage), default=0)
-        order = [c for c in REQUIRED if c in self.coverage]
-        order += sorted(set(self.coverage) - set(order))
-        for check in order:
-            row = self.coverage[check]
-            applied = row.get(APPLIED, 0)
-            total = sum(row.values())
-            why = ", ".join(f"{k}: {v}" for k, v in row.items() if k != APPLIED)
-            out.append(f"  {check:<{width}}  {applied}/{total}" + (f" ({why})" if why else ""))
-        return ["coverage (requests each check ran on / that concern it):", *out] if out else []
+        return [f"verdict: {word}", *gap_lines(gaps)]
 
     @property
     def efficiency(self) -> float | None:
@@ -250,7 +195,7 @@ class Report:
         if self.seed is not None:
             shards = f" --prefixcache-shards={self.shards}" if self.shards > 1 else ""
             out.append(f"reproduce with --prefixcache-seed={self.seed}{shards}")
-        return out + self.coverage_lines() + self.verdict_lines()
+        return out + coverage_lines(self.coverage) + self.verdict_lines()
 
     def merge(self, other: Report, worker: str = "") -> None:
         """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""

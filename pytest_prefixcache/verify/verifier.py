@@ -12,18 +12,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NoReturn
 
 from .. import errors
 from ..checks import (
     HYGIENE,
-    Comparison,
     Match,
     Problem,
     Rendered,
     ReuseOracle,
-    Tolerance,
     baseline_problems,
     compare,
     control_problems,
@@ -39,46 +36,18 @@ from ..checks import (
     usage_problems,
 )
 from ..output.report import Report, RequestRecord
-from ..output.streams import FAILURES_DIR, stream_id
+from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request
 from .audit import Audit
 from .messages import Context, format_failure
-from .worker import DEFAULT_TIMEOUT, CallTimedOut, EngineWorker
+from .options import Step, VerifyOptions
+from .worker import CallTimedOut, EngineWorker
 
 __all__ = [
     "Step",
     "Verifier",
     "VerifyOptions",
 ]
-
-
-def default_replay_command(path: str) -> str:
-    return f"pytest --prefixcache-verify --prefixcache-replay={path}"
-
-
-@dataclass(frozen=True)
-class VerifyOptions:
-    """How strict the checks are and how to name the replay of a failure."""
-
-    tolerance: Tolerance = field(default_factory=Tolerance)
-    timeout: float = DEFAULT_TIMEOUT
-    min_efficiency: float | None = None
-    min_speedup: float | None = None
-    strict_render: bool = False
-    """Render-hygiene findings fail (by default they are reported and the run goes on)."""
-    failures_dir: Path = FAILURES_DIR
-    replay_command: Callable[[str], str] = default_replay_command
-
-
-@dataclass
-class Step:
-    """What one request gave."""
-
-    request: Request
-    cached: Outcome
-    uncached: Outcome
-    match: Match | None
-    comparison: Comparison
 
 
 @dataclass(repr=False)

@@ -1,0 +1,42 @@
+"""The records a report keeps: one per failure, one per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["FailureRecord", "RequestRecord"]
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failed test: which check, where, the first line of the message, the replay command,
+    the full message and the directory holding the saved stream (its images are PNGs there)."""
+
+    check: str
+    test: str
+    summary: str
+    replay: str | None = None
+    message: str = ""
+    stream_dir: str | None = None
+    request_index: int | None = None
+    worker: str = ""
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request the verifier ran (cached, then uncached)."""
+
+    stream: int
+    request: int
+    prompt_tokens: int | None
+    cached_tokens: int | None
+    """Prompt tokens the engine reported as reused."""
+    reusable: int | None
+    """The oracle's maximum valid reuse for this request (None without token ids)."""
+    diff: float
+    """Worst |cached - uncached| over the compared positions."""
+    kl: float
+    warm_seconds: float
+    cold_seconds: float
+    images: int
+    worker: str = ""

@@ -1,0 +1,43 @@
+"""The verifier's options (how strict, how to name a replay) and what one request gave."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..checks import Comparison, Match, Tolerance
+from ..output.streams import FAILURES_DIR
+from ..types import Outcome, Request
+from .worker import DEFAULT_TIMEOUT
+
+__all__ = ["Step", "VerifyOptions", "default_replay_command"]
+
+
+def default_replay_command(path: str) -> str:
+    return f"pytest --prefixcache-verify --prefixcache-replay={path}"
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How strict the checks are and how to name the replay of a failure."""
+
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    timeout: float = DEFAULT_TIMEOUT
+    min_efficiency: float | None = None
+    min_speedup: float | None = None
+    strict_render: bool = False
+    """Render-hygiene findings fail (by default they are reported and the run goes on)."""
+    failures_dir: Path = FAILURES_DIR
+    replay_command: Callable[[str], str] = default_replay_command
+
+
+@dataclass
+class Step:
+    """What one request gave."""
+
+    request: Request
+    cached: Outcome
+    uncached: Outcome
+    match: Match | None
+    comparison: Comparison
