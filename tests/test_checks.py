@@ -215,3 +215,18 @@ def test_scenario_expectations() -> None:
     blind = (out(logits(1), cached_tokens=0), None)
     [(_, p, _)] = expectation_problems([blind, blind], [[0, 1]])
     assert p.headline == "request 1 should reuse request 0's prompt but reused 0 tokens"
+
+
+def test_a_fresh_instance_that_decodes_other_tokens_names_both_sides() -> None:
+    """No logit differs, the greedy tokens do: the baseline problem names this run and the
+    fresh one (not "unthis run")."""
+    from pytest_prefixcache.checks import Tolerance, fresh_problems
+
+    same = logits(1, 2, 3)
+    [p] = fresh_problems(
+        out(same, tokens=(1,)), out(same, tokens=(1,)), out(same, tokens=(2,)), Tolerance()
+    )
+    assert p.check == "cold baseline"
+    assert p.details[0] == (
+        "uncached: greedy tokens differ at new token 0: this run (1,) vs fresh (2,)"
+    )

@@ -48,7 +48,8 @@ def _first(fresh: Outcome, other: Outcome, tol: Tolerance) -> str | None:
             f"step {d.step}, token id {d.index}: {d.cached:.9g} vs fresh {d.uncached:.9g} "
             f"(|diff| {d.diff:.3g})"
         )
-    return c.problems[0].headline.replace("cached", "this run").replace("uncached", "fresh")
+    # compare() names its sides "cached" and "uncached": here they are this run and the fresh one
+    return c.problems[0].headline.replace("uncached", "fresh").replace("cached", "this run")
 
 
 def fresh_problems(
