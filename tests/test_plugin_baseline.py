@@ -3,8 +3,13 @@ uncached requests (the baseline audit), and the coverage table says when it coul
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 from plugin_support import run_suite, with_fakes
+
+from pytest_prefixcache import Outcome
 
 pytest_plugins = ["pytester"]
 
@@ -81,3 +86,24 @@ def test_a_conftest_engine_is_not_audited_and_says_so(pytester: pytest.Pytester)
     result.assert_outcomes(passed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines(["  cold baseline * 0/* (engine from a conftest.py fixture: *)"])
+
+
+def test_a_request_record_times_the_uncached_run_not_the_audit(tmp_path: Path) -> None:
+    """The audited fresh run is slow; the record's cold time is still the uncached run's."""
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache import Message, Request
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify.audit import Audit
+
+    class SlowFresh(FakeEngine):
+        def run(self, request: Request, *, use_cache: bool) -> Outcome:
+            time.sleep(0.3)
+            return super().run(request, use_cache=use_cache)
+
+    options = VerifyOptions(failures_dir=tmp_path)
+    verifier = Verifier(FakeEngine(), options=options, audit=Audit(SlowFresh))
+    verifier.run([Request((Message("user", ("hello",)),))])
+    (record,) = verifier.report.records
+    assert verifier.report.coverage["cold baseline"] == {"applied": 1}
+    assert record.cold_seconds < 0.3, record

@@ -2,9 +2,13 @@
 
 For each request in stream order the verifier runs ``engine.run(request, use_cache=True)``
 then ``engine.run(request, use_cache=False)``, each under the timeout, and checks, in order:
-faults, shapes (merges), equivalence, the reuse bound against the oracle and the positive
-control. The first problem found becomes a :class:`~pytest_prefixcache.errors.VerificationFailure`
-whose message names the request, the positions, the values and the replay command.
+faults (an uncached run that reports reuse is one), the memory budget, the pair's agreement,
+the baseline audit on a fresh instance (:mod:`.audit`), then shapes (merges), equivalence,
+the reuse bound against the oracle, the positive control and render stability; it counts
+which checks could run (the coverage). Render-hygiene findings are recorded, not failed,
+unless ``strict_render``. The first problem found becomes a
+:class:`~pytest_prefixcache.errors.VerificationFailure` whose message names the request, the
+positions, the values and the replay command.
 """
 
 from __future__ import annotations
@@ -169,11 +173,12 @@ class Verifier:
             functools.partial(run, request, use_cache=False),
             ctx,
         )
+        cold = self._seconds  # before the audit's calls set it again
         if cached.cached_tokens:
             self._warm += warm
-            self._cold += self._seconds
+            self._cold += cold
             self.report.warm_seconds += warm
-            self.report.cold_seconds += self._seconds
+            self.report.cold_seconds += cold
         self._check(fault_problems(uncached, request), ctx, "uncached run: ")
         assert isinstance(uncached, Outcome)
         self._check(baseline_problems(uncached), ctx, "uncached run: ")
@@ -190,9 +195,8 @@ class Verifier:
         ctx = Context(ctx.stream, index, cached, match)
         self._account(cached, uncached, match)
         comparison = compare(cached, uncached, self.options.tolerance)
-        has_usage = callable(usage)
         for check, outcome in coverage_of(
-            request, cached, uncached, has_usage=has_usage, compared=comparison.steps
+            request, cached, uncached, has_usage=callable(usage), compared=comparison.steps
         ):
             self.report.count(check, outcome)
         self._check(
@@ -208,7 +212,7 @@ class Verifier:
             RequestRecord(
                 self.report.streams, index, cached.prompt_tokens, cached.cached_tokens,
                 None if match is None else match.max_reuse, comparison.worst_diff,
-                comparison.worst_kl, warm, self._seconds, len(request.images),
+                comparison.worst_kl, warm, cold, len(request.images),
             )
         )  # fmt: skip
         self._check(
