@@ -263,7 +263,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             rep.failures.append(FailureRecord("error", nodeid, line))
     # A verification that ran no request, or whose correctness checks could not all run,
     # is not a pass (the terminal summary says why).
-    if session.exitstatus == pytest.ExitCode.OK and report_of(config).verdict == "incomplete":
+    if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

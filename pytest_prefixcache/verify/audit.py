@@ -51,19 +51,19 @@ class Audit:
     missing: str = "engine given as an instance"
     """Why there is no ``fresh`` (the coverage table shows it)."""
     _earlier: list[tuple[str, ...]] = field(default_factory=list)
-    _rearranged: int = 0
+    _moved: int = 0
 
     def reset(self) -> None:
         """A new stream begins."""
         self._earlier.clear()
-        self._rearranged = 0
+        self._moved = 0
 
     def _sampled(self, index: int, request: Request) -> bool:
         images = tuple(img.digest for img in request.images)
-        moved = self._rearranged < REARRANGED_PER_STREAM and any(
+        moved = self._moved < REARRANGED_PER_STREAM and any(
             _rearranged(images, before) for before in self._earlier
         )
-        self._rearranged += moved
+        self._moved += moved
         if images:
             self._earlier.append(images)
         return index == 0 or moved
