@@ -31,7 +31,7 @@ from .stash import BUILT_KEY, PROGRESS_KEY, report_of, settings_of, worker_of
 __all__ = [
     "VerifyFunction",
     "load_engine",
-    "load_engines",
+    "load_engine_with_audit",
     "prefixcache_engine",
     "prefixcache_images",
     "prefixcache_verifier",
@@ -97,10 +97,10 @@ def load_engine(spec: str, *search_dirs: Path) -> Engine:
 
     ``search_dirs`` (the invocation directory and the rootdir) are put on ``sys.path`` first.
     """
-    return load_engines(spec, *search_dirs)[0]
+    return load_engine_with_audit(spec, *search_dirs)[0]
 
 
-def load_engines(spec: str, *search_dirs: Path) -> tuple[Engine, Audit]:
+def load_engine_with_audit(spec: str, *search_dirs: Path) -> tuple[Engine, Audit]:
     """The engine ``MODULE:ATTR`` names, and its baseline audit: when ATTR builds the engine,
     it builds a fresh instance for every audited request."""
     obj = _resolve(spec, search_dirs)
@@ -119,7 +119,7 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
     s = settings_of(pytestconfig)
     try:
         res = worker_of(pytestconfig).call(
-            lambda: load_engines(s.engine, s.invocation_dir, pytestconfig.rootpath),
+            lambda: load_engine_with_audit(s.engine, s.invocation_dir, pytestconfig.rootpath),
             timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
             what=f"building the engine {s.engine}",
         )
