@@ -68,9 +68,11 @@ def test_readme_property_test_catches_a_collision(pytester: pytest.Pytester) -> 
 def test_conftest_override_drives_the_built_in_suite(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     pytester.makeconftest(CONFTEST.format(flags="bad_merge=True"))
+    # a fixed seed: 20 examples of a random one do not always reach a hit inside an image
+    # (seed 1731513216 did not, in CI); this test is about the override, not search power
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-examples=20",
-        "-k", "request_streams",
+        "--prefixcache-seed=1", "-k", "request_streams",
     )  # fmt: skip
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["E   pytest_prefixcache.errors.ShapeFailure: shapes: *"])
