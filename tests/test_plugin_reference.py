@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import pytest
 
@@ -18,10 +17,8 @@ needs_mlx = pytest.mark.skipif(
 
 @needs_mlx
 def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Pytester) -> None:
-    start = time.monotonic()
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--prefixcache-verify",
                                            "--prefixcache-seed=1", "-v")  # fmt: skip
-    seconds = time.monotonic() - start
     result.stdout.fnmatch_lines(
         [
             "prefixcache: engine reference_engine:default_engine (default), * examples per "
@@ -38,4 +35,4 @@ def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Py
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) == 0 and outcomes.get("error", 0) == 0, outcomes
     assert outcomes["passed"] >= 7  # the corpus scenarios, the streams, the state machine
-    assert seconds < 120, f"default verification took {seconds:.0f} s"
+    assert "verdict: PASS" in result.stdout.str()
