@@ -250,6 +250,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[START_KEY] = time.monotonic()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
     config = session.config
     xd.send_report(config)
@@ -265,6 +266,22 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     # is not a pass (the terminal summary says why).
     if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    _verdict_in_junit(config, rep)
+
+
+def _verdict_in_junit(config: pytest.Config, rep: Report) -> None:
+    """The verdict and the coverage table as properties of the JUnit test suite (--junitxml),
+    from the report this process holds: with pytest-xdist, the controller's merged one. Runs
+    before the junitxml plugin writes its file (this hook is tryfirst)."""
+    from _pytest.junitxml import xml_key  # pytest's own; no public accessor for LogXML
+
+    xml = config.stash.get(xml_key, None)
+    if xml is None:
+        return
+    xml.add_global_property("prefixcache_verdict", rep.verdict)
+    for check, row in rep.coverage.items():
+        applied, total = row.get("applied", 0), sum(row.values())
+        xml.add_global_property(f"prefixcache_coverage: {check}", f"{applied}/{total}")
 
 
 def pytest_terminal_summary(

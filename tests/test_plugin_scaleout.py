@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from plugin_support import run_suite, with_fakes
@@ -29,11 +30,20 @@ def _streams(report: dict) -> Counter:
     return Counter((r["prompt_tokens"], r["cached_tokens"]) for r in report["records"])
 
 
+def _junit_properties(pytester: pytest.Pytester, name: str) -> dict[str, str]:
+    """The test-suite properties of a JUnit file; a name written twice fails."""
+    root = ElementTree.parse(pytester.path / name).getroot()
+    props = [(p.get("name"), p.get("value")) for p in root.iter("property")]
+    found = {str(k): str(v) for k, v in props}
+    assert len(found) == len(props), props
+    return found
+
+
 def test_xdist_splits_the_streams_and_merges_the_reports(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     args = ("-k", "request_streams or state_machine", "--prefixcache-database=none")
     dist = run_suite(pytester, "good", *args, "-n", "2", "--prefixcache-report=d.json",
-                     examples=10, subprocess=True)  # fmt: skip
+                     "--junitxml=d.xml", examples=10, subprocess=True)  # fmt: skip
     dist.assert_outcomes(passed=4)
     out = dist.stdout.str()
     assert "on 2 workers" in out
@@ -42,6 +52,14 @@ def test_xdist_splits_the_streams_and_merges_the_reports(pytester: pytest.Pytest
     assert merged["workers"] == 2 and merged["shards"] == 2 and merged["seed"] == 1
     assert {r["worker"] for r in merged["records"]} == {"gw0", "gw1"}
     assert merged["requests"] == len(merged["records"]) > 0
+    # the controller's JUnit file carries the merged verdict and coverage, once
+    assert _junit_properties(pytester, "d.xml") == {
+        "prefixcache_verdict": merged["verdict"],
+        **{
+            f"prefixcache_coverage: {check}": f"{row.get('applied', 0)}/{sum(row.values())}"
+            for check, row in merged["coverage"].items()
+        },
+    }
 
     # the same shards in one process run exactly the same streams: a shard is reproducible
     # without xdist, and the two workers did not run the same seed. (In a subprocess, as the
@@ -64,12 +82,13 @@ def test_xdist_failures_reach_the_controller(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     res = run_suite(pytester, "ignore_digest", "-k", "request_streams", "-n", "2",
                     "--prefixcache-database=none", "--prefixcache-report=r.json",
-                    examples=30, subprocess=True)  # fmt: skip
+                    "--junitxml=f.xml", examples=30, subprocess=True)  # fmt: skip
     assert res.ret == 1
     out = res.stdout.str()
     assert "failures by check: equivalence" in out
     assert "replay: pytest --prefixcache-verify" in out
     rep = _report(pytester)
+    assert _junit_properties(pytester, "f.xml")["prefixcache_verdict"] == "fail"
     assert rep["failures"] and {f["worker"] for f in rep["failures"]} <= {"gw0", "gw1"}
     assert all(Path(f["stream_dir"], "stream.json").is_file() for f in rep["failures"])
 

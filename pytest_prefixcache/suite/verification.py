@@ -21,7 +21,7 @@ from pytest_prefixcache._moves import MOVES, StreamSpec
 from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.output.streams import corpus_files, load_stream
 from pytest_prefixcache.session.settings import STATEFUL_STEPS
-from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, report_of, settings_of
+from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Request
@@ -40,20 +40,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     shards = settings_of(metafunc.config).shards
     if "shard" in metafunc.fixturenames and shards > 1:
         metafunc.parametrize("shard", range(shards), ids=[f"shard{i}" for i in range(shards)])
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _verdict_in_junit(
-    pytestconfig: pytest.Config, record_testsuite_property: Callable[[str, object], None]
-) -> Iterator[None]:
-    """The verdict and the coverage table as properties of the JUnit test suite (with
-    --junitxml, in one process: pytest-xdist workers do not write them)."""
-    yield
-    report = report_of(pytestconfig)
-    record_testsuite_property("prefixcache_verdict", report.verdict)
-    for check, row in report.coverage.items():
-        applied, total = row.get("applied", 0), sum(row.values())
-        record_testsuite_property(f"prefixcache_coverage: {check}", f"{applied}/{total}")
 
 
 @pytest.fixture
