@@ -212,7 +212,8 @@ def test_budget_runs_more_rounds_until_spent(pytester: pytest.Pytester) -> None:
     run_suite(pytester, "good", *args, "--prefixcache-budget=3", "--prefixcache-report=b.json",
               examples=2).assert_outcomes(passed=1)  # fmt: skip
     assert time.monotonic() - start >= 3 * 0.6
-    assert _report(pytester, "b.json")["streams"] > 2 * _report(pytester, "one.json")["streams"]
+    # more than one round ran (how many depends on how busy the machine is)
+    assert _report(pytester, "b.json")["streams"] > _report(pytester, "one.json")["streams"]
 
 
 def test_progress_lines(pytester: pytest.Pytester) -> None:
