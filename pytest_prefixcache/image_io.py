@@ -41,10 +41,32 @@ def _check_size(width: int, height: int, name: str) -> None:
     if width <= 0 or height <= 0:
         raise ImageError(f"image {name} has zero size ({width}x{height})")
     if width * height > MAX_PIXELS:
-        raise ImageError(
-            f"image {name} is {width}x{height} = {width * height} pixels, above the limit of "
-            f"{MAX_PIXELS} (pytest_prefixcache.image_io.MAX_PIXELS)"
-        )
+        raise ImageError(_too_large(name, f"{width}x{height} = {width * height}"))
+
+
+def _too_large(name: str, pixels: str) -> str:
+    return (
+        f"image {name} is {pixels} pixels, above the limit of {MAX_PIXELS} "
+        "(pytest_prefixcache.image_io.MAX_PIXELS)"
+    )
+
+
+def _header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from an image header, by Pillow's format plugins but without the
+    decompression-bomb check ``PIL.Image.open`` adds; None when no plugin reads it."""
+    from PIL import Image as PILImage
+
+    PILImage.init()
+    for fmt in PILImage.ID:
+        factory, accept = PILImage.OPEN[fmt]
+        if accept is not None and not accept(data[:16]):
+            continue
+        try:
+            with factory(io.BytesIO(data), "") as img:
+                return img.size
+        except Exception:
+            continue
+    return None
 
 
 def pil_to_rgb(img: PILImage.Image, name: str = "<PIL image>") -> np.ndarray:
@@ -105,7 +127,11 @@ def decode_source(source: str | os.PathLike[str] | bytes | bytearray | memoryvie
     except ImageError:
         raise
     except PILImage.DecompressionBombError as exc:
-        raise ImageError(f"image {name} is too large: {exc}") from exc
+        # Pillow refuses before we see the size (above 2 x its MAX_IMAGE_PIXELS): read the
+        # size from the header, so every too-large image gets the same error.
+        size = _header_size(data)
+        what = f"{size[0]}x{size[1]} = {size[0] * size[1]}" if size else f"(Pillow: {exc})"
+        raise ImageError(_too_large(name, what)) from None
     except Exception as exc:
         raise ImageError(
             f"image {name} is not a readable image (truncated or corrupt?): "

@@ -37,6 +37,8 @@ from .suite import ISOLATION_FILE, SUITE_FILE
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
 SERVER_ENGINE = "pytest_prefixcache.adapters.presets:from_env"
+#: Why the suite's tests left out of this run were deselected (printed after collection).
+DESELECTED_KEY = pytest.StashKey[str]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
 
 
@@ -222,6 +224,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+        config.stash[DESELECTED_KEY] = (
+            f"prefixcache: {len(drop)} deselected: a replay runs only test_replay"
+            if s.replay is not None
+            else f"prefixcache: {len(drop)} deselected: test_replay, which runs only with "
+            "--prefixcache-replay=PATH (a saved failing stream)"
+        )
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    return [config.stash[DESELECTED_KEY]] if DESELECTED_KEY in config.stash else []
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -25,6 +25,14 @@ __all__ = ["ROLES", "Engine", "Image", "Message", "Outcome", "Part", "Request"]
 ROLES = ("system", "user", "assistant")
 
 
+class ShortRepr:
+    """Pretty-printed (by Hypothesis and IPython) as its ``repr``, not field by field: a
+    failing example then shows one line, not the pixels, logits or report its fields hold."""
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
 def _pixel_digest(pixels: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(b"rgb8:" + ",".join(str(d) for d in pixels.shape).encode() + b":")
@@ -33,7 +41,7 @@ def _pixel_digest(pixels: np.ndarray) -> str:
 
 
 @dataclass(frozen=True, eq=False)
-class Image:
+class Image(ShortRepr):
     """An RGB image: ``pixels`` is a read-only uint8 array of shape (H, W, 3).
 
     ``digest`` is the sha256 over the shape and the pixel bytes, so the same pixels give the
@@ -90,10 +98,6 @@ class Image:
     def __repr__(self) -> str:
         w, h = self.size
         return f"Image({w}x{h}, digest={self.digest[:12]})"
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        """Hypothesis and IPython pretty-print an Image by its short repr, not its pixels."""
-        p.text(repr(self))
 
 
 Part = str | Image
@@ -160,7 +164,7 @@ class Request:
 
 
 @dataclass(frozen=True, eq=False)
-class Outcome:
+class Outcome(ShortRepr):
     """What an engine returns for one request.
 
     Attributes:

@@ -19,8 +19,10 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from pytest_prefixcache.errors import EngineError
+from pytest_prefixcache.errors import EngineError, PrefixCacheError
+from pytest_prefixcache.package_data import fixture_model
 
+from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
 from .positions import mrope_positions
 
@@ -227,12 +229,9 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
 
 
 def default_model_path() -> Path:
-    """The tiny Qwen2-VL fixture: the repository's copy, or one built into a temp dir."""
-    repo_copy = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
-    if (repo_copy / "config.json").is_file():
-        return repo_copy
-    import tempfile
-
-    from .fixtures import build_qwen2_vl
-
-    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-fixture-")))
+    """The tiny Qwen2-VL fixture shipped with the package (a checkout's ``fixtures/``, a
+    wheel's ``pytest_prefixcache/fixtures/``); raise EngineError naming the path when missing."""
+    try:
+        return fixture_model(QWEN2_VL_DIR)
+    except PrefixCacheError as exc:
+        raise EngineError(str(exc)) from None

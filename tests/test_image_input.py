@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -90,6 +91,30 @@ def test_hundred_megapixel_image_is_refused_before_decoding() -> None:
     with pytest.raises(ImageError, match=r"10000x10000 = 100000000 pixels, above the limit"):
         Image.open(png_header_only(10_000, 10_000))
     assert MAX_PIXELS < 100_000_000
+
+
+@pytest.mark.parametrize("width, height", [(8000, 6250), (20_000, 20_000), (200_000, 1000)])
+def test_every_too_large_image_gets_one_error_naming_the_file(
+    tmp_path: Path, width: int, height: int
+) -> None:
+    """Below and above Pillow's own decompression-bomb limit (2 x PIL.Image.MAX_IMAGE_PIXELS,
+    which refuses before the size is known) the error is the same: the file, its size, the
+    project's limit."""
+    path = tmp_path / f"big-{width}x{height}.png"
+    path.write_bytes(png_header_only(width, height))
+    expected = (
+        rf"^image '{re.escape(str(path))}' is {width}x{height} = {width * height} pixels, "
+        rf"above the limit of {MAX_PIXELS} \(pytest_prefixcache\.image_io\.MAX_PIXELS\)$"
+    )
+    with pytest.raises(ImageError, match=expected):
+        Image.open(path)
+
+
+def test_pillows_limit_is_above_ours() -> None:
+    """The cases above span both sides of Pillow's bomb error (8000x6250 below it, the others
+    above it) only while this holds."""
+    assert 8000 * 6250 < 2 * PILImage.MAX_IMAGE_PIXELS < 20_000 * 20_000
+    assert MAX_PIXELS < PILImage.MAX_IMAGE_PIXELS
 
 
 def test_zero_size_images_are_refused() -> None:

@@ -12,7 +12,7 @@ import pytest_prefixcache
 PACKAGE = Path(pytest_prefixcache.__file__).parent
 #: Top to bottom, as in the README's "Architecture" table.
 LAYERS = (
-    ("the contract", {"types", "errors", "image_io"}),
+    ("the contract", {"types", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),
     ("engines", {"adapters", "tap"}),
     ("generation", {"strategies", "_moves"}),

@@ -51,6 +51,7 @@ def test_failure_is_saved_and_replays_exactly(pytester: pytest.Pytester) -> None
         ]
     )
     assert "test_mine" not in again.stdout.str()  # a replay runs nothing else
+    again.stdout.fnmatch_lines(["prefixcache: * deselected: a replay runs only test_replay"])
     again.stdout.fnmatch_lines(["*- prefixcache replay -*", f"pytest *--prefixcache-replay={path}"])
 
     fixed = pytester.runpytest(
@@ -97,6 +98,10 @@ def test_corpus_runs_first_and_a_project_corpus_is_added(pytester: pytest.Pytest
     ]
     assert names[6:] == ["test_request_streams", "test_state_machine"]
     result.assert_outcomes(passed=8)
+    # the "1 deselected" of every default run says which test and why
+    result.stdout.fnmatch_lines(
+        ["prefixcache: 1 deselected: test_replay, which runs only with --prefixcache-replay=PATH*"]
+    )
 
 
 def test_the_corpus_scenarios_load() -> None:

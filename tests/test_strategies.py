@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from pytest_prefixcache import Image, Message, Request
-from pytest_prefixcache.strategies import conversations, image_pools, images, request_streams
+from pytest_prefixcache.strategies import (
+    MOVES,
+    conversations,
+    image_pools,
+    images,
+    request_streams,
+)
 
 
 def _is_prefix(a: Request, b: Request) -> bool:
@@ -218,14 +224,18 @@ def test_a_strategy_pool_can_be_shared() -> None:
     assert seen == pool_digests  # the streams really drew from the pool, all of it
 
 
-@given(request_streams(pool=st.just(SHARED_POOL), max_images_per_message=1))
-@settings(max_examples=50, deadline=None, database=None)
-def test_max_images_per_message_is_honoured(stream: tuple[Request, ...]) -> None:
-    counts = [len(m.images) for r in stream for m in r.messages]
-    assert max(counts) <= 1, counts
+@pytest.mark.parametrize("limit", [0, 1])
+@pytest.mark.parametrize("move", MOVES)
+def test_max_images_per_message_is_honoured_by_every_move(move: str, limit: int) -> None:
+    """Streams made by one move (after the first, ``new``, request) never put more than
+    ``max_images_per_message`` images in a message: with 0, no image at all (a text-only
+    engine would fault on one)."""
 
+    @seed(20261123)
+    @settings(max_examples=30, deadline=None, database=None)
+    @given(request_streams(pool=st.just(SHARED_POOL), max_images_per_message=limit, moves=(move,)))
+    def check(stream: tuple[Request, ...]) -> None:
+        counts = [len(m.images) for r in stream for m in r.messages]
+        assert max(counts) <= limit, f"move {move!r} made a message with {max(counts)} images"
 
-@given(request_streams(max_images_per_message=0, moves=("swap",)))
-@settings(max_examples=50, deadline=None, database=None)
-def test_no_images_means_none_from_any_move(stream: tuple[Request, ...]) -> None:
-    assert not any(r.images for r in stream)
+    check()

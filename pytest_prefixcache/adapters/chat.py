@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import base64
 import io
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..package_data import FIXTURES
 from ..types import Image, Request
 
 __all__ = [
@@ -23,9 +23,6 @@ __all__ = [
     "openai_messages",
     "text_messages",
 ]
-
-#: The repository's tiny model fixtures (present in a source checkout).
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 
 
 def add_generation_prompt(request: Request) -> bool:

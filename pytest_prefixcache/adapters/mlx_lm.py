@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import EngineError
+from ..package_data import fixture_model
 from ..types import Outcome, Request
-from .chat import FIXTURES, add_generation_prompt, text_messages
+from .chat import add_generation_prompt, text_messages
 
 __all__ = ["MlxLmEngine", "tiny_llama"]
 
@@ -144,5 +145,5 @@ class MlxLmEngine:
 
 
 def tiny_llama() -> MlxLmEngine:
-    """The adapter on the repository's tiny Llama fixture (a zero-argument factory)."""
-    return MlxLmEngine.from_pretrained(FIXTURES / "tiny-llama")
+    """The adapter on the shipped tiny Llama fixture (a zero-argument factory)."""
+    return MlxLmEngine.from_pretrained(fixture_model("tiny-llama"))

@@ -26,8 +26,9 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import EngineError
+from ..package_data import fixture_model
 from ..types import Outcome, Request
-from .chat import FIXTURES, add_generation_prompt, hf_messages
+from .chat import add_generation_prompt, hf_messages
 from .render import placeholder_runs
 
 __all__ = ["MlxVlmApcEngine", "tiny_qwen2_vl", "tiny_qwen2_vl_snapshot"]
@@ -201,10 +202,10 @@ class MlxVlmApcEngine:
 
 
 def tiny_qwen2_vl() -> MlxVlmApcEngine:
-    """APC block mode on the repository's tiny Qwen2-VL fixture (a zero-argument factory)."""
-    return MlxVlmApcEngine.from_pretrained(FIXTURES / "tiny-qwen2-vl", mode="block")
+    """APC block mode on the shipped tiny Qwen2-VL fixture (a zero-argument factory)."""
+    return MlxVlmApcEngine.from_pretrained(fixture_model("tiny-qwen2-vl"), mode="block")
 
 
 def tiny_qwen2_vl_snapshot() -> MlxVlmApcEngine:
     """APC exact-snapshot mode on the tiny Qwen2-VL fixture (a zero-argument factory)."""
-    return MlxVlmApcEngine.from_pretrained(FIXTURES / "tiny-qwen2-vl", mode="snapshot")
+    return MlxVlmApcEngine.from_pretrained(fixture_model("tiny-qwen2-vl"), mode="snapshot")

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import PrefixCacheError
 from ..images import image_from_spec
+from ..package_data import CORPUS
 from ..types import Image, Message, Request
 
 __all__ = [
@@ -188,13 +189,18 @@ def load_stream(path: str | os.PathLike[str]) -> tuple[tuple[Request, ...], dict
 
 
 def corpus_dirs(rootdir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """The corpus directories: the project's ``fixtures/corpus`` and, when the plugin runs
-    from a source checkout, the built-in one."""
-    dirs: list[Path] = []
-    builtin = Path(__file__).resolve().parents[2] / "fixtures" / "corpus"
-    for d in (builtin, Path(rootdir) / "fixtures" / "corpus" if rootdir else None):
-        if d is not None and d.is_dir() and d.resolve() not in [x.resolve() for x in dirs]:
-            dirs.append(d)
+    """The corpus directories: the built-in one (shipped with the package) and the project's
+    ``<rootdir>/fixtures/corpus`` when there is one. Raise PrefixCacheError when the built-in
+    corpus is missing: a broken install would otherwise verify without it, silently."""
+    if not CORPUS.is_dir():
+        raise PrefixCacheError(
+            f"the built-in scenario corpus is missing: {str(CORPUS)!r} is not a directory "
+            "(reinstall pytest-prefixcache; a wheel carries it as pytest_prefixcache/fixtures)"
+        )
+    dirs = [CORPUS]
+    project = Path(rootdir) / "fixtures" / "corpus" if rootdir else None
+    if project is not None and project.is_dir() and project.resolve() != CORPUS.resolve():
+        dirs.append(project)
     return dirs
 
 

@@ -21,7 +21,7 @@ import pytest
 from ..checks.equivalence import Tolerance
 from ..errors import EngineError
 from ..images import ImageFactory
-from ..types import Engine, Request
+from ..types import Engine, Request, ShortRepr
 from ..verify.audit import Audit
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
@@ -184,7 +184,7 @@ def prefixcache_verifier(pytestconfig: pytest.Config, prefixcache_engine: Engine
 
 
 @dataclass
-class VerifyFunction:
+class VerifyFunction(ShortRepr):
     """``verify(stream)`` or ``verify(request, history=[...])``: reset the engine, run every
     request cached and uncached in order, and raise a readable failure if a check breaks.
     Returns the :class:`~pytest_prefixcache.verify.Step` of each request."""

@@ -41,7 +41,7 @@ from ..checks import (
 )
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
-from ..types import Engine, Outcome, Request
+from ..types import Engine, Outcome, Request, ShortRepr
 from .audit import Audit
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
@@ -55,7 +55,7 @@ __all__ = [
 
 
 @dataclass(repr=False)
-class Verifier:
+class Verifier(ShortRepr):
     """Runs request streams through an engine and the checks; adds what it saw to a Report."""
 
     engine: Engine
