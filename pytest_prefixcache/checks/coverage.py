@@ -7,7 +7,9 @@ the reason; the session's verdict is PASS only when every correctness check appl
 request it concerns (``REQUIRED``), or the user accepted partial coverage.
 
 The memory-budget check is counted too but not required: it is an extra an engine offers
-with ``cache_usage()``, and a server has no standard way to report its cache's memory.
+with ``cache_usage()``, and a server has no standard way to report its cache's memory. The
+claims rows (:mod:`.claims`) are required only when the engine declares claim sources: their
+:data:`~.claims.UNCLAIMED` reasons (nothing declared, nothing claimed) are not gaps.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ..types import Outcome, Request
+from .claims import DECLARED, NO_TAP, UNCLAIMED, claims_coverage
 
 __all__ = [
     "APPLIED",
@@ -55,6 +58,8 @@ HINTS = {
     "verify the engine in-process with a factory",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
+    NO_TAP: "run the server under the logit tap (tap=True) so that its claims can be "
+    "compared with what the model computed",
     "engine from a conftest.py fixture": "name the engine's factory with "
     "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
 }
@@ -83,6 +88,7 @@ def coverage_of(
     yield "positive control", ids or APPLIED
     yield "render stability", _first_missing(cached, "token_ids") or APPLIED
     yield "memory budget", APPLIED if has_usage else "no cache_usage()"
+    yield from claims_coverage(cached, uncached)
 
 
 def _first_missing(outcome: Outcome, *names: str) -> str | None:
@@ -93,10 +99,14 @@ def _first_missing(outcome: Outcome, *names: str) -> str | None:
 
 
 def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
-    """The required checks that could not run on some request: check -> reason -> requests."""
+    """The required checks that could not run on some request: check -> reason -> requests.
+    The claims rows count only where something was claimed."""
     out = {}
-    for check in REQUIRED:
-        reasons = {k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and v}
+    for check in (*REQUIRED, *DECLARED):
+        skip = UNCLAIMED if check in DECLARED else frozenset()
+        reasons = {
+            k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and k not in skip and v
+        }
         if reasons:
             out[check] = reasons
     return out

@@ -1,0 +1,270 @@
+"""The claims check: every reuse figure a server reports, and every decode step's logprobs,
+against what its model computed (the logit tap). Negative controls: tests/claims_stub_server.py
+with one claim broken (stats over-claim, a log hit that was not used, logprobs shifted by one
+step, the last entry omitted); the positive control: the same stub, honest, passes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from adapter_support import SYSTEM, assistant, req, user
+
+from pytest_prefixcache.adapters.chat import openai_messages
+from pytest_prefixcache.adapters.claims import (
+    ApiField,
+    ClaimWatch,
+    Header,
+    LogPattern,
+    MetricDelta,
+    StatsDelta,
+    api_steps,
+)
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.checks.claims import (
+    NO_LOGPROBS,
+    NO_TAP,
+    NOT_DECLARED,
+    alignment_problems,
+    claims_coverage,
+    reuse_claim_problems,
+)
+from pytest_prefixcache.checks.coverage import missing
+from pytest_prefixcache.errors import ClaimsFailure
+from pytest_prefixcache.output.report import Report
+from pytest_prefixcache.types import Claim, Claims, Outcome, Request, StepEntry
+from pytest_prefixcache.verify import Verifier
+
+STUB = Path(__file__).parent / "claims_stub_server.py"
+SOURCES = (
+    ApiField(),
+    StatsDelta("/v1/cache/stats", "tokens_saved", "tokens"),
+    StatsDelta("/v1/cache/stats", "hits", "hits"),
+    MetricDelta("stub_prefix_cache_tokens_total", "tokens", labels='model="stub"'),
+    LogPattern(r"prefix cache hit: (\d+) tokens", "tokens"),
+    Header("x-cache-hit", "hits"),
+)
+TEXT = req(SYSTEM, user("Hello there, tell me a long story about cats."), max_new_tokens=2)
+STREAM = [TEXT, TEXT, req(*TEXT.messages, assistant("fine"), user("and now?"), max_new_tokens=1)]
+
+
+def model(seed: int, steps: int = 3) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        x = rng.standard_normal(32).astype(np.float64) * 3
+        out.append((x - np.log(np.exp(x).sum())).astype(np.float32))
+    return tuple(out)
+
+
+def entries(lp: np.ndarray, k: int = 5, ids: bool = True) -> tuple[StepEntry, ...]:
+    top = np.argsort(-lp)[:k]
+    return tuple(StepEntry(float(lp[i]), int(i) if ids else None, f"t{i}") for i in top)
+
+
+# -- the check, pure -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("unit", "value", "reused", "ok"),
+    [
+        ("tokens", 16, 16, True),
+        ("tokens", 20, 16, False),  # over-claims
+        ("tokens", 0, 16, False),  # under-claims
+        ("hits", 1, 16, True),
+        ("hits", 1, 0, False),  # a hit that was not used
+        ("hits", 0, 16, False),
+        ("misses", 1, 0, True),
+        ("misses", 1, 16, False),
+    ],
+)
+def test_reuse_claims_against_the_tap(unit: str, value: int, reused: int, ok: bool) -> None:
+    claim = Claim("stats GET /s hits (delta)", unit, value, "before: 1; after: 2")  # type: ignore[arg-type]
+    problems = reuse_claim_problems(Claims(reuse=(claim,), reused=reused, prompt_tokens=40))
+    assert (problems == []) is ok
+    if not ok:
+        [p] = problems
+        assert p.check == "claims"
+        assert "stats GET /s hits (delta) claims" in p.headline
+        assert f"prefilled {40 - reused} of 40 prompt tokens (reused {reused}" in p.headline
+        assert p.details == ("raw text of stats GET /s hits (delta): before: 1; after: 2",)
+
+
+def test_a_source_that_said_nothing_is_not_a_claim() -> None:
+    silent = Claim("API usage.prompt_tokens_details.cached_tokens", "tokens", None, "None")
+    assert reuse_claim_problems(Claims(reuse=(silent,), reused=16, prompt_tokens=40)) == []
+
+
+@pytest.mark.parametrize("ids", [True, False], ids=["by id", "by value"])
+def test_aligned_steps_pass_and_a_changed_value_fails(ids: bool) -> None:
+    m = model(1)
+    api = tuple(entries(lp, ids=ids) for lp in m)
+    assert alignment_problems(Claims(steps=api, computed_steps=m)) == []
+    bad = list(api)
+    bad[2] = (StepEntry(bad[2][0].logprob - 0.01, bad[2][0].token_id, "t?"), *bad[2][1:])
+    [p] = alignment_problems(Claims(steps=tuple(bad), computed_steps=m))
+    assert p.headline.endswith("step 2: differs")
+    assert f"matched by {'id' if ids else 'value'}, largest difference 0.01" in p.details[0]
+
+
+@pytest.mark.parametrize("ids", [True, False], ids=["by id", "by value"])
+def test_shifted_missing_and_extra_steps_are_named(ids: bool) -> None:
+    m = model(2, steps=4)
+    api = tuple(entries(lp, ids=ids) for lp in m)
+    [shifted] = alignment_problems(Claims(steps=api[1:], computed_steps=m[:3]))
+    assert shifted.headline.endswith("step 0: shifted: it is the model's step 1")
+    assert shifted.details[1].startswith("step 1: shifted: it is the model's step 2")
+    [short] = alignment_problems(Claims(steps=api[:3], computed_steps=m))
+    assert short.headline.endswith(
+        "step 3: missing: the API has no distribution for generated token 3"
+    )
+    [extra] = alignment_problems(Claims(steps=api, computed_steps=m[:3]))
+    assert "step 3: extra: the model generated 3 token(s), the API has 4" in extra.details[0]
+
+
+def test_coverage_requires_claims_only_where_declared() -> None:
+    plain = Outcome(tokens=(1,))
+    assert dict(claims_coverage(plain, plain)) == {
+        "claims": NOT_DECLARED,
+        "step alignment": NOT_DECLARED,
+    }
+    untapped = Outcome(claims=Claims(reuse=(Claim("API x", "tokens", 3, "3"),)))
+    assert dict(claims_coverage(untapped, untapped)) == {
+        "claims": NO_TAP,
+        "step alignment": NO_LOGPROBS,
+    }
+    report = Report()
+    for check, reason in [*claims_coverage(plain, plain), *claims_coverage(untapped, untapped)]:
+        report.count(check, reason)
+    assert missing(report.coverage) == {"claims": {NO_TAP: 1}}  # declared, not observed: a gap
+    assert "claims" not in missing(
+        {"claims": {NOT_DECLARED: 5}, "step alignment": {NO_LOGPROBS: 5}}
+    )
+
+
+# -- reading the sources -------------------------------------------------------------------
+
+
+def test_api_steps_name_ids_every_way_the_servers_do() -> None:
+    reply = {
+        "choices": [
+            {
+                "logprobs": {
+                    "content": [
+                        {"token": "a", "logprob": -0.1, "top_logprobs": [
+                            {"id": 7, "token": "a", "logprob": -0.1},
+                            {"token": "token_id:9", "logprob": -2.5},
+                            {"token": "zz", "bytes": [122, 122], "logprob": -3.0},
+                        ]},
+                        {"token": "b", "logprob": -0.2, "top_logprobs": []},
+                    ]
+                }
+            }
+        ]
+    }  # fmt: skip
+    steps = api_steps(reply, identify=lambda e: 11 if e.get("token") == "zz" else None)
+    assert steps is not None
+    assert [[(e.token_id, e.logprob) for e in s] for s in steps] == [
+        [(7, -0.1), (9, -2.5), (11, -3.0)],
+        [(None, -0.2)],
+    ]
+    assert api_steps({"choices": [{"message": {}}]}) is None  # no logprobs: nothing claimed
+
+
+# -- end to end: the HTTP adapter, the tap, the verifier -------------------------------------
+
+
+def stub_engine(fault: str = "", sources: tuple[object, ...] = SOURCES) -> OpenAIEngine:
+    cmd = [sys.executable, str(STUB), "--port", "{port}"]
+    extra = ["--fault", fault] if fault else []
+    return OpenAIEngine(
+        [*cmd, *extra],
+        cold="server",
+        cold_cmd=[*cmd, "--no-cache", *extra],
+        supports_images=False,
+        tap=True,
+        top_logprobs=5,
+        claims=ClaimWatch(sources, decode_steps=6),  # type: ignore[arg-type]
+        start_timeout=60,
+    )
+
+
+@pytest.fixture
+def honest() -> Iterator[OpenAIEngine]:
+    with stub_engine() as engine:
+        yield engine
+
+
+def test_an_honest_server_passes_with_every_source(honest: OpenAIEngine) -> None:
+    verifier = Verifier(honest)
+    steps = verifier.run(STREAM)
+    hit = steps[1].cached
+    assert hit.claims is not None and hit.claims.reused == hit.cached_tokens > 0
+    assert [c.value for c in hit.claims.reuse] == [
+        hit.cached_tokens,
+        hit.cached_tokens,
+        1,
+        hit.cached_tokens,
+        hit.cached_tokens,
+        1,
+    ]
+    assert len(hit.tokens) == len(hit.step_logits) == 2  # the request's, not the 6 asked for
+    assert hit.claims.computed_steps is not None and len(hit.claims.computed_steps) == 6
+    report = verifier.report
+    assert report.claims_checked == 6 * 2 * len(STREAM)
+    assert report.steps_aligned == 6 * 2 * len(STREAM)
+    assert report.coverage["claims"] == {"applied": 3}
+    assert report.coverage["step alignment"] == {"applied": 3}
+    assert (
+        "claims checked against the model: 36 reuse figure(s), 36 decode step(s) aligned"
+        in report.lines()
+    )
+
+
+def prompt_length(request: Request) -> int:
+    from claims_stub_server import tokens_of
+
+    return len(tokens_of(openai_messages(request)))
+
+
+@pytest.mark.parametrize(
+    ("fault", "sources", "index", "expected"),
+    [
+        (
+            "stats-overclaim",
+            (StatsDelta("/v1/cache/stats", "tokens_saved", "tokens"),),
+            1,
+            "claims: cached run: stats GET /v1/cache/stats tokens_saved (delta) claims {n4} "
+            "prompt token(s) reused, but the model prefilled 1 of {prompt} prompt tokens "
+            "(reused {n}, the logit tap)",
+        ),
+        (
+            "log-false-hit",
+            (LogPattern(r"prefix cache hit: (\d+) tokens", "tokens"),),
+            0,
+            "claims: cached run: log /prefix cache hit: (\\d+) tokens/ claims {n} prompt "
+            "token(s) reused, but the model prefilled {prompt} of {prompt} prompt tokens "
+            "(reused 0, the logit tap)",
+        ),
+        ("shift-logprobs", (), 0, "claims: cached run: the API's per-step logprobs do not align "
+         "with the 6 decode step(s) the model computed: step 0: shifted: it is the model's step 1"),
+        ("drop-last", (), 0, "claims: cached run: the API's per-step logprobs do not align with "
+         "the 6 decode step(s) the model computed: step 5: missing: the API has no distribution "
+         "for generated token 5"),
+    ],
+)  # fmt: skip
+def test_a_broken_claim_fails_naming_source_numbers_and_step(
+    fault: str, sources: tuple[object, ...], index: int, expected: str
+) -> None:
+    with stub_engine(fault, sources) as engine:
+        verifier = Verifier(engine)
+        with pytest.raises(ClaimsFailure) as info:
+            verifier.run(STREAM)
+    n = prompt_length(STREAM[0]) - 1  # request 1 repeats request 0: all but one token reusable
+    first, where = str(info.value).splitlines()[:2]
+    assert first == expected.format(n=n, n4=n + 4, prompt=n + 1)
+    assert where == f"  at request {index} of a stream of {index + 1} (counting from 0)"
+    assert info.value.check == "claims"
