@@ -22,6 +22,7 @@ from pytest_prefixcache.adapters.claims import (
     MetricDelta,
     StatsDelta,
     api_steps,
+    sources_from_json,
 )
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.checks.claims import (
@@ -33,7 +34,7 @@ from pytest_prefixcache.checks.claims import (
     reuse_claim_problems,
 )
 from pytest_prefixcache.checks.coverage import missing
-from pytest_prefixcache.errors import ClaimsFailure
+from pytest_prefixcache.errors import ClaimsFailure, EngineError
 from pytest_prefixcache.output.report import Report
 from pytest_prefixcache.types import Claim, Claims, Outcome, Request, StepEntry
 from pytest_prefixcache.verify import Verifier
@@ -268,3 +269,49 @@ def test_a_broken_claim_fails_naming_source_numbers_and_step(
     assert first == expected.format(n=n, n4=n + 4, prompt=n + 1)
     assert where == f"  at request {index} of a stream of {index + 1} (counting from 0)"
     assert info.value.check == "claims"
+
+
+def test_sources_from_json_as_from_env_reads_them() -> None:
+    text = (
+        '[{"api": "timings.cache_n"}, {"stats": "/v1/cache/stats", "field": "hits"},'
+        ' {"metric": "vllm:prefix_cache_hits_total", "labels": "model=\\"m\\""},'
+        ' {"log": "hit (\\\\d+)", "unit": "tokens"}, {"header": "x-cache"}]'
+    )
+    assert sources_from_json(text) == [
+        ApiField("timings.cache_n"),
+        StatsDelta("/v1/cache/stats", "hits"),
+        MetricDelta("vllm:prefix_cache_hits_total", labels='model="m"'),
+        LogPattern(r"hit (\d+)", "tokens"),
+        Header("x-cache"),
+    ]
+    for bad in ('{"api": "x"}', '[{"nothing": 1}]', '[{"stats": "/s", "colour": 1}]', "[{"):
+        with pytest.raises(EngineError, match="claim sources"):
+            sources_from_json(bad)
+    with pytest.raises(EngineError, match="unit 'bytes' is not one of"):
+        ClaimWatch([Header("x-cache", "bytes")])  # type: ignore[arg-type]
+
+
+def test_mlx_lm_server_claims_and_every_step_agree_with_the_tap() -> None:
+    """The positive control on a real server: mlx_lm.server 0.32.2's cached_tokens and its 8
+    per-step distributions (matched by id) equal what the tap saw, exactly."""
+    pytest.importorskip("mlx_lm")
+    from pytest_prefixcache.adapters.chat import FIXTURES
+    from pytest_prefixcache.adapters.presets import TAP
+
+    model = FIXTURES / "tiny-llama"
+    cmd = f"{TAP} mlx_lm.server:main --model {model} --host 127.0.0.1 --port {{port}}"
+    with OpenAIEngine(
+        cmd,
+        cold="server",
+        cold_cmd=cmd + " --prompt-cache-size 0",
+        supports_images=False,
+        tap=True,
+        claims=ClaimWatch(decode_steps=8),
+    ) as engine:
+        verifier = Verifier(engine)
+        steps = verifier.run(STREAM)
+    hit = steps[1].cached.claims
+    assert hit is not None and hit.reuse[0].value == hit.reused == hit.prompt_tokens - 1  # type: ignore[operator]
+    assert hit.steps is not None and all(e.token_id is not None for s in hit.steps for e in s)
+    assert verifier.report.claims_checked == 2 * len(STREAM)
+    assert verifier.report.steps_aligned == 8 * 2 * len(STREAM)

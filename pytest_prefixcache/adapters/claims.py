@@ -23,6 +23,7 @@ what the tap saw into :attr:`Outcome.claims`, and cuts the Outcome back to the r
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import time
@@ -44,11 +45,14 @@ __all__ = [
     "Source",
     "StatsDelta",
     "api_steps",
+    "sources_from_json",
 ]
 
 #: Names a top_logprobs entry's token id when the entry carries none (a Vocabulary).
 Identify = Callable[[Mapping[str, Any]], "int | None"]
 _UNITS = ("tokens", "hits", "misses")
+#: The Outcome's per-generated-token fields, cut back to the request's ``max_new_tokens``.
+_PER_STEP = ("tokens", "step_logits", "step_top_logprobs")
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,38 @@ class Header:
 
 
 Source = ApiField | StatsDelta | MetricDelta | LogPattern | Header
+
+
+#: ``sources_from_json``: the key naming each kind of source, and its class.
+_KINDS: dict[str, Any] = {
+    "api": ApiField,
+    "stats": StatsDelta,
+    "metric": MetricDelta,
+    "log": LogPattern,
+    "header": Header,
+}
+
+
+def sources_from_json(text: str) -> list[Source]:
+    """Claim sources from JSON (``PREFIXCACHE_CLAIMS``): a list of objects, each with one kind
+    key (``api``, ``stats``, ``metric``, ``log``, ``header``) whose value is the path, metric,
+    pattern or header name, and the class's other fields (``field``, ``unit``, ``labels``,
+    ``method``, ``path``). Example: ``[{"api": "usage.prompt_tokens_details.cached_tokens"},
+    {"stats": "/v1/cache/stats", "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
+    try:
+        items = json.loads(text)
+        if not isinstance(items, list):
+            raise ValueError("not a list")
+        out = []
+        for item in items:
+            [kind] = [k for k in item if k in _KINDS]
+            cls = _KINDS[kind]
+            first = dataclasses.fields(cls)[0].name
+            rest = {k: v for k, v in item.items() if k != kind}
+            out.append(cls(**{first: item[kind]}, **rest))
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise EngineError(f"claim sources {text[:200]!r}: {exc}") from None
+    return out
 
 
 def _dotted(data: Any, path: str) -> Any:
@@ -288,9 +324,10 @@ class Pending:
             computed_steps=tuple(out.step_logits) if self.tap else None,
         )
         n = self.original.max_new_tokens
-        return dataclasses.replace(
-            out, tokens=out.tokens[:n], step_logits=out.step_logits[:n], claims=claims
-        )
+        cut = {
+            f.name: getattr(out, f.name)[:n] for f in dataclasses.fields(out) if f.name in _PER_STEP
+        }
+        return dataclasses.replace(out, claims=claims, **cut)
 
     def _claim(self, s: Source, reply: Any) -> Claim:
         if isinstance(s, ApiField):
