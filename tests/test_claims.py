@@ -94,6 +94,21 @@ def test_reuse_claims_against_the_tap(unit: str, value: int, reused: int, ok: bo
         assert p.details == ("raw text of stats GET /s hits (delta): before: 1; after: 2",)
 
 
+def test_without_a_tap_sources_are_compared_with_each_other() -> None:
+    api = Claim("API cached_tokens", "tokens", 32, "32")
+    hit = Claim("header x-cache-hit", "hits", 1, "'hit'")
+    miss = Claim("stats /s misses (delta)", "misses", 1, "before: 0; after: 1")
+    assert reuse_claim_problems(Claims(reuse=(hit, api))) == []
+    [p] = reuse_claim_problems(Claims(reuse=(hit, miss, api)))
+    assert p.headline == (
+        "stats /s misses (delta) claims 1 misses (a miss), but API cached_tokens claims 32 "
+        "prompt token(s) reused (no tap: which one is wrong is not known)"
+    )
+    assert p.details[1] == "raw text of API cached_tokens: 32"
+    [p] = reuse_claim_problems(Claims(reuse=(hit, miss)))  # no tokens figure: the first one
+    assert "but header x-cache-hit claims 1 hits (a hit)" in p.headline
+
+
 def test_a_source_that_said_nothing_is_not_a_claim() -> None:
     silent = Claim("API usage.prompt_tokens_details.cached_tokens", "tokens", None, "None")
     assert reuse_claim_problems(Claims(reuse=(silent,), reused=16, prompt_tokens=40)) == []

@@ -8,7 +8,8 @@ computed: the prompt tokens it did not prefill and its log-softmax before each g
 
 - **Reuse claims**: a ``tokens`` figure must equal the tokens the model reused; a ``hits``
   figure must be above 0 exactly when it reused something; a ``misses`` figure exactly when it
-  reused nothing. A difference names the source, both numbers and the raw text.
+  reused nothing. A difference names the source, both numbers and the raw text. Without a tap
+  the sources are only compared with each other (and coverage counts the check as not run).
 - **Step alignment** (check ``"step alignment"`` in the coverage, failing as ``"claims"``):
   the API's distribution for decode step i must be the model's for step i: by token id when
   entries name one, else by value (the sorted logprobs against the model's top k). A
@@ -125,9 +126,10 @@ def _agrees(claim: Claim, reused: int) -> bool:
 
 
 def reuse_claim_problems(c: Claims) -> list[Problem]:
-    """Every reuse figure that differs from the tokens the model did not prefill."""
+    """Every reuse figure that differs from the tokens the model did not prefill; without a
+    tap, every figure that contradicts the first (a ``tokens`` one if any)."""
     if c.reused is None:
-        return []
+        return _contradictions(c.reuse)
     out = []
     prompt = "?" if c.prompt_tokens is None else c.prompt_tokens
     computed = "?" if c.prompt_tokens is None else c.prompt_tokens - c.reused
@@ -139,6 +141,25 @@ def reuse_claim_problems(c: Claims) -> list[Problem]:
             f"{prompt} prompt tokens (reused {c.reused}, the logit tap)"
         )
         out.append(Problem(CLAIMS, head, (f"raw text of {claim.source}: {claim.raw[:300]}",)))
+    return out
+
+
+def _contradictions(claims: Sequence[Claim]) -> list[Problem]:
+    said = [cl for cl in claims if cl.value is not None]
+    ref = next((cl for cl in said if cl.unit == "tokens"), said[0] if said else None)
+    if ref is None or ref.value is None:
+        return []
+    reused = ref.value if ref.unit == "tokens" else int(_agrees(ref, 1))
+    out = []
+    for cl in said:
+        if cl is ref or _agrees(cl, reused):
+            continue
+        head = (
+            f"{cl.source} claims {_says(cl)}, but {ref.source} claims {_says(ref)} (no tap: "
+            "which one is wrong is not known)"
+        )
+        raws = tuple(f"raw text of {x.source}: {x.raw[:300]}" for x in (cl, ref))
+        out.append(Problem(CLAIMS, head, raws))
     return out
 
 
