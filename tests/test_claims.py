@@ -330,3 +330,20 @@ def test_mlx_lm_server_claims_and_every_step_agree_with_the_tap() -> None:
     assert hit.steps is not None and all(e.token_id is not None for s in hit.steps for e in s)
     assert verifier.report.claims_checked == 2 * len(STREAM)
     assert verifier.report.steps_aligned == 8 * 2 * len(STREAM)
+
+
+def test_the_report_carries_the_counts_everywhere() -> None:
+    from pytest_prefixcache.html import render_html
+
+    quiet = Report(requests=1)
+    assert not any("claims checked" in line for line in quiet.lines())
+    assert "Claims checked" not in render_html(quiet)
+    report = Report(requests=1, claims_checked=3, steps_aligned=5)
+    line = "claims checked against the model: 3 reuse figure(s), 5 decode step(s) aligned"
+    assert line in report.lines()
+    data = report.to_json()
+    assert (data["claims_checked"], data["steps_aligned"]) == (3, 5)
+    again = Report.from_json(data)
+    again.merge(report, "gw1")
+    assert (again.claims_checked, again.steps_aligned) == (6, 10)
+    assert "3 reuse figures, 5 decode steps" in render_html(report)
