@@ -5,6 +5,7 @@ step, the last entry omitted); the positive control: the same stub, honest, pass
 
 from __future__ import annotations
 
+import shlex
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -347,3 +348,30 @@ def test_the_report_carries_the_counts_everywhere() -> None:
     again.merge(report, "gw1")
     assert (again.claims_checked, again.steps_aligned) == (6, 10)
     assert "3 reuse figures, 5 decode steps" in render_html(report)
+
+
+def test_from_env_declares_claim_sources(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_prefixcache.adapters.presets import from_env
+
+    cmd = shlex.join([sys.executable, str(STUB), "--port", "{port}"])
+    env = {
+        "PREFIXCACHE_SERVER_CMD": cmd,
+        "PREFIXCACHE_COLD": "server",
+        "PREFIXCACHE_COLD_CMD": cmd + " --no-cache",
+        "PREFIXCACHE_TAP_SERVER": "1",
+        "PREFIXCACHE_TEXT_ONLY": "1",
+        "PREFIXCACHE_TOP_LOGPROBS": "5",
+        "PREFIXCACHE_CLAIMS": '[{"stats": "/v1/cache/stats", "field": "tokens_saved", '
+        '"unit": "tokens"}]',
+        "PREFIXCACHE_DECODE_STEPS": "3",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with from_env() as engine:
+        engine.run(TEXT, use_cache=True)
+        out = engine.run(TEXT, use_cache=True)
+    assert out.claims is not None and out.claims.computed_steps is not None
+    [claim] = out.claims.reuse
+    assert claim.source == "stats GET /v1/cache/stats tokens_saved (delta)"
+    assert claim.value == out.claims.reused == out.cached_tokens == prompt_length(TEXT) - 1
+    assert len(out.claims.computed_steps) == 3 and len(out.tokens) == 2
