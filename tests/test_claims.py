@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from adapter_support import SYSTEM, assistant, req, user
+from adapter_support import SYSTEM, assistant, img, req, user
 
 from pytest_prefixcache.adapters.chat import openai_messages
 from pytest_prefixcache.adapters.claims import (
@@ -31,6 +31,7 @@ from pytest_prefixcache.checks.claims import (
     NO_TAP,
     NOT_DECLARED,
     alignment_problems,
+    claim_problems,
     claims_coverage,
     reuse_claim_problems,
 )
@@ -375,3 +376,72 @@ def test_from_env_declares_claim_sources(monkeypatch: pytest.MonkeyPatch) -> Non
     assert claim.source == "stats GET /v1/cache/stats tokens_saved (delta)"
     assert claim.value == out.claims.reused == out.cached_tokens == prompt_length(TEXT) - 1
     assert len(out.claims.computed_steps) == 3 and len(out.tokens) == 2
+
+
+#: The APC stats of mlx_vlm.server, each against what the model computed.
+APC_STATS = (
+    ApiField(),
+    StatsDelta("/v1/cache/stats", "matched_tokens", "tokens"),
+    StatsDelta("/v1/cache/stats", "restored_tokens", "tokens"),
+    StatsDelta("/v1/cache/stats", "lookups_hit", "hits"),
+    StatsDelta("/v1/cache/stats", "lookups_miss", "misses"),
+)
+IMAGE = req(SYSTEM, user(img(1), "What is in this image?"), max_new_tokens=2)
+MLX_VLM_STATS = (
+    "mlx-vlm 0.7.10 APC (block mode): on an identical image repeat, /v1/cache/stats counts a "
+    "lookup hit and 80 matched_tokens while the model prefilled all 82 prompt tokens "
+    "(restored_tokens and cached_tokens say 0: the matched blocks hold image tokens and are "
+    "discarded)"
+)
+
+
+@pytest.fixture(scope="module")
+def vlm() -> Iterator[OpenAIEngine]:
+    pytest.importorskip("mlx_vlm")
+    from pytest_prefixcache.adapters.chat import FIXTURES
+    from pytest_prefixcache.adapters.presets import TAP
+
+    model = FIXTURES / "tiny-qwen2-vl"
+    cmd = (
+        f"{TAP} mlx_vlm.server.cli:main --model {model} --host 127.0.0.1 --port {{port}} "
+        "--top-logprobs-k 20"
+    )
+    with OpenAIEngine(
+        cmd,
+        cold="salt",
+        namespace_header="x-apc-tenant",
+        model=str(model),
+        top_logprobs=20,
+        tap=True,
+        vocab=model,
+        env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
+        claims=ClaimWatch(APC_STATS, decode_steps=4),
+    ) as engine:
+        yield engine
+
+
+def claims_of(engine: OpenAIEngine, request: Request) -> tuple[Claims, list[str]]:
+    """The cached run's claims, and every claims problem of both runs."""
+    cached = engine.run(request, use_cache=True)
+    problems = claim_problems(cached) + claim_problems(engine.run(request, use_cache=False))
+    assert cached.claims is not None
+    return cached.claims, [p.headline for p in problems]
+
+
+def test_mlx_vlm_server_stats_agree_with_the_tap_on_a_text_repeat(vlm: OpenAIEngine) -> None:
+    """Every APC figure and 4 steps aligned by value (entries carry no ids) on a text repeat."""
+    vlm.reset()
+    assert claims_of(vlm, TEXT)[1] == []
+    hit, problems = claims_of(vlm, TEXT)
+    assert problems == []
+    assert hit.reused is not None and hit.reused > 0
+    assert [c.value for c in hit.reuse] == [hit.reused, hit.reused, hit.reused, 1, 0]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=MLX_VLM_STATS)
+def test_mlx_vlm_server_stats_claim_only_what_the_model_reused(vlm: OpenAIEngine) -> None:
+    vlm.reset()
+    assert claims_of(vlm, IMAGE)[1] == []
+    repeat, problems = claims_of(vlm, IMAGE)
+    assert repeat.reused == 0 and repeat.reuse[0].value == 0  # the API is honest
+    assert problems == []

@@ -340,7 +340,8 @@ class Pending:
             return self._log_claim(s)
         before, raw_before = self.before[s]
         after, raw_after = self.watch._read(self.base, s)
-        raw = f"before: {_excerpt(raw_before, s)}; after: {_excerpt(raw_after, s)}"
+        what = s.field if isinstance(s, StatsDelta) else s.name
+        raw = f"{what} {before:g} -> {after:g}; after: {_excerpt(raw_after, s)}"
         return Claim(s.name, s.unit, round(after - before), raw)
 
     def _log_claim(self, s: LogPattern) -> Claim:
