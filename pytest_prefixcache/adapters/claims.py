@@ -265,7 +265,7 @@ class ClaimWatch:
         pending = Pending(self, base, request, tap)
         for s in self.sources:
             if isinstance(s, (StatsDelta, MetricDelta)):
-                pending.before[s] = self._read(base, s)
+                pending.before[s] = self._read(base, s)[0]
             elif isinstance(s, LogPattern):
                 path = s.path or (None if log is None else os.fspath(log))
                 if path is None:
@@ -338,7 +338,7 @@ class Pending:
             return Claim(s.name, s.unit, None if text is None else _number(text), repr(text))
         if isinstance(s, LogPattern):
             return self._log_claim(s)
-        before, raw_before = self.before[s]
+        before = self.before[s]
         after, raw_after = self.watch._read(self.base, s)
         what = s.field if isinstance(s, StatsDelta) else s.name
         raw = f"{what} {before:g} -> {after:g}; after: {_excerpt(raw_after, s)}"
