@@ -1,18 +1,7 @@
-"""Claim sources: where a server reports reuse, read around each request (the claims check).
+"""Reading an engine's claims around each request (the claims check).
 
-An HTTP engine declares its sources with ``OpenAIEngine(claims=ClaimWatch([...]))``:
-
-- :class:`ApiField`: a dotted path into the reply (``usage.prompt_tokens_details.cached_tokens``,
-  llama-server's ``timings.cache_n``); absent means the API said nothing.
-- :class:`StatsDelta`: a JSON stats endpoint read before and after the request; the claim is
-  the change of one dotted field (``/v1/cache/stats`` ``hits``).
-- :class:`MetricDelta`: a Prometheus counter (``/metrics``), summed over its samples whose
-  labels contain ``labels``, before and after.
-- :class:`LogPattern`: a regular expression over the lines the server logged during the
-  request: with a group, the group's numbers summed; without one, the matches counted. No line
-  claims 0.
-- :class:`Header`: a reply header: a number, or ``hit``/``true``/``miss``/``false``.
-
+An HTTP engine declares where its server reports reuse with
+``OpenAIEngine(claims=ClaimWatch([...]))`` (the sources: :mod:`.claim_sources`).
 :meth:`ClaimWatch.start` reads the before-figures and, when the tap is on, asks for
 ``decode_steps`` generated tokens (so that per-step alignment has steps to align);
 :meth:`Pending.finish` reads the after-figures and the API's per-step logprobs, puts them with
@@ -23,16 +12,28 @@ what the tap saw into :attr:`Outcome.claims`, and cuts the Outcome back to the r
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import EngineError
-from ..types import Claim, Claims, ClaimUnit, Outcome, Request, StepEntry
+from ..types import Claim, Claims, Outcome, Request, StepEntry
+from .claim_sources import (
+    UNITS,
+    ApiField,
+    Header,
+    LogPattern,
+    MetricDelta,
+    Source,
+    StatsDelta,
+    dotted,
+    excerpt,
+    metric_sum,
+    number,
+    sources_from_json,
+)
 from .server import ServerProcess, http_json
 
 __all__ = [
@@ -50,153 +51,8 @@ __all__ = [
 
 #: Names a top_logprobs entry's token id when the entry carries none (a Vocabulary).
 Identify = Callable[[Mapping[str, Any]], "int | None"]
-_UNITS = ("tokens", "hits", "misses")
 #: The Outcome's per-generated-token fields, cut back to the request's ``max_new_tokens``.
 _PER_STEP = ("tokens", "step_logits", "step_top_logprobs")
-
-
-@dataclass(frozen=True)
-class ApiField:
-    """A figure in the reply's JSON, at a dotted path."""
-
-    path: str = "usage.prompt_tokens_details.cached_tokens"
-    unit: ClaimUnit = "tokens"
-
-    @property
-    def name(self) -> str:
-        return f"API {self.path}"
-
-
-@dataclass(frozen=True)
-class StatsDelta:
-    """The change of a dotted field of a JSON stats endpoint across the request."""
-
-    path: str
-    field: str
-    unit: ClaimUnit = "hits"
-    method: str = "GET"
-
-    @property
-    def name(self) -> str:
-        return f"stats {self.method} {self.path} {self.field} (delta)"
-
-
-@dataclass(frozen=True)
-class MetricDelta:
-    """The change of a Prometheus counter across the request."""
-
-    metric: str
-    unit: ClaimUnit = "tokens"
-    path: str = "/metrics"
-    labels: str = ""
-
-    @property
-    def name(self) -> str:
-        return f"metric {self.metric}{'{' + self.labels + '}' if self.labels else ''} (delta)"
-
-
-@dataclass(frozen=True)
-class LogPattern:
-    """Lines of the server's log written during the request that match ``pattern``."""
-
-    pattern: str
-    unit: ClaimUnit = "hits"
-    path: str | None = None
-    """The log file; default: the log of the server started here."""
-
-    @property
-    def name(self) -> str:
-        return f"log /{self.pattern}/"
-
-
-@dataclass(frozen=True)
-class Header:
-    """A reply header."""
-
-    header: str
-    unit: ClaimUnit = "hits"
-
-    @property
-    def name(self) -> str:
-        return f"header {self.header}"
-
-
-Source = ApiField | StatsDelta | MetricDelta | LogPattern | Header
-
-
-#: ``sources_from_json``: the key naming each kind of source, and its class.
-_KINDS: dict[str, Any] = {
-    "api": ApiField,
-    "stats": StatsDelta,
-    "metric": MetricDelta,
-    "log": LogPattern,
-    "header": Header,
-}
-
-
-def sources_from_json(text: str) -> list[Source]:
-    """Claim sources from JSON (``PREFIXCACHE_CLAIMS``): a list of objects, each with one kind
-    key (``api``, ``stats``, ``metric``, ``log``, ``header``) whose value is the path, metric,
-    pattern or header name, and the class's other fields (``field``, ``unit``, ``labels``,
-    ``method``, ``path``). Example: ``[{"api": "usage.prompt_tokens_details.cached_tokens"},
-    {"stats": "/v1/cache/stats", "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
-    try:
-        items = json.loads(text)
-        if not isinstance(items, list):
-            raise ValueError("not a list")
-        out = []
-        for item in items:
-            [kind] = [k for k in item if k in _KINDS]
-            cls = _KINDS[kind]
-            first = dataclasses.fields(cls)[0].name
-            rest = {k: v for k, v in item.items() if k != kind}
-            out.append(cls(**{first: item[kind]}, **rest))
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise EngineError(f"claim sources {text[:200]!r}: {exc}") from None
-    return out
-
-
-def _dotted(data: Any, path: str) -> Any:
-    for key in path.split("."):
-        if not isinstance(data, Mapping) or key not in data:
-            return None
-        data = data[key]
-    return data
-
-
-def _number(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, float)):
-        return round(value)
-    if isinstance(value, str):
-        word = value.strip().lower()
-        if word in ("hit", "true", "yes"):
-            return 1
-        if word in ("miss", "false", "no"):
-            return 0
-        try:
-            return round(float(word))
-        except ValueError:
-            return None
-    return None
-
-
-def _metric(text: str, name: str, labels: str) -> float:
-    """The sum of a Prometheus metric's samples whose label set contains ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        metric, _, rest = head.partition("{")
-        if metric.strip() != name or labels not in rest:
-            continue
-        try:
-            total += float(value)
-        except ValueError:
-            continue
-    return total
 
 
 def api_steps(
@@ -222,7 +78,7 @@ def _entry(e: Mapping[str, Any], identify: Identify | None) -> StepEntry:
     token = e.get("token")
     tid = e.get("id")
     if tid is None and isinstance(token, str) and token.startswith("token_id:"):
-        tid = _number(token[len("token_id:") :])
+        tid = number(token[len("token_id:") :])
     if tid is None and identify is not None:
         tid = identify(e)
     text = token if isinstance(token, str) else str(e.get("bytes", ""))
@@ -249,8 +105,8 @@ class ClaimWatch:
         log_settle: float = 0.05,
     ) -> None:
         for s in sources:
-            if s.unit not in _UNITS:
-                raise EngineError(f"claim source {s.name}: unit {s.unit!r} is not one of {_UNITS}")
+            if s.unit not in UNITS:
+                raise EngineError(f"claim source {s.name}: unit {s.unit!r} is not one of {UNITS}")
             if isinstance(s, LogPattern):
                 re.compile(s.pattern)
         self.sources = tuple(sources)
@@ -284,8 +140,8 @@ class ClaimWatch:
             raise EngineError(f"claim source {s.name}: {base}{s.path} answered {status}")
         if isinstance(s, MetricDelta):
             text = body if isinstance(body, str) else str(body)
-            return _metric(text, s.metric, s.labels), text
-        value = _number(_dotted(body, s.field))
+            return metric_sum(text, s.metric, s.labels), text
+        value = number(dotted(body, s.field))
         if value is None:
             raise EngineError(f"claim source {s.name}: no number at {s.field}: {str(body)[:300]}")
         return float(value), str(body)
@@ -331,17 +187,17 @@ class Pending:
 
     def _claim(self, s: Source, reply: Any) -> Claim:
         if isinstance(s, ApiField):
-            raw = _dotted(reply, s.path)
-            return Claim(s.name, s.unit, _number(raw), repr(raw))
+            raw = dotted(reply, s.path)
+            return Claim(s.name, s.unit, number(raw), repr(raw))
         if isinstance(s, Header):
             text = self.headers.get(s.header.lower())
-            return Claim(s.name, s.unit, None if text is None else _number(text), repr(text))
+            return Claim(s.name, s.unit, None if text is None else number(text), repr(text))
         if isinstance(s, LogPattern):
             return self._log_claim(s)
         before = self.before[s]
         after, raw_after = self.watch._read(self.base, s)
         what = s.field if isinstance(s, StatsDelta) else s.name
-        raw = f"{what} {before:g} -> {after:g}; after: {_excerpt(raw_after, s)}"
+        raw = f"{what} {before:g} -> {after:g}; after: {excerpt(raw_after, s)}"
         return Claim(s.name, s.unit, round(after - before), raw)
 
     def _log_claim(self, s: LogPattern) -> Claim:
@@ -362,14 +218,7 @@ class Pending:
         for line in lines:
             m = pattern.search(line)
             assert m is not None
-            total += (_number(m.group(1)) or 0) if pattern.groups else 1
+            total += (number(m.group(1)) or 0) if pattern.groups else 1
         seen = len(text.splitlines())
         raw = " | ".join(lines[-3:]) if lines else f"no matching line among {seen} new line(s)"
         return Claim(s.name, s.unit, total, raw)
-
-
-def _excerpt(text: str, s: StatsDelta | MetricDelta) -> str:
-    if isinstance(s, MetricDelta):
-        lines = [line for line in text.splitlines() if line.startswith(s.metric)]
-        return " | ".join(lines)[:200] or f"no {s.metric} sample"
-    return text[:200]
