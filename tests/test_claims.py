@@ -5,6 +5,7 @@ step, the last entry omitted); the positive control: the same stub, honest, pass
 
 from __future__ import annotations
 
+import math
 import shlex
 import sys
 from collections.abc import Iterator
@@ -27,15 +28,17 @@ from pytest_prefixcache.adapters.claims import (
 )
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.checks.claims import (
+    alignment_problems,
+    claim_problems,
+    reuse_claim_problems,
+)
+from pytest_prefixcache.checks.coverage import (
     NO_LOGPROBS,
     NO_TAP,
     NOT_DECLARED,
-    alignment_problems,
-    claim_problems,
     claims_coverage,
-    reuse_claim_problems,
+    missing,
 )
-from pytest_prefixcache.checks.coverage import missing
 from pytest_prefixcache.errors import ClaimsFailure, EngineError
 from pytest_prefixcache.output.report import Report
 from pytest_prefixcache.types import Claim, Claims, Outcome, Request, StepEntry
@@ -141,6 +144,19 @@ def test_shifted_missing_and_extra_steps_are_named(ids: bool) -> None:
     )
     [extra] = alignment_problems(Claims(steps=api, computed_steps=m[:3]))
     assert "step 3: extra: the model generated 3 token(s), the API has 4" in extra.details[0]
+
+
+def test_an_empty_or_null_distribution_is_named() -> None:
+    m = model(3, steps=2)
+    null = (StepEntry(float("nan"), 4, "t4"),)
+    [p] = alignment_problems(Claims(steps=((), null), computed_steps=m))
+    assert p.details == (
+        "step 0: empty: the API's distribution has no entries",
+        "step 1: not a number: the API's distribution is [t4=nan]",
+    )
+    reply = {"choices": [{"logprobs": {"content": [{"token": "a", "logprob": None}]}}]}
+    [[entry]] = api_steps(reply) or ()
+    assert entry.text == "a" and math.isnan(entry.logprob)
 
 
 def test_coverage_requires_claims_only_where_declared() -> None:

@@ -11,8 +11,7 @@ from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache import Image, Message, Outcome, Request
 from pytest_prefixcache.checks import coverage_of
-from pytest_prefixcache.checks.claims import NOT_DECLARED
-from pytest_prefixcache.checks.coverage import APPLIED, missing
+from pytest_prefixcache.checks.coverage import APPLIED, NOT_DECLARED, missing
 from pytest_prefixcache.output.report import Report
 
 pytest_plugins = ["pytester"]

@@ -12,6 +12,7 @@ what the tap saw into :attr:`Outcome.claims`, and cuts the Outcome back to the r
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import time
@@ -60,7 +61,8 @@ def api_steps(
 ) -> tuple[tuple[StepEntry, ...], ...] | None:
     """The API's distribution per decode step (``logprobs.content[i].top_logprobs``, or the
     step's own entry when it has none); None when the reply has no per-step logprobs. An
-    entry's id is its ``id``, a ``token_id:N`` token, or what ``identify`` says."""
+    entry's id is its ``id``, a ``token_id:N`` token, or what ``identify`` says; a logprob
+    that is not a number (null, absent) is NaN, for the check to name."""
     try:
         content = (reply["choices"][0].get("logprobs") or {}).get("content")
     except (KeyError, IndexError, TypeError, AttributeError):
@@ -70,7 +72,7 @@ def api_steps(
     out = []
     for step in content:
         entries = step.get("top_logprobs") or [step]
-        out.append(tuple(_entry(e, identify) for e in entries if "logprob" in e))
+        out.append(tuple(_entry(e, identify) for e in entries if isinstance(e, Mapping)))
     return tuple(out)
 
 
@@ -82,7 +84,9 @@ def _entry(e: Mapping[str, Any], identify: Identify | None) -> StepEntry:
     if tid is None and identify is not None:
         tid = identify(e)
     text = token if isinstance(token, str) else str(e.get("bytes", ""))
-    return StepEntry(float(e["logprob"]), None if tid is None else int(tid), text)
+    lp = e.get("logprob")
+    value = float(lp) if isinstance(lp, (int, float)) and not isinstance(lp, bool) else math.nan
+    return StepEntry(value, None if tid is None else int(tid), text)
 
 
 class ClaimWatch:

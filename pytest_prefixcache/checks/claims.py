@@ -17,13 +17,14 @@ computed: the prompt tokens it did not prefill and its log-softmax before each g
   one distribution per generated token, no more, no fewer.
 
 Claims are required only where declared: an engine without claim sources, or whose reply has
-no per-step logprobs, has nothing to check (:data:`UNCLAIMED`); an engine that declares claim
-sources without a tap could not be checked, and coverage says so.
+no per-step logprobs, has nothing to check; an engine that declares claim sources without a
+tap could not be checked, and coverage says so (:func:`.coverage.claims_coverage`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -32,59 +33,22 @@ from .problem import Problem
 
 __all__ = [
     "CLAIMS",
-    "DECLARED",
-    "NOTHING_CLAIMED",
-    "NOT_DECLARED",
-    "NO_LOGPROBS",
-    "NO_TAP",
     "STEPS",
     "STEP_TOLERANCE",
-    "UNCLAIMED",
     "alignment_problems",
     "claim_problems",
     "claims_counts",
-    "claims_coverage",
     "reuse_claim_problems",
 ]
 
 #: The check's name (its failures, the coverage row of the reuse claims).
 CLAIMS = "claims"
-#: The coverage row of the per-step alignment.
+#: The coverage row of the per-step alignment (its failures are ``claims`` failures).
 STEPS = "step alignment"
-#: Checks that are required only when the engine declares claim sources.
-DECLARED = (CLAIMS, STEPS)
-NOT_DECLARED = "no claim sources declared"
-NO_TAP = "no tap"
-NOTHING_CLAIMED = "no source gave a figure"
-NO_LOGPROBS = "no per-step logprobs in the reply"
-#: Reasons that are not coverage gaps: there was nothing claimed to check.
-UNCLAIMED = frozenset({NOT_DECLARED, NOTHING_CLAIMED, NO_LOGPROBS})
 #: Largest |API logprob - the model's| at a decode step that still matches.
 STEP_TOLERANCE = 1e-3
 #: Steps listed in a misalignment's details.
 _SHOWN = 5
-
-
-def claims_coverage(cached: Outcome, uncached: Outcome) -> Iterator[tuple[str, str]]:
-    """(check, ``"applied"`` or the reason it could not run) for both claims rows."""
-    a, b = cached.claims, uncached.claims
-    if a is None and b is None:
-        yield CLAIMS, NOT_DECLARED
-        yield STEPS, NOT_DECLARED
-        return
-    both = [c for c in (a, b) if c is not None]
-    if any(c.reused is None for c in both):
-        yield CLAIMS, NO_TAP
-    elif any(cl.value is not None for c in both for cl in c.reuse):
-        yield CLAIMS, "applied"
-    else:
-        yield CLAIMS, NOTHING_CLAIMED
-    if all(c.steps is None for c in both):
-        yield STEPS, NO_LOGPROBS
-    elif any(c.computed_steps is None for c in both):
-        yield STEPS, NO_TAP
-    else:
-        yield STEPS, "applied"
 
 
 def claims_counts(o: Outcome) -> tuple[int, int]:
@@ -165,8 +129,6 @@ def _contradictions(claims: Sequence[Claim]) -> list[Problem]:
 
 def _gap(entries: Sequence[StepEntry], model: np.ndarray) -> tuple[float, str]:
     """(largest |API - model| over the entries, how they were matched)."""
-    if not entries:
-        return 0.0, "nothing"
     if all(e.token_id is not None and 0 <= e.token_id < len(model) for e in entries):
         gap = max(abs(e.logprob - float(model[e.token_id])) for e in entries)  # type: ignore[index]
         return gap, "id"
@@ -204,6 +166,10 @@ def alignment_problems(c: Claims, tolerance: float = STEP_TOLERANCE) -> list[Pro
                 f"step {i}: extra: the model generated {len(model)} token(s), the API has "
                 f"{len(api)} distributions"
             )
+        elif not api[i]:
+            line = f"step {i}: empty: the API's distribution has no entries"
+        elif any(not math.isfinite(e.logprob) for e in api[i]):
+            line = f"step {i}: not a number: the API's distribution is {_entries(api[i])}"
         else:
             gap, how = _gap(api[i], model[i])
             if gap <= tolerance:
