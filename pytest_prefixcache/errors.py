@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BaselineFailure",
+    "ClaimsFailure",
     "EfficiencyFailure",
     "EngineError",
     "EngineFault",
@@ -145,6 +146,13 @@ class MemoryBudgetFailure(VerificationFailure):
     """The engine's reported cache memory breaks its budget or counts entries as 0 bytes."""
 
     check = "memory budget"
+
+
+class ClaimsFailure(VerificationFailure):
+    """What the engine claimed (a reuse figure from its API, stats, metrics, log or headers; a
+    decode step's logprobs) differs from what its model computed (the logit tap)."""
+
+    check = "claims"
 
 
 def failure_class(check: str) -> type[VerificationFailure]:

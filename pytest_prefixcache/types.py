@@ -20,7 +20,19 @@ from .image_io import decode_source, pil_to_rgb
 if TYPE_CHECKING:
     from PIL import Image as PILImage
 
-__all__ = ["ROLES", "Engine", "Image", "Message", "Outcome", "Part", "Request"]
+__all__ = [
+    "ROLES",
+    "Claim",
+    "ClaimUnit",
+    "Claims",
+    "Engine",
+    "Image",
+    "Message",
+    "Outcome",
+    "Part",
+    "Request",
+    "StepEntry",
+]
 
 ROLES = ("system", "user", "assistant")
 
@@ -163,6 +175,60 @@ class Request:
         return tuple(img for m in self.messages for img in m.images)
 
 
+#: What a reuse figure counts: ``"tokens"`` prompt tokens reused; ``"hits"`` cache hits (more
+#: than 0 says something was reused); ``"misses"`` cache misses (more than 0 says nothing was).
+ClaimUnit = Literal["tokens", "hits", "misses"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One reuse figure an engine reported for one request, and where it came from.
+
+    Attributes:
+        source: the source, in words (``"stats GET /v1/cache/stats hits (delta)"``).
+        unit: what the figure counts (:data:`ClaimUnit`).
+        value: the figure, or None when the source said nothing about this request.
+        raw: the text the figure was read from.
+    """
+
+    source: str
+    unit: ClaimUnit
+    value: int | None
+    raw: str
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """One entry of the API's distribution for a decode step: its logprob, the token id when
+    the entry names one that can be told, and the raw token text or bytes as reported."""
+
+    logprob: float
+    token_id: int | None = None
+    text: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Claims:
+    """What an engine said about one request next to what its model computed (the claims check).
+
+    Attributes:
+        reuse: one :class:`Claim` per declared claim source.
+        steps: the API's distribution for each decode step (``logprobs.content[i]``), or None
+            when the reply carried no per-step logprobs.
+        reused: prompt tokens the model did not prefill (its KV offset before the prefill, as
+            the logit tap saw it), or None when nothing observed the model.
+        prompt_tokens: the prompt's length.
+        computed_steps: the model's log-softmax before each generated token (the tap), or None
+            when nothing observed the model.
+    """
+
+    reuse: tuple[Claim, ...] = ()
+    steps: tuple[tuple[StepEntry, ...], ...] | None = None
+    reused: int | None = None
+    prompt_tokens: int | None = None
+    computed_steps: tuple[np.ndarray, ...] | None = None
+
+
 @dataclass(frozen=True, eq=False)
 class Outcome(ShortRepr):
     """What an engine returns for one request.
@@ -178,6 +244,8 @@ class Outcome(ShortRepr):
         token_ids: the full prompt's token ids, or None.
         image_spans: (start, end, image digest) for each image's placeholder run in token_ids.
         merges: (placeholder slots filled, embedding rows merged) per vision merge done.
+        claims: what the engine claimed against what its model computed (see :class:`Claims`),
+            or None when the engine declares no claim sources.
     """
 
     logits: np.ndarray | None = None
@@ -189,6 +257,7 @@ class Outcome(ShortRepr):
     token_ids: tuple[int, ...] | None = None
     image_spans: tuple[tuple[int, int, str], ...] | None = None
     merges: tuple[tuple[int, int], ...] | None = None
+    claims: Claims | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

@@ -11,7 +11,7 @@ from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache import Image, Message, Outcome, Request
 from pytest_prefixcache.checks import coverage_of
-from pytest_prefixcache.checks.coverage import APPLIED, missing
+from pytest_prefixcache.checks.coverage import APPLIED, NOT_DECLARED, missing
 from pytest_prefixcache.output.report import Report
 
 pytest_plugins = ["pytester"]
@@ -41,6 +41,7 @@ def full(**extra: object) -> Outcome:
 
 def test_a_full_outcome_applies_every_check() -> None:
     got = dict(coverage_of(request(), full(), full(), has_usage=True))
+    assert got.pop("claims") == got.pop("step alignment") == NOT_DECLARED  # not a gap
     assert set(got.values()) == {APPLIED}
     assert "shapes" not in got  # a text-only request does not concern it
 

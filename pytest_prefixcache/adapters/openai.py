@@ -35,6 +35,7 @@ from typing import Any, Literal
 from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import openai_messages
+from .claims import ClaimWatch, Pending
 from .replies import Vocabulary, parse_reply, with_extension
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
 from .tapped import apply_tap, log_tap
@@ -76,6 +77,9 @@ class OpenAIEngine:
         tap_log: with ``tap``, a JSON-lines file that gets, per request, the prompt length, the
             reuse the API reported and the reuse the tap saw (see :func:`.tapped.log_tap`).
             Default: None.
+        claims: the claim sources read around every request (see :mod:`.claims`); with
+            ``tap``, their figures and the API's per-step logprobs are compared with what the
+            model computed (the claims check). Default: None.
     """
 
     #: The baseline audit would start a new server per audited request: too slow to do by
@@ -106,6 +110,7 @@ class OpenAIEngine:
         extensions: bool = False,
         render: Callable[[Request], tuple[list[int], Spans]] | None = None,
         tap_log: str | os.PathLike[str] | None = None,
+        claims: ClaimWatch | None = None,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
@@ -127,6 +132,7 @@ class OpenAIEngine:
         self.supports_images = supports_images
         self.tap = tap
         self.tap_log = tap_log
+        self.claims = claims
         self.timeout = timeout
         self.tap_disagreements: list[str] = []
         self.vocab = Vocabulary(vocab) if vocab is not None else None
@@ -220,7 +226,9 @@ class OpenAIEngine:
                     target.start()
                 elif self.cold == "reset":
                     self._reset_or_restart(target)
-        reply = self._post(target, request, headers)
+        pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
+        request = request if pending is None else pending.request  # more decode steps, tapped
+        reply = self._post(target, request, headers, pending)
         parsed = parse_reply(reply, self.vocab)
         steps, cached, prompt = parsed.steps, parsed.cached_tokens, parsed.prompt_tokens
         if not use_cache and cached:
@@ -258,10 +266,14 @@ class OpenAIEngine:
                 log_tap(
                     self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems)
                 )
-        return out
+        return out if pending is None else pending.finish(out, reply, self.vocab)
 
     def _post(
-        self, target: ServerProcess | str | None, request: Request, headers: dict[str, str]
+        self,
+        target: ServerProcess | str | None,
+        request: Request,
+        headers: dict[str, str],
+        pending: Pending | None = None,
     ) -> Any:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         body: dict[str, Any] = {
@@ -278,8 +290,9 @@ class OpenAIEngine:
             body["prefixcache"] = {"logits": True}
         try:
             status, reply = http_json(
-                "POST", base + "/v1/chat/completions", body, headers=headers, timeout=self.timeout
-            )
+                "POST", base + "/v1/chat/completions", body, headers=headers, timeout=self.timeout,
+                response_headers=None if pending is None else pending.headers,
+            )  # fmt: skip
         except OSError as exc:
             proc = target if isinstance(target, ServerProcess) else None
             raise EngineError(

@@ -11,6 +11,7 @@ import shlex
 
 from ..errors import EngineError
 from .chat import FIXTURES
+from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
 
@@ -88,7 +89,9 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``; and
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
-    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request).
+    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
+    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`) and
+    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -118,4 +121,10 @@ def from_env() -> OpenAIEngine:
         start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
         render=render,
         tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
+        claims=ClaimWatch(
+            sources_from_json(e["PREFIXCACHE_CLAIMS"]),
+            decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),
+        )
+        if e.get("PREFIXCACHE_CLAIMS")
+        else None,
     )

@@ -54,8 +54,10 @@ def http_json(
     *,
     headers: Mapping[str, str] | None = None,
     timeout: float = 120.0,
+    response_headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
-    """(status, decoded JSON or text) of one HTTP request; connection errors raise OSError."""
+    """(status, decoded JSON or text) of one HTTP request; connection errors raise OSError.
+    ``response_headers``, when given, receives the reply's headers (names in lower case)."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     req.add_header("Content-Type", "application/json")
@@ -63,9 +65,11 @@ def http_json(
         req.add_header(k, v)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, raw = resp.status, resp.read()
+            status, raw, got = resp.status, resp.read(), resp.headers
     except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
+        status, raw, got = exc.code, exc.read(), exc.headers
+    if response_headers is not None:
+        response_headers.update((k.lower(), v) for k, v in got.items())
     try:
         return status, json.loads(raw or b"null")
     except ValueError:

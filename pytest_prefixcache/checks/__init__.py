@@ -6,13 +6,15 @@ an engine itself) and returns a list of :class:`Problem` (or one, or none); the 
 readable failure. One module per subject: ``protocol`` (faults, a pair's agreement, merges),
 ``equivalence`` (cached vs uncached logits under a tolerance rule), ``oracle`` and ``reuse``
 (the most a correct cache could reuse; the reuse bound, the positive control, the efficiency
-floor), ``render`` (render stability, corpus expectations), ``memory`` (the budget) and
-``timing`` (the speedup floor, the tenant-isolation audit).
+floor), ``claims`` (what the engine claimed against what its model computed), ``render``
+(render stability, corpus expectations), ``memory`` (the budget) and ``timing`` (the speedup
+floor, the tenant-isolation audit).
 """
 
 from __future__ import annotations
 
 from .baseline import baseline_problems, fresh_problems, fresh_verdict
+from .claims import claim_problems, claims_counts
 from .coverage import coverage_of
 from .equivalence import Comparison, Tolerance, compare
 from .memory import usage_problems
@@ -49,6 +51,8 @@ __all__ = [
     "ReuseOracle",
     "Tolerance",
     "baseline_problems",
+    "claim_problems",
+    "claims_counts",
     "compare",
     "control_problems",
     "coverage_of",

@@ -7,7 +7,9 @@ the reason; the session's verdict is PASS only when every correctness check appl
 request it concerns (``REQUIRED``), or the user accepted partial coverage.
 
 The memory-budget check is counted too but not required: it is an extra an engine offers
-with ``cache_usage()``, and a server has no standard way to report its cache's memory.
+with ``cache_usage()``, and a server has no standard way to report its cache's memory. The
+claims rows (:mod:`.claims`) are required only when the engine declares claim sources: their
+:data:`UNCLAIMED` reasons (nothing declared, nothing claimed) are not gaps.
 """
 
 from __future__ import annotations
@@ -15,11 +17,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 
 from ..types import Outcome, Request
+from .claims import CLAIMS, STEPS
 
 __all__ = [
     "APPLIED",
+    "DECLARED",
     "HINTS",
+    "NOTHING_CLAIMED",
+    "NOT_DECLARED",
+    "NO_LOGPROBS",
+    "NO_TAP",
     "REQUIRED",
+    "UNCLAIMED",
+    "claims_coverage",
     "coverage_lines",
     "coverage_of",
     "gap_lines",
@@ -38,6 +48,14 @@ REQUIRED = (
     "render stability",
     "cold baseline",
 )
+#: Checks required only when the engine declares claim sources (see :func:`claims_coverage`).
+DECLARED = (CLAIMS, STEPS)
+NOT_DECLARED = "no claim sources declared"
+NO_TAP = "no tap"
+NOTHING_CLAIMED = "no source gave a figure"
+NO_LOGPROBS = "no per-step logprobs in the reply"
+#: Reasons of the claims rows that are not gaps: nothing was claimed.
+UNCLAIMED = frozenset({NOT_DECLARED, NOTHING_CLAIMED, NO_LOGPROBS})
 #: What the engine must return to enable a check that could not run, by reason.
 HINTS = {
     "no token_ids": "return Outcome.token_ids (the prompt's token ids)",
@@ -55,6 +73,8 @@ HINTS = {
     "verify the engine in-process with a factory",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
+    NO_TAP: "run the server under the logit tap (tap=True) so that its claims can be "
+    "compared with what the model computed",
     "engine from a conftest.py fixture": "name the engine's factory with "
     "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
 }
@@ -83,6 +103,29 @@ def coverage_of(
     yield "positive control", ids or APPLIED
     yield "render stability", _first_missing(cached, "token_ids") or APPLIED
     yield "memory budget", APPLIED if has_usage else "no cache_usage()"
+    yield from claims_coverage(cached, uncached)
+
+
+def claims_coverage(cached: Outcome, uncached: Outcome) -> Iterator[tuple[str, str]]:
+    """Both claims rows: applied when what the engine claimed could be compared with what its
+    model computed; otherwise why not."""
+    both = [c for c in (cached.claims, uncached.claims) if c is not None]
+    if not both:
+        yield CLAIMS, NOT_DECLARED
+        yield STEPS, NOT_DECLARED
+        return
+    if any(c.reused is None for c in both):
+        yield CLAIMS, NO_TAP
+    elif any(cl.value is not None for c in both for cl in c.reuse):
+        yield CLAIMS, APPLIED
+    else:
+        yield CLAIMS, NOTHING_CLAIMED
+    if all(c.steps is None for c in both):
+        yield STEPS, NO_LOGPROBS
+    elif any(c.computed_steps is None for c in both):
+        yield STEPS, NO_TAP
+    else:
+        yield STEPS, APPLIED
 
 
 def _first_missing(outcome: Outcome, *names: str) -> str | None:
@@ -93,10 +136,14 @@ def _first_missing(outcome: Outcome, *names: str) -> str | None:
 
 
 def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
-    """The required checks that could not run on some request: check -> reason -> requests."""
+    """The required checks that could not run on some request: check -> reason -> requests.
+    The claims rows count only where something was claimed."""
     out = {}
-    for check in REQUIRED:
-        reasons = {k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and v}
+    for check in (*REQUIRED, *DECLARED):
+        skip = UNCLAIMED if check in DECLARED else frozenset()
+        reasons = {
+            k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and k not in skip and v
+        }
         if reasons:
             out[check] = reasons
     return out

@@ -107,6 +107,9 @@ def _header(report: Report) -> str:
     ]
     if report.worst_kl:
         stats.append(_stat("Worst estimated KL", f"{report.worst_kl:.3g}"))
+    if report.claims_checked or report.steps_aligned:
+        figures = f"{report.claims_checked} reuse figures, {report.steps_aligned} decode steps"
+        stats.append(_stat("Claims checked", figures, "against what the model computed", "wide"))
     error = ""
     if report.engine_error:
         error = (

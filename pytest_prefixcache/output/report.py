@@ -41,7 +41,7 @@ def _number(x: Any) -> float:
 #: Report counters that add up across workers.
 _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
-    "warm_seconds", "cold_seconds", "records_dropped",
+    "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
 )  # fmt: skip
 
 
@@ -77,6 +77,10 @@ class Report:
     """check -> {"applied": requests it applied to, reason: requests it could not run on}."""
     allow_partial: bool = False
     """The user accepts a PASS when some correctness check could not run (said as such)."""
+    claims_checked: int = 0
+    """Reuse figures the engine claimed that were compared with what its model computed."""
+    steps_aligned: int = 0
+    """Decode steps whose API logprobs were aligned with the model's (the claims check)."""
     findings: dict[str, int] = field(default_factory=dict)
     """Efficiency findings that did not fail the run: check -> how many."""
     finding_examples: list[str] = field(default_factory=list)
@@ -178,6 +182,11 @@ class Report:
                 f"time on cache hits: {self.warm_seconds:.2f} s warm vs {self.cold_seconds:.2f} s "
                 f"cold (speedup {self.cold_seconds / self.warm_seconds:.2f}x)"
             )
+        if self.claims_checked or self.steps_aligned:
+            out.append(
+                f"claims checked against the model: {self.claims_checked} reuse figure(s), "
+                f"{self.steps_aligned} decode step(s) aligned"
+            )
         if self.worst_kl:
             out.append(f"worst estimated KL: {self.worst_kl:.3g}")
         by = self.failures_by_check
@@ -237,6 +246,8 @@ class Report:
             "worst_diff_where": self.worst_diff_where,
             "worst_kl": _finite(self.worst_kl),
             "merges_checked": self.merges_checked,
+            "claims_checked": self.claims_checked,
+            "steps_aligned": self.steps_aligned,
             "warm_seconds": self.warm_seconds,
             "cold_seconds": self.cold_seconds,
             "engine_error": self.engine_error,

@@ -26,6 +26,8 @@ from ..checks import (
     Rendered,
     ReuseOracle,
     baseline_problems,
+    claim_problems,
+    claims_counts,
     compare,
     control_problems,
     coverage_of,
@@ -224,6 +226,11 @@ class Verifier(ShortRepr):
             + render,
             ctx,
         )
+        for side, said in (("cached run: ", cached), ("uncached run: ", uncached)):
+            figures, aligned = claims_counts(said)
+            self.report.claims_checked += figures
+            self.report.steps_aligned += aligned
+            self._check(claim_problems(said), ctx, side)
         return Step(request, cached, uncached, match, comparison)
 
     def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
