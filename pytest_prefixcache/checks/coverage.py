@@ -68,7 +68,8 @@ def coverage_of(
     a one-token answer) yields nothing. ``compared``: the steps the comparison compared."""
     yield "equivalence", APPLIED if compared else "nothing compared"
     if max(len(cached.tokens), len(uncached.tokens)) > 1:
-        c, u = bool(cached.step_logits), bool(uncached.step_logits)
+        c = bool(cached.step_logits or cached.step_top_logprobs)
+        u = bool(uncached.step_logits or uncached.step_top_logprobs)
         reason = "no step_logits" if not (c or u) else "step_logits on one side only"
         yield "equivalence at decode steps", APPLIED if (c and u) else reason
     ids = _first_missing(cached, "token_ids", "cached_tokens")
