@@ -115,9 +115,10 @@ def vllm_server(
     start_timeout: float = 300.0,
     top_logprobs: int = 20,
 ) -> OpenAIEngine:
-    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python`` is
-    the interpreter of vLLM's own environment) on a local HF-format model, with prefix caching
-    on and the CPU settings of ../shared/NOTES.md (float32, eager, 32-token blocks).
+    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
+    interpreter of vLLM's own environment, a command line) on a local HF-format model, with
+    prefix caching on and the CPU settings of ../shared/NOTES.md (float32, eager, 32-token
+    blocks).
 
     Token ids come from vLLM itself: ``return_tokens_as_token_ids`` names every top_logprobs
     entry ``token_id:N``, ``return_token_ids`` gives the prompt's ids (image pads expanded:
@@ -130,7 +131,8 @@ def vllm_server(
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     image_token = config.get("image_token_id")
     cmd = [
-        python, "-m", "vllm.entrypoints.openai.api_server", "--model", os.fspath(model_dir),
+        *shlex.split(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", os.fspath(model_dir),
         "--host", "127.0.0.1", "--port", "{port}", "--enable-prefix-caching",
         "--dtype", "float32", "--enforce-eager", "--block-size", str(block_size),
         "--max-num-seqs", "4", "--max-model-len", "4096", "--max-logprobs", str(vocab),
@@ -178,7 +180,7 @@ def llama_server(
     step, greedy tokens must agree: run with ``engine.tolerance_flag``
     (``--prefixcache-atol=...``).
     """
-    cmd = [binary, "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
+    cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
     if mmproj is not None:
         cmd += ["--mmproj", os.fspath(mmproj), "--image-min-tokens", "4"]
         cmd += ["--image-max-tokens", "64"]

@@ -1,0 +1,187 @@
+"""The vllm_server preset and the HTTP adapter against a stub that answers like vLLM
+(tests/stub_openai.py): entries without ids, ``''`` tokens, ``token_id:N``,
+``prompt_token_ids``, ``cache_salt``, reset bodies, null logprobs; and the negative controls
+(shifted, short, a reset that says success false, a salt that is ignored, a corrupted step)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from adapter_support import SYSTEM, assistant, img, req, user
+from stub_openai import PAD, serve, url_of
+
+from pytest_prefixcache import EngineError
+from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.presets import VLLM_RESETS, vllm_server
+from pytest_prefixcache.checks import Tolerance, compare
+
+STUB = Path(__file__).resolve().parent / "stub_openai.py"
+LONG = "Hello there, how are you today? Tell me a long story about cats and their habits. " * 2
+TEXT = req(SYSTEM, user(LONG))
+TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
+A, B = img(1), img(2)
+IMAGE = req(SYSTEM, user(A, "What is in this image? " * 3))
+IMAGE_B = req(SYSTEM, user(B, "What is in this image? " * 3))
+
+
+def model_dir(tmp_path: Path) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 264, "image_token_id": PAD}))
+    return tmp_path
+
+
+def preset(tmp_path: Path, **kw: object) -> OpenAIEngine:
+    python = f"{sys.executable} {STUB} --flavour vllm"
+    return vllm_server(model_dir(tmp_path), python=python, start_timeout=60, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def vllm(tmp_path: Path) -> Iterator[OpenAIEngine]:
+    engine = preset(tmp_path)
+    yield engine
+    engine.close()
+
+
+def faulty(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fault: str) -> OpenAIEngine:
+    monkeypatch.setenv("STUB_FAULT", fault)
+    return preset(tmp_path)
+
+
+def test_the_preset_reads_ids_salts_and_spans_from_vllm_shapes(vllm: OpenAIEngine) -> None:
+    first = vllm.run(TEXT, use_cache=True)
+    again = vllm.run(TEXT, use_cache=True)
+    cold = vllm.run(TEXT, use_cache=False)
+    assert first.cached_tokens == 0 and cold.cached_tokens == 0
+    n = again.prompt_tokens
+    assert n is not None and again.cached_tokens == (n - 1) // 32 * 32 > 0
+    # token_id:N names every entry; every decode step is there, cached equal to uncached
+    assert len(again.step_top_logprobs) == 3 and again.tokens == cold.tokens
+    assert all(len(s) == 20 for s in again.step_top_logprobs)
+    assert again.step_top_logprobs == cold.step_top_logprobs
+    assert compare(again, cold, Tolerance()).problems == []
+    # the oracle gets vLLM's own prompt ids (return_token_ids)
+    assert again.token_ids is not None and len(again.token_ids) == n
+    out = vllm.run(IMAGE, use_cache=True)
+    assert out.token_ids is not None and out.image_spans is not None
+    ((s, e, digest),) = out.image_spans
+    assert (e - s, digest) == (4, A.digest) and set(out.token_ids[s:e]) == {PAD}
+
+
+def test_namespaces_and_the_cold_salt_go_in_cache_salt(vllm: OpenAIEngine) -> None:
+    vllm.run(req(*TEXT.messages, namespace="alice"), use_cache=True)
+    assert vllm.run(req(*TEXT.messages, namespace="bob"), use_cache=True).cached_tokens == 0
+    hit = vllm.run(req(*TEXT.messages, namespace="alice"), use_cache=True)
+    assert (hit.cached_tokens or 0) > 0
+    assert vllm.run(req(*TEXT.messages, namespace="alice"), use_cache=False).cached_tokens == 0
+
+
+def test_reset_calls_every_endpoint_and_empties_the_cache(vllm: OpenAIEngine) -> None:
+    assert [str(e) for e in vllm.resets] == list(VLLM_RESETS)
+    vllm.run(TEXT, use_cache=True)
+    assert (vllm.run(TEXT, use_cache=True).cached_tokens or 0) > 0
+    vllm.reset()
+    assert vllm.run(TEXT, use_cache=True).cached_tokens == 0
+
+
+def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine) -> None:
+    vllm.run(TEXT, use_cache=True)
+    fresh = vllm.fresh_instance()
+    try:
+        assert fresh.server is not vllm.server and fresh.server is fresh.cold_server
+        out = fresh.run(TEXT, use_cache=False)
+        assert out.cached_tokens == 0 and out.tokens == vllm.run(TEXT, use_cache=True).tokens
+    finally:
+        fresh.close()
+    assert vllm.supports_fresh_instances
+    assert not OpenAIEngine(url="http://127.0.0.1:9", cold="server").supports_fresh_instances
+
+
+NEGATIVE = [
+    ("shifted", r"decode step 0: the server's token \d+ \(logprob .*\) is not the best of this "
+     r"step's top_logprobs .*logprobs shifted"),
+    ("short", r"2 logprobs entries for usage.completion_tokens=3 \(the last entry: .*\)"),
+    ("null_logprobs", r"the reply has no logprobs \(logprobs: null\)"),
+    ("reset_false", r"the cache reset POST /reset_prefix_cache of http://127.0.0.1:\d+ failed: "
+     r"it answered 200 but its body says it did not reset: \{'success': False\}"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("fault", "message"), NEGATIVE, ids=[n[0] for n in NEGATIVE])
+def test_a_broken_vllm_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fault: str, message: str
+) -> None:
+    engine = faulty(monkeypatch, tmp_path, fault)
+    try:
+        with pytest.raises(EngineError, match=message):
+            engine.run(TEXT, use_cache=True)
+            engine.reset()
+    finally:
+        engine.close()
+
+
+def test_a_salt_the_server_ignores_is_caught(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    engine = faulty(monkeypatch, tmp_path, "ignores_salt")
+    try:
+        engine.run(TEXT, use_cache=True)
+        with pytest.raises(EngineError, match=r"the uncached baseline reported cached_tokens=\d+"):
+            engine.run(TEXT, use_cache=False)
+    finally:
+        engine.close()
+
+
+def test_a_difference_at_a_later_decode_step_is_compared(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Negative control for every-step comparison: only step 2's logprobs differ on a hit."""
+    engine = faulty(monkeypatch, tmp_path, "corrupt_step2")
+    try:
+        engine.run(TEXT, use_cache=True)
+        cached = engine.run(TEXT, use_cache=True)
+        cold = engine.run(TEXT, use_cache=False)
+    finally:
+        engine.close()
+    assert cached.tokens == cold.tokens and cached.top_logprobs == cold.top_logprobs
+    problems = compare(cached, cold, Tolerance()).problems
+    assert problems and "at 1 of 3 step(s)" in problems[0].headline
+    assert "step 2 (before new token 2)" in problems[0].details[0]
+
+
+def test_entries_named_empty_are_a_fault_without_token_ids() -> None:
+    """vLLM names special and byte tokens '': without token_id:N they cannot be compared."""
+    srv = serve("vllm")
+    try:
+        engine = OpenAIEngine(url=url_of(srv), cold="salt", namespace_field="cache_salt")
+        # a vocabulary that names every printable token (what Vocabulary does with tokenizer.json)
+        engine.vocab = lambda e: ord(e["token"]) if len(e["token"]) == 1 else None  # type: ignore[assignment]
+        with pytest.raises(EngineError, match=r"decode step \d+: \d+ top_logprobs entr(y|ies) "
+                           r"name no token id, e.g. \{'token': '', 'logprob': [-.0-9]+, "
+                           r"'bytes': \[\]\} .*return_tokens_as_token_ids"):  # fmt: skip
+            engine.run(TEXT, use_cache=True)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_a_render_that_disagrees_with_the_server_is_a_fault() -> None:
+    srv = serve("vllm")
+    try:
+        engine = OpenAIEngine(
+            url=url_of(srv),
+            cold="salt",
+            namespace_field="cache_salt",
+            prompt_ids="reply",
+            extra_body={"return_tokens_as_token_ids": True},
+            render=lambda r: ([1, 2, 3], ()),
+        )
+        wrong = r"the local render of the request disagrees with the server's prompt token ids: "
+        with pytest.raises(EngineError, match=wrong + "first difference at position 0"):
+            engine.run(TEXT, use_cache=True)
+        assert len(engine.render_mismatches) == 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
