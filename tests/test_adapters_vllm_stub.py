@@ -19,6 +19,8 @@ from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import VLLM_RESETS, vllm_server
 from pytest_prefixcache.checks import Tolerance, compare
 
+pytest_plugins = ["pytester"]
+
 STUB = Path(__file__).resolve().parent / "stub_openai.py"
 LONG = "Hello there, how are you today? Tell me a long story about cats and their habits. " * 2
 TEXT = req(SYSTEM, user(LONG))
@@ -185,3 +187,54 @@ def test_a_render_that_disagrees_with_the_server_is_a_fault() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+ENGINES = """
+import json, pathlib, sys
+from pytest_prefixcache.adapters.presets import vllm_server
+
+HERE = pathlib.Path(__file__).parent
+(HERE / "config.json").write_text(json.dumps({"vocab_size": 264, "image_token_id": 262}))
+
+
+def vllm():
+    python = f"{sys.executable} STUB --flavour vllm"
+    return vllm_server(HERE, python=python, start_timeout=60)
+"""
+
+
+def _suite(pytester: pytest.Pytester, *extra: str) -> pytest.RunResult:
+    pytester.makepyfile(stubengines=ENGINES.replace("STUB", str(STUB)))
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=stubengines:vllm",
+        "--prefixcache-examples=5", "--prefixcache-seed=1", "--prefixcache-allow-partial",
+        "-k", "request_streams", *extra, timeout=300,
+    )  # fmt: skip
+
+
+def test_the_suite_audits_the_salted_baseline_with_fresh_servers(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The built-in suite through the preset: every decode step compared, the salted cold
+    baseline audited by fresh servers; only shapes (no merges over HTTP) are left partial."""
+    monkeypatch.delenv("STUB_FAULT", raising=False)
+    result = _suite(pytester)
+    result.stdout.fnmatch_lines(
+        [
+            "failures by check: none",
+            "  equivalence at decode steps  [1-9]*/[1-9]*",
+            "  reuse bound * 2[0-9]/2[0-9]",
+            "  cold baseline * [1-9]/[1-9]",
+            "verdict: PASS (partial: not checked on every request: shapes)",
+        ]
+    )
+    assert "not audited" not in result.stdout.str() and result.ret == 0
+
+
+def test_the_suite_fails_a_vllm_whose_hits_change_a_later_step(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STUB_FAULT", "corrupt_step2")
+    result = _suite(pytester)
+    result.stdout.fnmatch_lines(["*failures by check: equivalence*"])
+    assert result.ret == 1
