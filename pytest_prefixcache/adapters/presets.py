@@ -233,8 +233,9 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``;
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
-    ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file
-    of the API's vs the tap's reuse per request).
+    ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
+    server's ``prefixcache`` reply object: token ids, spans, merges, logits);
+    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -272,4 +273,5 @@ def from_env() -> OpenAIEngine:
         start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
         render=render,
         tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
+        extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
     )
