@@ -238,3 +238,44 @@ def test_the_suite_fails_a_vllm_whose_hits_change_a_later_step(
     result = _suite(pytester)
     result.stdout.fnmatch_lines(["*failures by check: equivalence*"])
     assert result.ret == 1
+
+
+VLLM_ENV = {
+    "PREFIXCACHE_COLD": "salt",
+    "PREFIXCACHE_NAMESPACE_FIELD": "cache_salt",
+    "PREFIXCACHE_PROMPT_IDS": "reply",
+    "PREFIXCACHE_IMAGE_TOKEN_ID": str(PAD),
+    "PREFIXCACHE_RESET_PATHS": ",".join(VLLM_RESETS),
+}
+
+
+@pytest.mark.parametrize("body", [True, False], ids=["token-ids", "no-body"])
+def test_server_cmd_with_a_request_body_option(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: bool
+) -> None:
+    """``--prefixcache-server-cmd`` plus PREFIXCACHE_* settings verify a vLLM-shaped server;
+    without ``return_tokens_as_token_ids`` (the body option) its '' entries are a named fault."""
+    monkeypatch.delenv("STUB_FAULT", raising=False)
+    for k, v in VLLM_ENV.items():
+        monkeypatch.setenv(k, v)
+    extra = ['--prefixcache-server-body={"return_tokens_as_token_ids": true}'] if body else []
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-allow-partial",
+        f"--prefixcache-server-cmd={sys.executable} {STUB} --flavour vllm --port {{port}}",
+        "--prefixcache-examples=3", "--prefixcache-seed=1", "-k", "request_streams", *extra,
+        timeout=300,
+    )  # fmt: skip
+    if body:
+        result.stdout.fnmatch_lines(["failures by check: none", "  cold baseline * [1-9]/[1-9]"])
+        assert result.ret == 0
+    else:
+        result.stdout.fnmatch_lines(["*top_logprobs entr* name no token id*"])
+        assert result.ret == 1
+
+
+def test_a_request_body_option_is_checked(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--prefixcache-server-body=[1]")
+    result.stderr.fnmatch_lines(["*argument --prefixcache-server-body: * is not a JSON object*"])
+    result = pytester.runpytest_subprocess('--prefixcache-server-body={"a": 1}')
+    result.stderr.fnmatch_lines(["*--prefixcache-server-body needs --prefixcache-server-cmd*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
