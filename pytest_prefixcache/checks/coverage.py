@@ -51,8 +51,9 @@ HINTS = {
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
     "engine given as an instance": "name a zero-argument callable that builds the engine "
     "(MODULE:FACTORY), so that a fresh instance can recompute uncached requests",
-    "a fresh instance would be a new server per request": "accept partial coverage, or "
-    "verify the engine in-process with a factory",
+    "a server given by URL: no fresh server can be started": "give the server's command "
+    "(OpenAIEngine(cmd), --prefixcache-server-cmd) so that fresh servers can recompute "
+    "uncached requests, or accept partial coverage",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
     "engine from a conftest.py fixture": "name the engine's factory with "
