@@ -146,3 +146,15 @@ def test_logprob_problems_name_the_step_and_what_came_back() -> None:
         "decode step 0: no top_logprobs (the entry: "
         "{'id': -1, 'token': '?', 'logprob': 0.0, 'top_logprobs': []})"
     ]
+
+
+def test_llama_timings_stand_in_for_missing_usage_details() -> None:
+    r = reply([[{"id": 1, "logprob": -1.0}]], {"prompt_tokens": 70}, tokens_cached=70)
+    assert parse_reply({**r, "timings": {"cache_n": 64, "prompt_n": 6}}).cached_tokens == 64
+    assert parse_reply(r).cached_tokens is None  # tokens_cached is the prompt, not reuse
+
+
+def test_a_null_logprob_names_its_step() -> None:
+    r = reply([[{"id": 1, "logprob": -1.0}], [{"id": 2, "logprob": None}]])
+    with pytest.raises(EngineError, match=r"decode step 1: a top_logprobs entry has no logprob"):
+        parse_reply(r)
