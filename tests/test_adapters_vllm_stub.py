@@ -279,3 +279,31 @@ def test_a_request_body_option_is_checked(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess('--prefixcache-server-body={"a": 1}')
     result.stderr.fnmatch_lines(["*--prefixcache-server-body needs --prefixcache-server-cmd*"])
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_prefixcache_verify_takes_the_request_body_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, **VLLM_ENV, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("STUB_FAULT", None)
+
+    def verify(*body: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_prefixcache.cli", "verify", "--allow-partial",
+             "--server-cmd", f"{sys.executable} {STUB} --flavour vllm --port {{port}}", *body,
+             "--examples", "2", "--seed", "1", "--database", "none", "--out", str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    res = verify("--server-body", '{"return_tokens_as_token_ids": true}')
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    res = verify()  # without token_id:N, vLLM's '' entries are a fault
+    assert res.returncode == 1 and "name no token id" in res.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_prefixcache.cli", "verify", "--server-body", "[1]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not a JSON object" in bad.stderr
