@@ -88,7 +88,7 @@ def test_reset_calls_every_endpoint_and_empties_the_cache(vllm: OpenAIEngine) ->
     assert vllm.run(TEXT, use_cache=True).cached_tokens == 0
 
 
-def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine) -> None:
+def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine, tmp_path: Path) -> None:
     vllm.run(TEXT, use_cache=True)
     fresh = vllm.fresh_instance()
     try:
@@ -98,7 +98,13 @@ def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine) -> None:
     finally:
         fresh.close()
     assert vllm.supports_fresh_instances
-    assert not OpenAIEngine(url="http://127.0.0.1:9", cold="server").supports_fresh_instances
+    by_url = OpenAIEngine(url="http://127.0.0.1:9", cold="server")
+    assert not by_url.supports_fresh_instances and "URL" in by_url.fresh_instances_missing
+    off = preset(tmp_path, audit=False)
+    try:
+        assert not off.supports_fresh_instances and "switched off" in off.fresh_instances_missing
+    finally:
+        off.close()
 
 
 NEGATIVE = [

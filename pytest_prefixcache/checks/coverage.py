@@ -54,6 +54,8 @@ HINTS = {
     "a server given by URL: no fresh server can be started": "give the server's command "
     "(OpenAIEngine(cmd), --prefixcache-server-cmd) so that fresh servers can recompute "
     "uncached requests, or accept partial coverage",
+    "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)": "let "
+    "the adapter start a fresh server per audited request (drop PREFIXCACHE_AUDIT=0)",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
     "engine from a conftest.py fixture": "name the engine's factory with "
