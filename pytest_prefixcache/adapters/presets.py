@@ -112,7 +112,7 @@ def vllm_server(
     cold: str = "salt",
     block_size: int = 32,
     extra_args: Sequence[str] = (),
-    start_timeout: float = 300.0,
+    start_timeout: float = 600.0,
     top_logprobs: int = 20,
     audit: bool = True,
 ) -> OpenAIEngine:
@@ -126,7 +126,8 @@ def vllm_server(
     image spans from the config's ``image_token_id``). Namespaces and the default cold
     baseline use the ``cache_salt`` body field on one server (``cold="reset"``: a second
     server reset through all three reset endpoints). Tolerance: exact (cold and warm were
-    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s,
+    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
+    (246 s on a busy 2-core machine: the start timeout is 600 s),
     and the baseline audit starts one fresh server per audited request (``audit=False``: not
     audited, a partial verdict).
     """
