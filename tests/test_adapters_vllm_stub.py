@@ -313,3 +313,10 @@ def test_prefixcache_verify_takes_the_request_body_too(
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2 and "is not a JSON object" in bad.stderr
+
+
+def test_replays_carry_the_request_body() -> None:
+    from pytest_prefixcache.session.settings import Settings
+
+    s = Settings(server_cmd="srv --port {port}", server_body='{"a": 1}')
+    assert "'--prefixcache-server-body={\"a\": 1}'" in s.replay_command("f/stream.json")
