@@ -45,7 +45,8 @@ HINTS = {
     "no image_spans": "return Outcome.image_spans ((start, end, digest) of each image's "
     "placeholders)",
     "no merges": "return Outcome.merges ((slots, rows) of each vision merge)",
-    "no step_logits": "return Outcome.step_logits (the logits of every decode step)",
+    "no step_logits": "return Outcome.step_logits (the logits of every decode step) or "
+    "step_top_logprobs",
     "step_logits on one side only": "return step_logits from both the cached and the uncached run",
     "nothing compared": "return logits (or top_logprobs that name the same token ids) on both runs",
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
