@@ -98,7 +98,9 @@ def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine, tmp_path: P
     finally:
         fresh.close()
     assert vllm.supports_fresh_instances
-    by_url = OpenAIEngine(url="http://127.0.0.1:9", cold="server")
+    with pytest.raises(EngineError, match="cold='reset' needs a second server"):
+        OpenAIEngine(url="http://127.0.0.1:9")
+    by_url = OpenAIEngine(url="http://127.0.0.1:9", cold="server", cold_url="http://127.0.0.1:9")
     assert not by_url.supports_fresh_instances and "URL" in by_url.fresh_instances_missing
     off = preset(tmp_path, audit=False)
     try:

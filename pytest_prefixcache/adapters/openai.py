@@ -133,6 +133,11 @@ class OpenAIEngine:
             raise EngineError("cold='salt' needs namespace_header or namespace_field (the salt)")
         if cold == "restart" and cmd is None and cold_cmd is None:
             raise EngineError("cold='restart' needs cmd or cold_cmd (a server it can restart)")
+        if cold in ("reset", "server") and cmd is None and cold_cmd is None and cold_url is None:
+            raise EngineError(
+                f"cold={cold!r} needs a second server (cold_url or cold_cmd), or cmd to start "
+                "one; a server given by URL alone can use cold='salt'"
+            )
         if tap and (cmd is None or (cold != "salt" and cold_url is not None)):
             raise EngineError("tap=True needs servers started here (cmd, cold_cmd)")
         self.cold = cold
