@@ -414,25 +414,9 @@ MLX_VLM_STATS = (
 @pytest.fixture(scope="module")
 def vlm() -> Iterator[OpenAIEngine]:
     pytest.importorskip("mlx_vlm")
-    from pytest_prefixcache.adapters.chat import FIXTURES
-    from pytest_prefixcache.adapters.presets import TAP
+    from pytest_prefixcache.adapters.presets import mlx_vlm_server
 
-    model = FIXTURES / "tiny-qwen2-vl"
-    cmd = (
-        f"{TAP} mlx_vlm.server.cli:main --model {model} --host 127.0.0.1 --port {{port}} "
-        "--top-logprobs-k 20"
-    )
-    with OpenAIEngine(
-        cmd,
-        cold="salt",
-        namespace_header="x-apc-tenant",
-        model=str(model),
-        top_logprobs=20,
-        tap=True,
-        vocab=model,
-        env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
-        claims=ClaimWatch(APC_STATS, decode_steps=4),
-    ) as engine:
+    with mlx_vlm_server(claims=ClaimWatch(APC_STATS, decode_steps=4)) as engine:
         yield engine
 
 

@@ -63,10 +63,10 @@ def mlx_lm_server() -> OpenAIEngine:
     )
 
 
-def mlx_vlm_server() -> OpenAIEngine:
+def mlx_vlm_server(*, claims: ClaimWatch | None = None) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on the tiny Qwen2-VL under the logit tap;
     cold = a fresh ``x-apc-tenant`` salt on the same server; token ids and image spans
-    rendered locally."""
+    rendered locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
     model = FIXTURES / "tiny-qwen2-vl"
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {model} --host 127.0.0.1 --port {{port}} "
@@ -83,6 +83,7 @@ def mlx_vlm_server() -> OpenAIEngine:
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
         render=VlmRenderer(model),
         check_labels=False,
+        claims=claims,
     )
 
 
