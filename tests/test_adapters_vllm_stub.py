@@ -88,7 +88,7 @@ def test_reset_calls_every_endpoint_and_empties_the_cache(vllm: OpenAIEngine) ->
     assert vllm.run(TEXT, use_cache=True).cached_tokens == 0
 
 
-def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine) -> None:
+def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine, tmp_path: Path) -> None:
     vllm.run(TEXT, use_cache=True)
     fresh = vllm.fresh_instance()
     try:
@@ -98,7 +98,15 @@ def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine) -> None:
     finally:
         fresh.close()
     assert vllm.supports_fresh_instances
-    assert not OpenAIEngine(url="http://127.0.0.1:9", cold="server").supports_fresh_instances
+    with pytest.raises(EngineError, match="cold='reset' needs a second server"):
+        OpenAIEngine(url="http://127.0.0.1:9")
+    by_url = OpenAIEngine(url="http://127.0.0.1:9", cold="server", cold_url="http://127.0.0.1:9")
+    assert not by_url.supports_fresh_instances and "URL" in by_url.fresh_instances_missing
+    off = preset(tmp_path, audit=False)
+    try:
+        assert not off.supports_fresh_instances and "switched off" in off.fresh_instances_missing
+    finally:
+        off.close()
 
 
 NEGATIVE = [
@@ -238,3 +246,79 @@ def test_the_suite_fails_a_vllm_whose_hits_change_a_later_step(
     result = _suite(pytester)
     result.stdout.fnmatch_lines(["*failures by check: equivalence*"])
     assert result.ret == 1
+
+
+VLLM_ENV = {
+    "PREFIXCACHE_COLD": "salt",
+    "PREFIXCACHE_NAMESPACE_FIELD": "cache_salt",
+    "PREFIXCACHE_PROMPT_IDS": "reply",
+    "PREFIXCACHE_IMAGE_TOKEN_ID": str(PAD),
+    "PREFIXCACHE_RESET_PATHS": ",".join(VLLM_RESETS),
+}
+
+
+@pytest.mark.parametrize("body", [True, False], ids=["token-ids", "no-body"])
+def test_server_cmd_with_a_request_body_option(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, body: bool
+) -> None:
+    """``--prefixcache-server-cmd`` plus PREFIXCACHE_* settings verify a vLLM-shaped server;
+    without ``return_tokens_as_token_ids`` (the body option) its '' entries are a named fault."""
+    monkeypatch.delenv("STUB_FAULT", raising=False)
+    for k, v in VLLM_ENV.items():
+        monkeypatch.setenv(k, v)
+    extra = ['--prefixcache-server-body={"return_tokens_as_token_ids": true}'] if body else []
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-allow-partial",
+        f"--prefixcache-server-cmd={sys.executable} {STUB} --flavour vllm --port {{port}}",
+        "--prefixcache-examples=3", "--prefixcache-seed=1", "-k", "request_streams", *extra,
+        timeout=300,
+    )  # fmt: skip
+    if body:
+        result.stdout.fnmatch_lines(["failures by check: none", "  cold baseline * [1-9]/[1-9]"])
+        assert result.ret == 0
+    else:
+        result.stdout.fnmatch_lines(["*top_logprobs entr* name no token id*"])
+        assert result.ret == 1
+
+
+def test_a_request_body_option_is_checked(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--prefixcache-server-body=[1]")
+    result.stderr.fnmatch_lines(["*argument --prefixcache-server-body: * is not a JSON object*"])
+    result = pytester.runpytest_subprocess('--prefixcache-server-body={"a": 1}')
+    result.stderr.fnmatch_lines(["*--prefixcache-server-body needs --prefixcache-server-cmd*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_prefixcache_verify_takes_the_request_body_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, **VLLM_ENV, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("STUB_FAULT", None)
+
+    def verify(*body: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest_prefixcache.cli", "verify", "--allow-partial",
+             "--server-cmd", f"{sys.executable} {STUB} --flavour vllm --port {{port}}", *body,
+             "--examples", "2", "--seed", "1", "--database", "none", "--out", str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    res = verify("--server-body", '{"return_tokens_as_token_ids": true}')
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    res = verify()  # without token_id:N, vLLM's '' entries are a fault
+    assert res.returncode == 1 and "name no token id" in res.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "pytest_prefixcache.cli", "verify", "--server-body", "[1]"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "is not a JSON object" in bad.stderr
+
+
+def test_replays_carry_the_request_body() -> None:
+    from pytest_prefixcache.session.settings import Settings
+
+    s = Settings(server_cmd="srv --port {port}", server_body='{"a": 1}')
+    assert "'--prefixcache-server-body={\"a\": 1}'" in s.replay_command("f/stream.json")

@@ -89,6 +89,8 @@ class OpenAIEngine:
         tap_log: with ``tap``, a JSON-lines file of the API's and the tap's reuse per request.
         atol: the tolerance this server's cold and warm runs need (a preset's rule; the
             plugin's is ``--prefixcache-atol``, see :attr:`tolerance_flag`). Default: exact.
+        audit: let the baseline audit start a fresh server per audited request (off: the
+            coverage table says the baseline was not audited). Default: ``True``.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class OpenAIEngine:
         render: Callable[[Request], tuple[list[int], Spans]] | None = None,
         tap_log: str | os.PathLike[str] | None = None,
         atol: float = 0.0,
+        audit: bool = True,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
@@ -130,6 +133,11 @@ class OpenAIEngine:
             raise EngineError("cold='salt' needs namespace_header or namespace_field (the salt)")
         if cold == "restart" and cmd is None and cold_cmd is None:
             raise EngineError("cold='restart' needs cmd or cold_cmd (a server it can restart)")
+        if cold in ("reset", "server") and cmd is None and cold_cmd is None and cold_url is None:
+            raise EngineError(
+                f"cold={cold!r} needs a second server (cold_url or cold_cmd), or cmd to start "
+                "one; a server given by URL alone can use cold='salt'"
+            )
         if tap and (cmd is None or (cold != "salt" and cold_url is not None)):
             raise EngineError("tap=True needs servers started here (cmd, cold_cmd)")
         self.cold = cold
@@ -160,8 +168,12 @@ class OpenAIEngine:
         self._env = dict(env or {})
         self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
         #: The baseline audit starts a new server per audited request (fresh_instance).
-        self.supports_fresh_instances = self._fresh_cmd is not None
-        self.fresh_instances_missing = "a server given by URL: no fresh server can be started"
+        self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        self.fresh_instances_missing = (
+            "a server given by URL: no fresh server can be started"
+            if audit
+            else "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)"
+        )
         self.server = self._make(cmd, url)
         self.cold_server: Server | None = None
         if cold != "salt":

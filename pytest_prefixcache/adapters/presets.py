@@ -112,8 +112,9 @@ def vllm_server(
     cold: str = "salt",
     block_size: int = 32,
     extra_args: Sequence[str] = (),
-    start_timeout: float = 300.0,
+    start_timeout: float = 600.0,
     top_logprobs: int = 20,
+    audit: bool = True,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -125,7 +126,10 @@ def vllm_server(
     image spans from the config's ``image_token_id``). Namespaces and the default cold
     baseline use the ``cache_salt`` body field on one server (``cold="reset"``: a second
     server reset through all three reset endpoints). Tolerance: exact (cold and warm were
-    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s.
+    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
+    (246 s on a busy 2-core machine: the start timeout is 600 s),
+    and the baseline audit starts one fresh server per audited request (``audit=False``: not
+    audited, a partial verdict).
     """
     config = _config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -151,6 +155,7 @@ def vllm_server(
         supports_images=image_token is not None,
         env=VLLM_ENV,
         start_timeout=start_timeout,
+        audit=audit,
     )
     return engine
 
@@ -165,6 +170,7 @@ def llama_server(
     extra_args: Sequence[str] = (),
     render_dir: str | os.PathLike[str] | None = None,
     start_timeout: float = 120.0,
+    audit: bool = True,
 ) -> OpenAIEngine:
     """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL).
 
@@ -200,6 +206,7 @@ def llama_server(
         supports_images=mmproj is not None,
         start_timeout=start_timeout,
         atol=atol,
+        audit=audit,
     )
     return engine
 
@@ -235,7 +242,8 @@ def from_env() -> OpenAIEngine:
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
     ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
     server's ``prefixcache`` reply object: token ids, spans, merges, logits);
-    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request).
+    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
+    ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -274,4 +282,5 @@ def from_env() -> OpenAIEngine:
         render=render,
         tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
         extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
+        audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
     )

@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..errors import EngineError
 from ..types import Request
-from .chat import add_generation_prompt, openai_messages
+from .chat import openai_messages
 from .render import placeholder_runs
 from .replies import Reply
 from .server import http_json
@@ -40,9 +40,8 @@ def _llama_tokenize(base: str, request: Request, timeout: float) -> list[int] | 
     None for a request with images (``/tokenize`` does not expand them)."""
     if request.images:
         return None
+    # the same messages as the chat request: the server decides on a prefilled assistant turn
     body = {"messages": openai_messages(request)}
-    if not add_generation_prompt(request):
-        body["add_generation_prompt"] = False  # type: ignore[assignment]
     status, reply = http_json("POST", base + "/apply-template", body, timeout=timeout)
     if status != 200 or not isinstance(reply, dict) or "prompt" not in reply:
         raise EngineError(f"{base}/apply-template answered {status}: {str(reply)[:300]}")

@@ -114,11 +114,13 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
         labels: list[int | None] = []
         unnamed: list[list[Any]] = []
         known = True
-        for step in content:
+        for i, step in enumerate(content):
             top: dict[int, float] = {}
             lost: list[Any] = []
             best, best_id = float("-inf"), None
             for t in step.get("top_logprobs") or ():
+                if t.get("logprob") is None:
+                    raise EngineError(f"decode step {i}: a top_logprobs entry has no logprob: {t}")
                 tid, lp = token_id(t, vocab), float(t["logprob"])
                 if tid is None:
                     lost.append(t)
@@ -134,6 +136,8 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
                 tokens.append(best_id)
         usage = reply.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached is None:  # llama-server without prompt_tokens_details: timings.cache_n
+            cached = (reply.get("timings") or {}).get("cache_n")
         prompt = usage.get("prompt_tokens")
         reported = usage.get("completion_tokens")
         prompt_ids = reply.get("prompt_token_ids", choice.get("prompt_token_ids"))

@@ -45,14 +45,18 @@ HINTS = {
     "no image_spans": "return Outcome.image_spans ((start, end, digest) of each image's "
     "placeholders)",
     "no merges": "return Outcome.merges ((slots, rows) of each vision merge)",
-    "no step_logits": "return Outcome.step_logits (the logits of every decode step)",
+    "no step_logits": "return Outcome.step_logits (the logits of every decode step) or "
+    "step_top_logprobs",
     "step_logits on one side only": "return step_logits from both the cached and the uncached run",
     "nothing compared": "return logits (or top_logprobs that name the same token ids) on both runs",
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
     "engine given as an instance": "name a zero-argument callable that builds the engine "
     "(MODULE:FACTORY), so that a fresh instance can recompute uncached requests",
-    "a fresh instance would be a new server per request": "accept partial coverage, or "
-    "verify the engine in-process with a factory",
+    "a server given by URL: no fresh server can be started": "give the server's command "
+    "(OpenAIEngine(cmd), --prefixcache-server-cmd) so that fresh servers can recompute "
+    "uncached requests, or accept partial coverage",
+    "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)": "let "
+    "the adapter start a fresh server per audited request (drop PREFIXCACHE_AUDIT=0)",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
     "engine from a conftest.py fixture": "name the engine's factory with "
