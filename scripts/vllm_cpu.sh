@@ -29,7 +29,9 @@
 #   VLLM_EXAMPLES (plugin examples per property, default 10: every server start is slow),
 #   VLLM_CORPUS (a directory: each failure's shrunk counterexample is copied there, e.g.
 #   fixtures/corpus/third_party), VLLM_REPORTS (default $ENGINES_DIR/vllm/reports),
-#   VLLM_PARTS (what verify runs: "checks suite" by default; "suite" keeps the checks' results).
+#   VLLM_PARTS (what verify runs: "checks suite" by default; "suite" keeps the checks' results),
+#   VLLM_AUDIT=1 (the suite's baseline audit: a fresh vLLM server per audited request, slow;
+#   default off, and the suite runs with --prefixcache-allow-partial).
 # Results per mode in $VLLM_REPORTS/vllm-<mode>/ (emptied first), as scripts/seed_engines.sh
 #   writes them (checks.xml, checks.jsonl, suite.json, suite.log, row.json), and
 #   $VLLM_REPORTS/findings.md, the table of every mode.
@@ -153,14 +155,16 @@ verify() {
   [[ " $PARTS " == *" suite "* ]] || return 0
   mkdir -p "$out" && rm -rf "$out/.prefixcache" "$out/suite.json" "$out/suite.log"
   # the plugin's built-in suite through the same preset; run from $out, so its failures are
-  # saved under $out/.prefixcache/failures/. Without the baseline audit (a fresh vLLM server
-  # per audited request is minutes each here): --prefixcache-allow-partial, and the report
-  # says the audit did not run (tests/test_adapters_vllm.py, NO_AUDIT).
+  # saved under $out/.prefixcache/failures/. Without the baseline audit unless VLLM_AUDIT=1 (a
+  # fresh vLLM server per audited request is minutes each here): --prefixcache-allow-partial,
+  # and the report says the baseline was not audited (tests/test_adapters_vllm.py).
+  local partial=--prefixcache-allow-partial
+  [ "${VLLM_AUDIT:-0}" = 1 ] && partial=""
   (
     cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
       -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
       --pyargs pytest_prefixcache.suite --prefixcache-engine=test_adapters_vllm:suite_preset \
-      --prefixcache-allow-partial \
+      ${partial:+"$partial"} \
       --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=600 \
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
