@@ -1,5 +1,4 @@
-"""The tiny HF-format models for vLLM's CPU backend (reference_engine.fixtures.hf_models) and
-the block-rounded oracle of scripts/vllm_findings.py.
+"""The tiny HF-format models for vLLM's CPU backend (reference_engine.fixtures.hf_models).
 
 The config checks need neither torch nor vLLM. Building the models needs torch and
 transformers (the vLLM venv of scripts/vllm_cpu.sh has them; CI does not, and skips those
@@ -8,12 +7,10 @@ tests naming what is missing).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -103,29 +100,3 @@ def test_the_build_is_deterministic_and_keeps_the_fixture_tokenizer(tmp_path: Pa
         text = config.get("text_config", config)
         assert text["num_attention_heads"] == 2 and text["hidden_size"] == 64, config
         assert config.get("dtype", config.get("torch_dtype")) == "float32", config
-
-
-def _findings(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))  # it imports seed_findings
-    spec = importlib.util.spec_from_file_location(
-        "vllm_findings", ROOT / "scripts" / "vllm_findings.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_block_rounded_oracle_rounds_down_and_keeps_the_last_token(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    findings = _findings(monkeypatch)
-    records = [
-        {"prompt_tokens": 89, "cached_tokens": 64, "reusable": 88},  # 88 -> 64
-        {"prompt_tokens": 64, "cached_tokens": 32, "reusable": 64},  # the last token: 63 -> 32
-        {"prompt_tokens": 40, "cached_tokens": 0, "reusable": 31},  # no full block
-        {"prompt_tokens": 50, "cached_tokens": 32, "reusable": None},  # no oracle figure
-    ]
-    assert findings.block_oracle({"records": records}) == (96, 96)
-    records[0]["cached_tokens"] = 0
-    assert findings.block_oracle({"records": records}) == (32, 96)
