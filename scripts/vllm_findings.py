@@ -1,0 +1,143 @@
+"""The findings of one vLLM CPU mode, and the table of all of them (used by vllm_cpu.sh).
+
+Each mode's directory (``$VLLM_REPORTS/vllm-<mode>/``) holds what one run of
+``scripts/vllm_cpu.sh verify`` wrote there: ``suite.json`` (the plugin's JSON report of the
+built-in suite), ``checks.xml`` (JUnit XML of tests/test_adapters_vllm.py, run with
+``--runxfail``) and ``checks.jsonl``. The row and the counterexamples are scripts/seed_findings.py's
+(same fields, same corpus layout); what differs: the targeted checks' expected failures come
+from tests/test_adapters_vllm.py, and efficiency is also given against the block-rounded oracle
+(vLLM reuses whole 32-token blocks and recomputes at least the last prompt token).
+
+    python scripts/vllm_findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
+    python scripts/vllm_findings.py table REPORTS                 prints the Markdown table
+    python scripts/vllm_findings.py save REPORTS CORPUS           copies each failure's shrunk
+                                                                   counterexample into CORPUS
+                                                                   (not the negative control's)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import seed_findings
+
+TESTS = Path(__file__).resolve().parent.parent / "tests"
+BLOCK = 32
+SCRIPT = "scripts/vllm_cpu.sh"
+MODES = {
+    "text": "tiny-llama-hf, text",
+    "vl": "tiny-qwen2-vl-hf, images",
+    "vl-patched": "negative control: tiny-qwen2-vl-hf, block hashes patched to ignore images",
+}
+
+
+def known(mode: str) -> dict[str, str]:
+    """tests/test_adapters_vllm.py's strict xfails for ``mode``, by test node name."""
+    os.environ.setdefault("VLLM_MODE", mode)
+    sys.path.insert(0, str(TESTS))
+    import test_adapters_vllm
+
+    return {name: why for (m, name), why in test_adapters_vllm.KNOWN.items() if m == mode}
+
+
+def checks(path: Path, mode: str) -> dict[str, str]:
+    """test name -> ``passed``, ``skipped``, ``xpassed``, ``xfailed: MESSAGE`` or
+    ``failed: MESSAGE``, from JUnit XML of a ``--runxfail`` run."""
+    if not path.is_file():
+        return {}
+    reasons = known(mode)
+    out: dict[str, str] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name", "")
+        kinds = {child.tag: child for child in case}
+        bad = kinds.get("failure", kinds.get("error"))
+        if bad is not None:
+            message = " ".join((bad.get("message") or "").split())[:240]
+            out[name] = f"{'xfailed' if name in reasons else 'failed'}: {message}"
+        elif "skipped" in kinds:
+            out[name] = "skipped"
+        else:
+            out[name] = "xpassed" if name in reasons else "passed"
+    return out
+
+
+def block_oracle(suite: dict[str, Any]) -> tuple[int, int]:
+    """(reused, block-rounded oracle) over the suite's request records that have an oracle
+    figure: per request, the oracle's reusable tokens (at most the prompt less its last
+    token) rounded down to whole blocks, and the reuse reported, capped at the oracle's."""
+    reused = oracle = 0
+    for r in suite.get("records", []):
+        if r.get("reusable") is None or r.get("prompt_tokens") is None:
+            continue
+        best = min(int(r["reusable"]), int(r["prompt_tokens"]) - 1)
+        rounded = BLOCK * (max(best, 0) // BLOCK)
+        oracle += rounded
+        reused += min(int(r.get("cached_tokens") or 0), int(r["reusable"]))
+    return reused, oracle
+
+
+def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
+    r = seed_findings.row(directory, engine, version, mode)
+    r["checks"] = checks(directory / "checks.xml", mode)
+    suite_path = directory / "suite.json"
+    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
+    r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
+    r["records"] = len(suite.get("records", []))
+    return r
+
+
+def _pct(part: int, whole: int) -> str:
+    return "n/a" if not whole else f"{100 * part / whole:.1f}% ({part:,} of {whole:,})"
+
+
+def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
+    lines = [
+        "| engine, version | mode | requests | efficiency vs oracle | vs block-rounded oracle "
+        "| worst diff | failures (shrunk counterexamples) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = [json.loads(p.read_text()) for p in sorted(reports.glob("vllm-*/row.json"))]
+    order = list(MODES)
+    for r in sorted(rows, key=lambda r: order.index(r["mode"]) if r["mode"] in order else 9):
+        head = f"| {r['engine']} {r['version']} | {MODES.get(r['mode'], r['mode'])} |"
+        if not r["suite_ran"]:
+            lines.append(f"{head} the suite did not run | | | | |")
+            continue
+        lines.append(
+            f"{head} {r['requests']} ({r['cache_hits']} hits) | "
+            f"{_pct(r['reused_tokens'], r['oracle_tokens'])} | "
+            f"{_pct(r['block_reused'], r['block_oracle_tokens'])} | {r['worst_diff']:g} | "
+            f"{seed_findings._failures(r, corpus_link)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[0] == "row":
+        directory = Path(argv[1])
+        r = row(directory, *argv[2:5])
+        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
+        return 0
+    if len(argv) == 2 and argv[0] == "table":
+        print(table(Path(argv[1])))
+        return 0
+    if len(argv) == 3 and argv[0] == "save":
+        for mode in MODES:
+            if mode.endswith("-patched"):  # the negative control is no finding about vLLM
+                continue
+            pattern = f"vllm-{mode}/row.json"
+            for name in seed_findings.save(Path(argv[1]), Path(argv[2]), pattern, SCRIPT):
+                print(f"saved {Path(argv[2]) / name}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
