@@ -2,8 +2,9 @@
 without MLX, such as vLLM's venv: ``VENV_PYTHON scripts/build_hf_models.py --out DIR``.
 
 ``reference_engine/__init__`` imports mlx; only its ``fixtures`` subpackage (tokenizer, configs,
-weights) is needed here, so the package is registered without running its ``__init__``.
-torch and transformers come from the running interpreter.
+weights) is needed here, so the package is registered without running its ``__init__``;
+``pytest_prefixcache`` (where the fixtures are: ``package_data``) is imported from this
+checkout. torch and transformers come from the running interpreter.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
     package = types.ModuleType("reference_engine")
     package.__path__ = [str(ROOT / "reference_engine")]
     sys.modules.setdefault("reference_engine", package)
