@@ -39,6 +39,8 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
      "an Engine instance or a zero-argument callable returning one"),
     ("--server-cmd", settings.server_cmd, "CMD",
      "an OpenAI-compatible server command with a {port} placeholder"),
+    ("--server-body", settings.server_body, "JSON",
+     "fields added to every request body sent to --server-cmd (a JSON object)"),
     ("--timeout", settings.positive_float, "SECONDS",
      f"per engine call (default: {DEFAULT_TIMEOUT:g})"),
     ("--atol", settings.non_negative_float, "X", None),

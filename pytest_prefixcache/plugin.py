@@ -47,11 +47,16 @@ def _engine(config: pytest.Config) -> tuple[str, str]:
         raise pytest.UsageError(
             "--prefixcache-server-cmd and --prefixcache-engine both name the engine; give one"
         )
+    if config.getoption("prefixcache_server_body") is not None and not server:
+        raise pytest.UsageError("--prefixcache-server-body needs --prefixcache-server-cmd")
     if value:
         return value, "option"
     if server:
         # read by the zero-argument factory when the engine is built
         os.environ["PREFIXCACHE_SERVER_CMD"] = server
+        body = config.getoption("prefixcache_server_body")
+        if body is not None:
+            os.environ["PREFIXCACHE_EXTRA_BODY"] = body
         return SERVER_ENGINE, "--prefixcache-server-cmd"
     ini = config.getini("prefixcache_engine")
     if ini:
@@ -89,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
         engine=engine,
         engine_source=source,
         server_cmd=config.getoption("prefixcache_server_cmd"),
+        server_body=config.getoption("prefixcache_server_body"),
         examples=config.getoption("prefixcache_examples"),
         seed=settings.Settings.random_seed() if given_seed is None else given_seed,
         seed_given=given_seed is not None,

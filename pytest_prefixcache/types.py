@@ -169,6 +169,9 @@ class Outcome:
         tokens: the greedy continuation (``max_new_tokens`` long, or shorter on EOS).
         step_logits: the logits before each continuation token (``step_logits[0]`` is
             ``logits``); empty when the engine does not expose them.
+        step_top_logprobs: the top_logprobs of each decode step (``step_top_logprobs[0]`` is
+            ``top_logprobs``), for engines that expose only these; compared at every step
+            when ``step_logits`` are absent.
         cached_tokens: prompt tokens reused from the cache, or None if not reported.
         prompt_tokens: prompt length in tokens, or None.
         token_ids: the full prompt's token ids, or None.
@@ -180,6 +183,7 @@ class Outcome:
     top_logprobs: Mapping[int, float] | None = None
     tokens: tuple[int, ...] = ()
     step_logits: tuple[np.ndarray, ...] = ()
+    step_top_logprobs: tuple[Mapping[int, float], ...] = ()
     cached_tokens: int | None = None
     prompt_tokens: int | None = None
     token_ids: tuple[int, ...] | None = None

@@ -111,3 +111,50 @@ def test_importing_the_adapters_imports_no_engine() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == []
+
+
+def test_every_form_of_token_identity() -> None:
+    from pytest_prefixcache.adapters.replies import token_id
+
+    vocab = Vocabulary(FIXTURES / "tiny-llama")
+    text, tid = next((t, i) for t, i in vocab.names.items() if len(t) > 2)
+    assert token_id({"id": 7, "token": "token_id:9"}) == 7  # an id wins
+    assert token_id({"token": "token_id:42", "logprob": -1.0}) == 42  # vLLM's token ids
+    assert token_id({"token": text}, vocab) == tid
+    assert token_id({"bytes": list(text.encode())}, vocab) == tid  # bytes, no token text
+    assert token_id({"token": "", "bytes": []}, vocab) is None  # vLLM's '' cannot be told
+    assert token_id({"token": text}) is None  # no vocabulary: not guessed
+
+
+def test_logprob_problems_name_the_step_and_what_came_back() -> None:
+    from pytest_prefixcache.adapters.replies import logprob_problems
+
+    top = [{"id": 4, "logprob": -1.0}, {"id": 9, "logprob": -2.0}]
+    fine = reply([top, top], {"completion_tokens": 2})
+    assert logprob_problems(parse_reply(fine), 2, labels=False) == []
+    # the step's own label (-1) is not its best entry: with labels checked that is a shift
+    assert "decode step 0: the server's token -1" in logprob_problems(parse_reply(fine), 2)[0]
+    more = parse_reply(reply([top, top, top], {"completion_tokens": 2}))
+    assert logprob_problems(more, 2, labels=False)[0].startswith(
+        "3 logprobs entries for usage.completion_tokens=2"
+    )
+    ids = parse_reply({**fine, "choices": [{**fine["choices"][0], "token_ids": [4, 5]}]})
+    (problem,) = logprob_problems(ids, 2, labels=False)
+    assert problem.startswith("decode step 1: the server's token 5 (logprob absent)")
+    empty = parse_reply(reply([[]], {"completion_tokens": 1}))
+    assert logprob_problems(empty, 1, labels=False) == [
+        "decode step 0: no top_logprobs (the entry: "
+        "{'id': -1, 'token': '?', 'logprob': 0.0, 'top_logprobs': []})"
+    ]
+
+
+def test_llama_timings_stand_in_for_missing_usage_details() -> None:
+    r = reply([[{"id": 1, "logprob": -1.0}]], {"prompt_tokens": 70}, tokens_cached=70)
+    assert parse_reply({**r, "timings": {"cache_n": 64, "prompt_n": 6}}).cached_tokens == 64
+    assert parse_reply(r).cached_tokens is None  # tokens_cached is the prompt, not reuse
+
+
+def test_a_null_logprob_names_its_step() -> None:
+    r = reply([[{"id": 1, "logprob": -1.0}], [{"id": 2, "logprob": None}]])
+    with pytest.raises(EngineError, match=r"decode step 1: a top_logprobs entry has no logprob"):
+        parse_reply(r)

@@ -1,29 +1,36 @@
 """Any OpenAI-compatible chat server behind the Engine protocol (stdlib HTTP, no SDK).
 
 Requests go to ``/v1/chat/completions`` with images as PNG data URLs, greedy decoding,
-``logprobs`` and ``top_logprobs``. The reply gives ``Outcome.top_logprobs`` (token id ->
-logprob of the first generated token), ``tokens`` (the argmax of each step's top_logprobs,
-sorted here: mlx-lm 0.32.2 reports an unsorted top-k and labels each step with its first
-element, so ``content[i].id`` is never trusted), ``cached_tokens`` from
-``usage.prompt_tokens_details`` and ``prompt_tokens``.
+``logprobs``, ``top_logprobs`` and any ``extra_body`` fields. The reply gives
+``Outcome.top_logprobs`` and ``step_top_logprobs`` (token id -> logprob at every decode step,
+compared cached vs uncached at every step), ``tokens`` (the argmax of each step, sorted here),
+``cached_tokens`` from ``usage.prompt_tokens_details`` and ``prompt_tokens``. Missing, short or
+shifted logprobs, and entries that name no token id, are an EngineError naming the decode step
+and what came back (see :func:`.replies.logprob_problems`). Prompt token ids come from the
+server or a local render (:mod:`.prompt_ids`).
 
 The uncached baseline (``cold=``):
 
-- ``"restart"``: a second server (``cold_cmd``, default ``cmd``) restarted before every
-  uncached request, in a fresh HOME: cold by construction, slow.
-- ``"reset"``: a second server, ``POST reset_path`` before every uncached request.
+- ``"reset"`` (default): a second server, reset (every ``reset_paths`` endpoint, judged by
+  its reply body) before every uncached request; a server without a reset endpoint (404) is
+  restarted instead.
+- ``"restart"``: a second server restarted before every uncached request: cold by
+  construction, slow.
 - ``"server"``: a second server that keeps no cache (e.g. ``--prompt-cache-size 0``).
-- ``"salt"``: the same server, with a fresh random namespace header (``namespace_header``).
+- ``"salt"``: the same server, with a fresh random namespace (``namespace_header`` and/or
+  ``namespace_field``, e.g. vLLM's ``cache_salt``).
 
-Every uncached reply that reports ``cached_tokens > 0`` raises EngineError. With ``tap=True``
-every server started here runs under ``python -m pytest_prefixcache.tap`` semantics (the
-command must start the launcher; ``$PREFIXCACHE_TAP`` is set per server) and the Outcome gets
-the real full-vocabulary ``logits`` and ``step_logits`` plus the really prefilled count;
-``tap_disagreements`` lists every reply whose API figures the tap contradicts.
+Every uncached reply that reports ``cached_tokens > 0`` raises EngineError. The baseline
+audit checks the chosen baseline: :meth:`OpenAIEngine.fresh_instance` starts a new server for
+each audited request. With ``tap=True`` every server started here runs under the logit tap
+(the command must start ``python -m pytest_prefixcache.tap``) and the Outcome gets the real
+full-vocabulary ``logits`` and ``step_logits``; ``tap_disagreements`` lists every reply whose
+API figures the tap contradicts.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import tempfile
@@ -35,7 +42,9 @@ from typing import Any, Literal
 from ..errors import EngineError
 from ..types import Outcome, Request
 from .chat import openai_messages
-from .replies import Vocabulary, parse_reply, with_extension
+from .prompt_ids import PromptIds, Source, Spans
+from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
+from .resets import ABSENT, endpoints, refusal
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
 from .tapped import apply_tap, log_tap
 
@@ -43,7 +52,7 @@ __all__ = ["OpenAIEngine"]
 
 Cold = Literal["restart", "reset", "server", "salt"]
 Command = Sequence[str] | str
-Spans = tuple[tuple[int, int, str], ...]
+Server = ServerProcess | str
 
 
 class OpenAIEngine:
@@ -51,53 +60,60 @@ class OpenAIEngine:
 
     Args:
         cmd: server command line with ``{port}``; or ``url`` of a running server.
-        cold: how the uncached baseline is made (see the module docstring). Default:
-            ``"restart"``.
+        cold: how the uncached baseline is made (see the module docstring). Default: ``"reset"``.
         cold_cmd / cold_url: the baseline server (default: another ``cmd``).
         model: the ``model`` field sent, if any. Default: None.
         top_logprobs: k requested per step. Default: ``10`` (mlx-lm allows at most 11).
-        namespace_header: header carrying ``Request.namespace``; without one, requests with
-            a namespace are refused. Default: None.
-        reset_path: the cache-reset endpoint. Default: ``"/v1/cache/reset"``.
-        reset_method: its HTTP method (vllm-mlx: ``DELETE /v1/cache``). Default: ``"POST"``.
+        namespace_header / namespace_field: the header and/or body field carrying
+            ``Request.namespace`` (vLLM: ``namespace_field="cache_salt"``); with neither,
+            requests with a namespace are refused. Default: None.
+        reset_paths: the cache-reset endpoints, ``"METHOD /path"`` each. Default:
+            ``reset_method reset_path`` (``POST /v1/cache/reset``).
         health_path: the readiness endpoint. Default: ``"/health"``.
         supports_images: whether to send image requests. Default: ``True``.
+        extra_body: fields added to every request body (they win over the adapter's own).
+        prompt_ids: where the server says the prompt's token ids: ``"reply"`` (vLLM; asks for
+            ``return_token_ids``), ``"tokenize"`` (llama-server's ``/tokenize``), or None.
+        image_token_id: the image placeholder id, for image spans in server-side ids.
+        check_labels: check each step's own token against its top_logprobs (off for servers
+            that mislabel steps, like mlx-lm 0.32.2). Default: ``True``.
         tap: read the logit tap of every server started here. Default: ``False``.
         vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
             that carry no ``id``. Default: None.
         extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
             image spans, merges, full logits). Default: ``False``.
         render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
-            they fill the Outcome when their length is the reply's prompt_tokens, else the
-            request is listed in ``render_mismatches``. Default: None.
-        timeout: seconds per HTTP request. Default: ``120``.
-        start_timeout: seconds for a server to become ready. Default: ``120``.
+            checked against the server's ids and ``usage.prompt_tokens``. Default: None.
+        timeout / start_timeout: seconds per HTTP request / for a server to become ready.
         env: extra environment for started servers.
-        tap_log: with ``tap``, a JSON-lines file that gets, per request, the prompt length, the
-            reuse the API reported and the reuse the tap saw (see :func:`.tapped.log_tap`).
-            Default: None.
+        tap_log: with ``tap``, a JSON-lines file of the API's and the tap's reuse per request.
+        atol: the tolerance this server's cold and warm runs need (a preset's rule; the
+            plugin's is ``--prefixcache-atol``, see :attr:`tolerance_flag`). Default: exact.
+        audit: let the baseline audit start a fresh server per audited request (off: the
+            coverage table says the baseline was not audited). Default: ``True``.
     """
-
-    #: The baseline audit would start a new server per audited request: too slow to do by
-    #: default, so a server's cold baseline (``cold``) is reported as not audited.
-    supports_fresh_instances = False
-    fresh_instances_missing = "a fresh instance would be a new server per request"
 
     def __init__(
         self,
         cmd: Command | None = None,
         *,
         url: str | None = None,
-        cold: Cold = "restart",
+        cold: Cold = "reset",
         cold_cmd: Command | None = None,
         cold_url: str | None = None,
         model: str | None = None,
         top_logprobs: int = 10,
         namespace_header: str | None = None,
+        namespace_field: str | None = None,
         reset_path: str = "/v1/cache/reset",
         reset_method: str = "POST",
+        reset_paths: Sequence[str] | str | None = None,
         health_path: str = "/health",
         supports_images: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        prompt_ids: Source | None = None,
+        image_token_id: int | None = None,
+        check_labels: bool = True,
         tap: bool = False,
         timeout: float = 120.0,
         start_timeout: float = 120.0,
@@ -106,47 +122,67 @@ class OpenAIEngine:
         extensions: bool = False,
         render: Callable[[Request], tuple[list[int], Spans]] | None = None,
         tap_log: str | os.PathLike[str] | None = None,
+        atol: float = 0.0,
+        audit: bool = True,
     ) -> None:
         if (cmd is None) == (url is None):
             raise EngineError("give exactly one of cmd (a server command line) or url")
         if cold not in ("restart", "reset", "server", "salt"):
             raise EngineError(f"cold={cold!r} is not 'restart', 'reset', 'server' or 'salt'")
-        if cold == "salt" and namespace_header is None:
-            raise EngineError("cold='salt' needs namespace_header (the header the salt goes in)")
+        if cold == "salt" and namespace_header is None and namespace_field is None:
+            raise EngineError("cold='salt' needs namespace_header or namespace_field (the salt)")
         if cold == "restart" and cmd is None and cold_cmd is None:
             raise EngineError("cold='restart' needs cmd or cold_cmd (a server it can restart)")
         if tap and (cmd is None or (cold != "salt" and cold_url is not None)):
             raise EngineError("tap=True needs servers started here (cmd, cold_cmd)")
         self.cold = cold
+        self.atol = atol
         self.model = model
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header
-        self.supports_namespaces = namespace_header is not None
-        self.reset_path = reset_path
-        self.reset_method = reset_method
+        self.namespace_field = namespace_field
+        self.supports_namespaces = namespace_header is not None or namespace_field is not None
+        try:
+            self.resets = endpoints(reset_paths or f"{reset_method} {reset_path}")
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
         self.supports_images = supports_images
+        self.extra_body = dict(extra_body or {})
+        self.check_labels = check_labels
         self.tap = tap
         self.tap_log = tap_log
         self.timeout = timeout
         self.tap_disagreements: list[str] = []
         self.vocab = Vocabulary(vocab) if vocab is not None else None
         self.extensions = extensions
-        self.render = render
+        self.prompt_ids = PromptIds(prompt_ids, render, image_token_id)
         self.render_mismatches: list[str] = []
         self._readers: dict[int, Any] = {}
-        opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
+        self._clean: set[int] = set()  # servers started and not sent a request since
+        self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
         self._env = dict(env or {})
-        self.server = self._make(cmd, url, opts)
-        self.cold_server: ServerProcess | str | None = None
+        self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
+        #: The baseline audit starts a new server per audited request (fresh_instance).
+        self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        self.fresh_instances_missing = (
+            "a server given by URL: no fresh server can be started"
+            if audit
+            else "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)"
+        )
+        self.server = self._make(cmd, url)
+        self.cold_server: Server | None = None
         if cold != "salt":
-            self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url, opts)
+            self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
 
-    def _make(
-        self, cmd: Command | None, url: str | None, opts: dict[str, Any]
-    ) -> ServerProcess | str:
+    @property
+    def tolerance_flag(self) -> str:
+        """The pytest option that sets the tolerance this server needs ('' when exact)."""
+        return f"--prefixcache-atol={self.atol:g}" if self.atol else ""
+
+    def _make(self, cmd: Command | None, url: str | None) -> Server:
         if cmd is None:
             return str(url).rstrip("/")
-        proc = ServerProcess(cmd, env=self._env, **opts)
+        proc = ServerProcess(cmd, env=self._env, **self._opts)
         if self.tap:  # one append-only records file per server, kept across its restarts
             from ..tap import ENV, TapReader
 
@@ -154,7 +190,23 @@ class OpenAIEngine:
             proc.extra_env[ENV] = path
             self._readers[id(proc)] = TapReader(path)
             weakref.finalize(self, remove_quietly, path)  # also when never closed
-        return proc.start()
+        return self._start(proc)
+
+    def _start(self, proc: ServerProcess) -> ServerProcess:
+        proc.start()
+        self._clean.add(id(proc))
+        return proc
+
+    def fresh_instance(self) -> OpenAIEngine:
+        """An engine whose every run goes, uncached, to a server started just for it from
+        the baseline's command; ``close()`` stops it. The baseline audit calls this."""
+        if self._fresh_cmd is None:
+            raise EngineError(self.fresh_instances_missing)
+        fresh = copy.copy(self)
+        fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
+        fresh.server = fresh.cold_server = fresh._make(self._fresh_cmd, None)
+        fresh.cold = "server"
+        return fresh
 
     # -- the protocol -----------------------------------------------------------------------
     def close(self) -> None:
@@ -171,99 +223,111 @@ class OpenAIEngine:
         self.close()
 
     def reset(self) -> None:
-        """Empty the cached server's cache: the reset endpoint, else a restart."""
+        """Empty the cached server's caches: every reset endpoint, else a restart."""
         self._reset_or_restart(self.server)
 
-    def _reset_or_restart(self, server: ServerProcess | str | None) -> None:
-        base = server.url if isinstance(server, ServerProcess) else str(server)
+    def _reset_or_restart(self, server: Server | None) -> None:
         proc = server if isinstance(server, ServerProcess) else None
-        try:
-            status, reply = http_json(
-                self.reset_method, base + self.reset_path, {}, timeout=self.timeout
-            )
-        except OSError as exc:
-            if proc is None:
-                raise EngineError(
-                    f"cannot reset {base}: {self.reset_method} {self.reset_path}: "
-                    f"{connection_problem(exc, base)}"
-                ) from exc
-            status, reply = None, None
-        if status == 200:  # trusted: a reset that keeps reuse shows as a reuse-bound failure
-            return
-        if proc is None:
-            reply_text = str(reply)[:300]
-            raise EngineError(f"{base}{self.reset_path} answered {status}: {reply_text}")
-        proc.start()  # no reset endpoint, or a dead server: a restart empties the cache
+        if proc is not None and id(proc) in self._clean:
+            return  # started and not used since: nothing to empty
+        base = proc.url if proc is not None else str(server)
+        for ep in self.resets:
+            try:
+                status, reply = http_json(ep.method, base + ep.path, {}, timeout=self.timeout)
+            except OSError as exc:
+                if proc is None:
+                    raise EngineError(
+                        f"cannot reset {base}: {ep}: {connection_problem(exc, base)}"
+                    ) from exc
+                self._start(proc)  # a dead server: a restart empties the cache
+                return
+            if status in ABSENT and proc is not None:
+                self._start(proc)  # no such endpoint: a restart empties the cache
+                return
+            why = refusal(status, reply)
+            if why is not None:
+                raise EngineError(f"the cache reset {ep} of {base} failed: it {why}")
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
             raise EngineError("this server adapter is configured without image support")
-        headers: dict[str, str] = {}
-        if request.namespace:
-            if self.namespace_header is None:
-                raise EngineError(
-                    f"request namespace {request.namespace!r} cannot be sent: set "
-                    "namespace_header to the header this server keys its cache on"
-                )
-            headers[self.namespace_header] = request.namespace
-        target = self.server
-        if not use_cache:
-            if self.cold == "salt":
-                assert self.namespace_header is not None
-                salt = f"{request.namespace}#prefixcache-cold-{uuid.uuid4().hex}"
-                headers[self.namespace_header] = salt
-            else:
-                assert self.cold_server is not None
-                target = self.cold_server
-                if self.cold == "restart":
-                    assert isinstance(target, ServerProcess)
-                    target.start()
-                elif self.cold == "reset":
-                    self._reset_or_restart(target)
-        reply = self._post(target, request, headers)
+        target, namespace = self._route(request, use_cache)
+        reply = self._post(target, request, namespace)
         parsed = parse_reply(reply, self.vocab)
-        steps, cached, prompt = parsed.steps, parsed.cached_tokens, parsed.prompt_tokens
-        if not use_cache and cached:
-            raise EngineError(f"the uncached baseline reported cached_tokens={cached}")
-        tokens = parsed.tokens
-        if not self.tap and (not steps or len(tokens) < len(steps)):
+        if not use_cache and parsed.cached_tokens:
             raise EngineError(
-                "the reply's top_logprobs do not name every greedy token id (no top_logprobs, "
-                f"or entries without ids: pass vocab=, or use tap=True): {str(reply)[:300]}"
+                f"the uncached baseline reported cached_tokens={parsed.cached_tokens}"
             )
-        out = Outcome(
-            top_logprobs=steps[0] if steps and steps[0] else None,
-            tokens=tokens[: request.max_new_tokens],
-            cached_tokens=cached,
-            prompt_tokens=prompt,
-        )
-        if self.extensions:
-            out = with_extension(out, reply, request.max_new_tokens)
-        elif self.render is not None:
-            ids, spans = self.render(request)
-            if prompt is None or len(ids) == prompt:
-                out = dataclasses.replace(out, token_ids=tuple(ids), image_spans=spans)
-            else:
-                self.render_mismatches.append(f"rendered {len(ids)} tokens, server {prompt}")
+        if not self.tap:
+            problems = logprob_problems(parsed, request.max_new_tokens, labels=self.check_labels)
+            if problems:
+                raise EngineError("; ".join(problems))
+        out = self._outcome(parsed, reply, request, target)
         if self.tap:
-            assert isinstance(target, ServerProcess)
-            # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
-            expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
-            api = out
-            out, problems = apply_tap(
-                self._readers[id(target)], out, expected, request.max_new_tokens
-            )
-            self.tap_disagreements += problems
-            if self.tap_log is not None:
-                log_tap(
-                    self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems)
-                )
+            out = self._tapped(out, parsed, request, target, use_cache)
         return out
 
-    def _post(
-        self, target: ServerProcess | str | None, request: Request, headers: dict[str, str]
-    ) -> Any:
+    def _route(self, request: Request, use_cache: bool) -> tuple[Server | None, str]:
+        """The server this run goes to and the namespace it carries (a fresh salt for the
+        uncached run in ``cold="salt"``); resets or restarts the baseline server first."""
+        if request.namespace and not self.supports_namespaces:
+            raise EngineError(
+                f"request namespace {request.namespace!r} cannot be sent: set namespace_header "
+                "or namespace_field to what this server keys its cache on"
+            )
+        if use_cache:
+            return self.server, request.namespace
+        if self.cold == "salt":
+            return self.server, f"{request.namespace}#prefixcache-cold-{uuid.uuid4().hex}"
+        target = self.cold_server
+        if self.cold == "restart" and isinstance(target, ServerProcess):
+            if id(target) not in self._clean:
+                self._start(target)
+        elif self.cold == "reset":
+            self._reset_or_restart(target)
+        return target, request.namespace
+
+    def _outcome(
+        self, parsed: Reply, reply: Any, request: Request, target: Server | None
+    ) -> Outcome:
+        steps, tokens = parsed.steps, parsed.tokens[: request.max_new_tokens]
+        out = Outcome(
+            top_logprobs=steps[0] if steps and steps[0] else None,
+            step_top_logprobs=tuple(steps[: len(tokens)]),
+            tokens=tokens,
+            cached_tokens=parsed.cached_tokens,
+            prompt_tokens=parsed.prompt_tokens,
+        )
+        if self.extensions:
+            return with_extension(out, reply, request.max_new_tokens)
+        if self.prompt_ids.active:
+            base = target.url if isinstance(target, ServerProcess) else str(target)
+            try:
+                ids, spans = self.prompt_ids(parsed, request, base, self.timeout)
+            except EngineError as exc:
+                self.render_mismatches.append(str(exc))
+                raise
+            out = dataclasses.replace(out, token_ids=ids, image_spans=spans)
+        return out
+
+    def _tapped(
+        self, out: Outcome, parsed: Reply, request: Request, target: Server | None, use_cache: bool
+    ) -> Outcome:
+        assert isinstance(target, ServerProcess)
+        # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
+        expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
+        api = out
+        out, problems = apply_tap(self._readers[id(target)], out, expected, request.max_new_tokens)
+        out = dataclasses.replace(out, step_top_logprobs=())
+        self.tap_disagreements += problems
+        if self.tap_log is not None:
+            log_tap(self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems))
+        return out
+
+    def _post(self, target: Server | None, request: Request, namespace: str) -> Any:
         base = target.url if isinstance(target, ServerProcess) else str(target)
+        if isinstance(target, ServerProcess):
+            self._clean.discard(id(target))
         body: dict[str, Any] = {
             "messages": openai_messages(request),
             "max_tokens": max(1, request.max_new_tokens),
@@ -272,10 +336,18 @@ class OpenAIEngine:
             "top_logprobs": self.top_logprobs,
             "stream": False,
         }
+        headers: dict[str, str] = {}
+        if namespace and self.namespace_header is not None:
+            headers[self.namespace_header] = namespace
+        if namespace and self.namespace_field is not None:
+            body[self.namespace_field] = namespace
         if self.model is not None:
             body["model"] = self.model
         if self.extensions:
             body["prefixcache"] = {"logits": True}
+        if self.prompt_ids.source == "reply":
+            body["return_token_ids"] = True
+        body.update(self.extra_body)
         try:
             status, reply = http_json(
                 "POST", base + "/v1/chat/completions", body, headers=headers, timeout=self.timeout

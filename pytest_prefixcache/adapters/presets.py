@@ -6,8 +6,12 @@ Each starts its own servers on 127.0.0.1 and stops them at ``close()`` or interp
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from ..errors import EngineError
 from .chat import FIXTURES
@@ -17,9 +21,11 @@ from .render import TextRenderer, VlmRenderer
 __all__ = [
     "TAP",
     "from_env",
+    "llama_server",
     "mlx_lm_server",
     "mlx_vlm_server",
     "reference_server",
+    "vllm_server",
 ]
 
 #: The launcher prefix that runs a server's CLI function under the logit tap.
@@ -52,6 +58,7 @@ def mlx_lm_server() -> OpenAIEngine:
         supports_images=False,
         tap=True,
         render=TextRenderer(model),
+        check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first entry
     )
 
 
@@ -74,21 +81,168 @@ def mlx_vlm_server() -> OpenAIEngine:
         vocab=model,
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
         render=VlmRenderer(model),
+        check_labels=False,
     )
 
 
+#: vLLM's CPU settings that worked here (../shared/NOTES.md, "vLLM on CPU").
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_SERVER_DEV_MODE": "1",  # the reset endpoints
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+#: vLLM's reset endpoints: prefix (KV blocks), multimodal processor and encoder caches.
+VLLM_RESETS = ("POST /reset_prefix_cache", "POST /reset_mm_cache", "POST /reset_encoder_cache")
+
+
+def _config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read {model_dir}/config.json: {exc}") from None
+    return config
+
+
+def vllm_server(
+    model_dir: str | os.PathLike[str],
+    *,
+    python: str = "python",
+    cold: str = "salt",
+    block_size: int = 32,
+    extra_args: Sequence[str] = (),
+    start_timeout: float = 300.0,
+    top_logprobs: int = 20,
+    audit: bool = True,
+) -> OpenAIEngine:
+    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
+    interpreter of vLLM's own environment, a command line) on a local HF-format model, with
+    prefix caching on and the CPU settings of ../shared/NOTES.md (float32, eager, 32-token
+    blocks).
+
+    Token ids come from vLLM itself: ``return_tokens_as_token_ids`` names every top_logprobs
+    entry ``token_id:N``, ``return_token_ids`` gives the prompt's ids (image pads expanded:
+    image spans from the config's ``image_token_id``). Namespaces and the default cold
+    baseline use the ``cache_salt`` body field on one server (``cold="reset"``: a second
+    server reset through all three reset endpoints). Tolerance: exact (cold and warm were
+    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s,
+    and the baseline audit starts one fresh server per audited request (``audit=False``: not
+    audited, a partial verdict).
+    """
+    config = _config(model_dir)
+    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    image_token = config.get("image_token_id")
+    cmd = [
+        *shlex.split(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", os.fspath(model_dir),
+        "--host", "127.0.0.1", "--port", "{port}", "--enable-prefix-caching",
+        "--dtype", "float32", "--enforce-eager", "--block-size", str(block_size),
+        "--max-num-seqs", "4", "--max-model-len", "4096", "--max-logprobs", str(vocab),
+        "--enable-prompt-tokens-details", *extra_args,
+    ]  # fmt: skip
+    engine = OpenAIEngine(
+        cmd,
+        cold=cold,  # type: ignore[arg-type]
+        model=os.fspath(model_dir),
+        top_logprobs=top_logprobs,
+        namespace_field="cache_salt",
+        reset_paths=VLLM_RESETS,
+        extra_body={"return_tokens_as_token_ids": True},
+        prompt_ids="reply",
+        image_token_id=None if image_token is None else int(image_token),
+        supports_images=image_token is not None,
+        env=VLLM_ENV,
+        start_timeout=start_timeout,
+        audit=audit,
+    )
+    return engine
+
+
+def llama_server(
+    model: str | os.PathLike[str],
+    mmproj: str | os.PathLike[str] | None = None,
+    *,
+    binary: str = "llama-server",
+    atol: float = 1e-4,
+    flash_attn: bool = False,
+    extra_args: Sequence[str] = (),
+    render_dir: str | os.PathLike[str] | None = None,
+    start_timeout: float = 120.0,
+    audit: bool = True,
+) -> OpenAIEngine:
+    """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL).
+
+    Cold baseline: a second server that keeps no prompt cache (``--no-cache-prompt -np 1
+    --cache-ram 0``); llama-server has no cache reset that empties its RAM prompt cache, so
+    ``reset()`` restarts the cached server. Text requests get llama-server's own token ids
+    (``/apply-template`` then ``/tokenize``); image requests need ``render_dir`` (a model
+    directory the local renderer reads) for token ids and image spans. It has no namespaces.
+
+    Tolerance rule: cold and warm are not bit-identical in llama.cpp (flash attention on:
+    differences up to ~5e-3 here). By default flash attention is off and the KV cache f32
+    (``flash_attn=False``: ~1e-6 here) and logprobs may differ by ``atol`` at every decode
+    step, greedy tokens must agree: run with ``engine.tolerance_flag``
+    (``--prefixcache-atol=...``).
+    """
+    cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
+    if mmproj is not None:
+        cmd += ["--mmproj", os.fspath(mmproj), "--image-min-tokens", "4"]
+        cmd += ["--image-max-tokens", "64"]
+    if not flash_attn:
+        cmd += ["-fa", "off", "--cache-type-k", "f32", "--cache-type-v", "f32"]
+    cmd += list(extra_args)
+    render = None
+    if render_dir is not None:
+        render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
+    engine = OpenAIEngine(
+        cmd,
+        cold="server",
+        cold_cmd=[*cmd, "--no-cache-prompt", "-np", "1", "--cache-ram", "0"],
+        top_logprobs=20,
+        prompt_ids="tokenize",
+        render=render,
+        supports_images=mmproj is not None,
+        start_timeout=start_timeout,
+        atol=atol,
+        audit=audit,
+    )
+    return engine
+
+
+def _json_object(name: str) -> dict[str, Any]:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise EngineError(f"{name} is not JSON: {exc}: {raw[:200]}") from None
+    if not isinstance(value, dict):
+        raise EngineError(f"{name} must be a JSON object, not {raw[:200]}")
+    return value
+
+
 def from_env() -> OpenAIEngine:
-    """An adapter configured by environment variables (used by scripts/seed_engines.sh):
+    """An adapter configured by environment variables (used by scripts/seed_engines.sh and
+    ``--prefixcache-server-cmd``):
 
     ``PREFIXCACHE_SERVER_CMD`` or ``PREFIXCACHE_SERVER_URL``; ``PREFIXCACHE_COLD``
-    (restart/reset/server/salt, default restart); ``PREFIXCACHE_COLD_CMD``;
-    ``PREFIXCACHE_RESET_PATH`` and ``PREFIXCACHE_RESET_METHOD``;
-    ``PREFIXCACHE_NAMESPACE_HEADER``; ``PREFIXCACHE_MODEL``; ``PREFIXCACHE_TOP_LOGPROBS``
+    (reset/restart/server/salt, default reset); ``PREFIXCACHE_COLD_CMD``;
+    ``PREFIXCACHE_RESET_PATHS`` (comma-separated ``METHOD /path``; default
+    ``PREFIXCACHE_RESET_METHOD`` ``PREFIXCACHE_RESET_PATH``, ``POST /v1/cache/reset``);
+    ``PREFIXCACHE_NAMESPACE_HEADER`` and/or ``PREFIXCACHE_NAMESPACE_FIELD`` (vLLM:
+    ``cache_salt``); ``PREFIXCACHE_EXTRA_BODY`` (a JSON object added to every request body);
+    ``PREFIXCACHE_PROMPT_IDS`` (``reply`` or ``tokenize``) and ``PREFIXCACHE_IMAGE_TOKEN_ID``;
+    ``PREFIXCACHE_CHECK_LABELS=0``; ``PREFIXCACHE_MODEL``; ``PREFIXCACHE_TOP_LOGPROBS``
     (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
-    ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``; and
+    ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``;
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
-    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request).
+    ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
+    server's ``prefixcache`` reply object: token ids, spans, merges, logits);
+    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
+    ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -101,14 +255,22 @@ def from_env() -> OpenAIEngine:
     render: TextRenderer | VlmRenderer | None = None
     if kind:
         render = TextRenderer(model_dir) if kind == "text" else VlmRenderer(model_dir)
+    image_token = e.get("PREFIXCACHE_IMAGE_TOKEN_ID")
+    resets = f"{e.get('PREFIXCACHE_RESET_METHOD', 'POST')} " + e.get(
+        "PREFIXCACHE_RESET_PATH", "/v1/cache/reset"
+    )
     return OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
-        cold=e.get("PREFIXCACHE_COLD", "restart"),  # type: ignore[arg-type]
+        cold=e.get("PREFIXCACHE_COLD", "reset"),  # type: ignore[arg-type]
         cold_cmd=e.get("PREFIXCACHE_COLD_CMD") or None,
-        reset_path=e.get("PREFIXCACHE_RESET_PATH", "/v1/cache/reset"),
-        reset_method=e.get("PREFIXCACHE_RESET_METHOD", "POST"),
+        reset_paths=e.get("PREFIXCACHE_RESET_PATHS") or resets,
         namespace_header=e.get("PREFIXCACHE_NAMESPACE_HEADER") or None,
+        namespace_field=e.get("PREFIXCACHE_NAMESPACE_FIELD") or None,
+        extra_body=_json_object("PREFIXCACHE_EXTRA_BODY"),
+        prompt_ids=e.get("PREFIXCACHE_PROMPT_IDS") or None,  # type: ignore[arg-type]
+        image_token_id=int(image_token) if image_token else None,
+        check_labels=e.get("PREFIXCACHE_CHECK_LABELS", "1") != "0",
         model=e.get("PREFIXCACHE_MODEL") or None,
         top_logprobs=int(e.get("PREFIXCACHE_TOP_LOGPROBS", "10")),
         tap=e.get("PREFIXCACHE_TAP_SERVER") == "1",
@@ -118,4 +280,6 @@ def from_env() -> OpenAIEngine:
         start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
         render=render,
         tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
+        extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
+        audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
     )

@@ -1,8 +1,11 @@
-"""Reading OpenAI chat completion replies: top_logprobs by token id, usage figures.
+"""Reading OpenAI chat completion replies: top_logprobs by token id, usage figures, and the
+server's own token ids.
 
-Sorting is done here: never trust a step's own ``id``/``token`` label (mlx-lm 0.32.2 reports
-the first element of an unsorted top-k there). Entries without an ``id`` (mlx-vlm's server)
-are named through a :class:`Vocabulary`.
+A top_logprobs entry names its token in one of the forms servers use: an ``id`` (llama-server,
+the reference server), a ``token_id:N`` string (vLLM with ``return_tokens_as_token_ids``), or
+text that a :class:`Vocabulary` looks up (``token``, else the UTF-8 ``bytes``). Sorting is done
+here: never trust a step's own ``id``/``token`` label blindly (mlx-lm 0.32.2 reports the first
+element of an unsorted top-k there); :func:`logprob_problems` checks it when asked.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import base64
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,15 +22,18 @@ import numpy as np
 from ..errors import EngineError
 from ..types import Outcome
 
-__all__ = ["Reply", "Vocabulary", "parse_reply", "with_extension"]
+__all__ = ["Reply", "Vocabulary", "logprob_problems", "parse_reply", "token_id", "with_extension"]
+
+TOKEN_ID_PREFIX = "token_id:"
 
 
 class Vocabulary:
     """Token id for a top_logprobs entry without an ``id``.
 
-    ``kind="decoded"`` (mlx-vlm's server: ``tokenizer.decode([id])``) names an id only when
-    exactly one id decodes to that text (byte fragments all decode to U+FFFD); ``kind="raw"``
-    looks the entry up among the vocabulary's own token strings.
+    ``kind="decoded"`` (mlx-vlm's and vLLM's servers: ``tokenizer.decode([id])``) names an id
+    only when exactly one id decodes to that text (byte fragments all decode to U+FFFD, special
+    tokens to ``''`` in vLLM); ``kind="raw"`` looks the entry up among the vocabulary's own
+    token strings.
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], kind: str = "decoded") -> None:
@@ -47,64 +53,165 @@ class Vocabulary:
 
     def __call__(self, entry: Mapping[str, Any]) -> int | None:
         token = entry.get("token")
-        return self.names.get(token) if isinstance(token, str) else None
+        if not isinstance(token, str):
+            raw = entry.get("bytes")
+            if not isinstance(raw, list):
+                return None
+            try:
+                token = bytes(raw).decode("utf-8")
+            except (ValueError, TypeError):
+                return None
+        return self.names.get(token)
+
+
+def token_id(entry: Mapping[str, Any], vocab: Vocabulary | None = None) -> int | None:
+    """The token id an entry names: its ``id``, a ``token_id:N`` token, or the vocabulary's
+    id for its text (None when it cannot be told)."""
+    if entry.get("id") is not None:
+        return int(entry["id"])
+    token = entry.get("token")
+    if isinstance(token, str) and token.startswith(TOKEN_ID_PREFIX):
+        return int(token[len(TOKEN_ID_PREFIX) :])
+    return vocab(entry) if vocab is not None else None
 
 
 @dataclass(frozen=True)
 class Reply:
-    """What a chat completion reply says."""
+    """What a chat completion reply says.
+
+    ``steps``: top_logprobs by token id per decode step (entries whose id cannot be told are
+    counted in ``unnamed``, not guessed); ``tokens``: the argmax of each step, up to the first
+    step whose best entry has no id; ``labels``: the id each step's own entry names (the
+    sampled token); ``raw_steps``: the entries as sent, for messages.
+    """
 
     steps: list[dict[int, float]]
     tokens: tuple[int, ...]
     cached_tokens: int | None
     prompt_tokens: int | None
     completion_tokens: int
+    labels: list[int | None] = field(default_factory=list)
+    unnamed: list[list[Any]] = field(default_factory=list)
+    raw_steps: list[Any] = field(default_factory=list)
+    has_logprobs: bool = True
+    reported_completion: int | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    completion_token_ids: tuple[int, ...] | None = None
 
 
-def _token_id(entry: Mapping[str, Any], vocab: Vocabulary | None) -> int | None:
-    if "id" in entry and entry["id"] is not None:
-        return int(entry["id"])
-    return vocab(entry) if vocab is not None else None
+def _ids(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(t) for t in value)
 
 
 def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
-    """The top_logprobs by token id per step (entries whose id cannot be told are left out),
-    the greedy tokens (the argmax of each step, up to the first step whose best entry has no
-    known id) and the usage figures."""
+    """Read a reply; a reply without the expected shape raises EngineError."""
     try:
         choice = reply["choices"][0]
-        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = choice.get("logprobs")
+        content = (logprobs or {}).get("content") or []
         steps: list[dict[int, float]] = []
         tokens: list[int] = []
+        labels: list[int | None] = []
+        unnamed: list[list[Any]] = []
         known = True
-        for step in content:
+        for i, step in enumerate(content):
             top: dict[int, float] = {}
+            lost: list[Any] = []
             best, best_id = float("-inf"), None
             for t in step.get("top_logprobs") or ():
-                tid, lp = _token_id(t, vocab), float(t["logprob"])
-                if tid is not None:
+                if t.get("logprob") is None:
+                    raise EngineError(f"decode step {i}: a top_logprobs entry has no logprob: {t}")
+                tid, lp = token_id(t, vocab), float(t["logprob"])
+                if tid is None:
+                    lost.append(t)
+                else:
                     top[tid] = lp
                 if lp > best:
                     best, best_id = lp, tid
             steps.append(top)
+            unnamed.append(lost)
+            labels.append(token_id(step, vocab))
             known = known and best_id is not None
             if known and best_id is not None:
                 tokens.append(best_id)
         usage = reply.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        if cached is None:  # llama-server without prompt_tokens_details: timings.cache_n
+            cached = (reply.get("timings") or {}).get("cache_n")
         prompt = usage.get("prompt_tokens")
-        completion = int(usage.get("completion_tokens") or len(steps))
+        reported = usage.get("completion_tokens")
+        prompt_ids = reply.get("prompt_token_ids", choice.get("prompt_token_ids"))
+        out = Reply(
+            steps=steps,
+            tokens=tuple(tokens),
+            cached_tokens=None if cached is None else int(cached),
+            prompt_tokens=None if prompt is None else int(prompt),
+            completion_tokens=int(reported or len(steps)),
+            labels=labels,
+            unnamed=unnamed,
+            raw_steps=list(content),
+            has_logprobs=logprobs is not None,
+            reported_completion=None if reported is None else int(reported),
+            prompt_token_ids=_ids(prompt_ids),
+            completion_token_ids=_ids(choice.get("token_ids")),
+        )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(
             f"unexpected chat completion reply ({exc!r}): {str(reply)[:300]}"
         ) from None
-    return Reply(
-        steps=steps,
-        tokens=tuple(tokens),
-        cached_tokens=None if cached is None else int(cached),
-        prompt_tokens=None if prompt is None else int(prompt),
-        completion_tokens=completion,
-    )
+    return out
+
+
+def _short(value: Any) -> str:
+    return str(value)[:200]
+
+
+def logprob_problems(parsed: Reply, max_new_tokens: int, *, labels: bool = True) -> list[str]:
+    """What is wrong with the reply's logprobs, each naming the decode step and what came
+    back: missing, fewer or more entries than ``usage.completion_tokens``, a step without
+    top_logprobs, entries that name no token id, and (``labels``, or when the reply carries
+    the completion's token ids) a step whose sampled token is not its greedy one - the mark
+    of logprobs shifted against the tokens."""
+    if not parsed.has_logprobs:
+        return ["the reply has no logprobs (logprobs: null) although logprobs were requested"]
+    out: list[str] = []
+    n = len(parsed.raw_steps)
+    reported = parsed.reported_completion
+    if reported is not None and n != reported:
+        out.append(
+            f"{n} logprobs entries for usage.completion_tokens={reported}"
+            + (f" (the last entry: {_short(parsed.raw_steps[-1])})" if n else "")
+        )
+    if n == 0 and max_new_tokens > 0:
+        out.append("the reply's logprobs.content is empty")
+    for i, (top, lost, raw) in enumerate(zip(parsed.steps, parsed.unnamed, parsed.raw_steps)):
+        if not top and not lost:
+            out.append(f"decode step {i}: no top_logprobs (the entry: {_short(raw)})")
+            continue
+        if lost:
+            out.append(
+                f"decode step {i}: {len(lost)} top_logprobs entr{'y' if len(lost) == 1 else 'ies'}"
+                f" name no token id, e.g. {_short(lost[0])} (ask the server for token ids, e.g. "
+                "vLLM's return_tokens_as_token_ids, or pass vocab=)"
+            )
+            continue
+        best = max(top.values())
+        ids = parsed.completion_token_ids
+        sampled = ids[i] if ids is not None and i < len(ids) else None
+        if sampled is None and labels:
+            sampled = parsed.labels[i] if i < len(parsed.labels) else None
+        if sampled is not None and top.get(sampled, float("-inf")) < best:
+            argmax = max(top, key=top.__getitem__)
+            out.append(
+                f"decode step {i}: the server's token {sampled} "
+                f"(logprob {top.get(sampled, 'absent')}) is not the best of this step's "
+                f"top_logprobs ({argmax}: {best}): logprobs shifted against the tokens, or "
+                "decoding is not greedy"
+            )
+    ids = parsed.completion_token_ids
+    if ids is not None and len(ids) != n:
+        out.append(f"{n} logprobs entries for {len(ids)} completion token_ids {list(ids)[:20]}")
+    return out
 
 
 def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:

@@ -51,8 +51,11 @@ HINTS = {
     "no cache_usage()": "offer cache_usage() -> {resident_bytes, entries, max_bytes}",
     "engine given as an instance": "name a zero-argument callable that builds the engine "
     "(MODULE:FACTORY), so that a fresh instance can recompute uncached requests",
-    "a fresh instance would be a new server per request": "accept partial coverage, or "
-    "verify the engine in-process with a factory",
+    "a server given by URL: no fresh server can be started": "give the server's command "
+    "(OpenAIEngine(cmd), --prefixcache-server-cmd) so that fresh servers can recompute "
+    "uncached requests, or accept partial coverage",
+    "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)": "let "
+    "the adapter start a fresh server per audited request (drop PREFIXCACHE_AUDIT=0)",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
     "engine from a conftest.py fixture": "name the engine's factory with "
@@ -68,7 +71,8 @@ def coverage_of(
     a one-token answer) yields nothing. ``compared``: the steps the comparison compared."""
     yield "equivalence", APPLIED if compared else "nothing compared"
     if max(len(cached.tokens), len(uncached.tokens)) > 1:
-        c, u = bool(cached.step_logits), bool(uncached.step_logits)
+        c = bool(cached.step_logits or cached.step_top_logprobs)
+        u = bool(uncached.step_logits or uncached.step_top_logprobs)
         reason = "no step_logits" if not (c or u) else "step_logits on one side only"
         yield "equivalence at decode steps", APPLIED if (c and u) else reason
     ids = _first_missing(cached, "token_ids", "cached_tokens")

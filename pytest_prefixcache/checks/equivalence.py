@@ -156,7 +156,7 @@ def _compare_step(step: int, c: object, u: object, tol: Tolerance, out: Comparis
 
 def _steps(o: Outcome) -> list[object]:
     first: object = o.logits if o.logits is not None else o.top_logprobs
-    rest = list(o.step_logits[1:]) if o.step_logits else []
+    rest: list[object] = list(o.step_logits[1:] if o.step_logits else o.step_top_logprobs[1:])
     return [first, *rest]
 
 

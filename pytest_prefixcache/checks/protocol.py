@@ -60,6 +60,9 @@ def fault_problems(o: object, request: Request) -> list[Problem]:
             msgs.append(f"top_logprobs holds values that are not finite log-probabilities: {vals}")
     if o.step_logits and len(o.step_logits) not in (len(o.tokens), len(o.tokens) + 1):
         msgs.append(f"{len(o.step_logits)} step_logits for {len(o.tokens)} new tokens")
+    n_top = len(o.step_top_logprobs)
+    if n_top and n_top not in (len(o.tokens), len(o.tokens) + 1):
+        msgs.append(f"{n_top} step_top_logprobs for {len(o.tokens)} new tokens")
     if len(o.tokens) > request.max_new_tokens:
         msgs.append(f"{len(o.tokens)} new tokens for max_new_tokens={request.max_new_tokens}")
     n = (

@@ -110,6 +110,9 @@ def load_engine_with_audit(spec: str, *search_dirs: Path) -> tuple[Engine, Audit
     if getattr(engine, "supports_fresh_instances", True) is False:
         why = getattr(engine, "fresh_instances_missing", None)
         return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
+    fresh = getattr(engine, "fresh_instance", None)  # cheaper than the factory (one server)
+    if callable(fresh):
+        return engine, Audit(fresh)
     return engine, Audit(functools.partial(_build, spec, obj))
 
 

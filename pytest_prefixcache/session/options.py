@@ -117,6 +117,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "pytest_prefixcache.adapters.presets.from_env)",
     )
     add(
+        "--prefixcache-server-body",
+        type=settings.server_body,
+        default=None,
+        metavar="JSON",
+        help="With --prefixcache-server-cmd: a JSON object of fields added to every request "
+        "body (e.g. '{\"return_tokens_as_token_ids\": true}'; PREFIXCACHE_EXTRA_BODY)",
+    )
+    add(
         "--prefixcache-shards",
         type=settings.positive_int,
         default=None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import random
 import re
@@ -127,6 +128,18 @@ def server_cmd(value: str) -> str:
     return value
 
 
+def server_body(value: str) -> str:
+    try:
+        body = json.loads(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise argparse.ArgumentTypeError(
+            f'{value!r} is not a JSON object (for example \'{{"cache_salt": "x"}}\')'
+        )
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin's options for this session, resolved."""
@@ -136,6 +149,8 @@ class Settings:
     engine_source: str = "default"
     server_cmd: str | None = None
     """The server command of ``--prefixcache-server-cmd`` (replays start the same one)."""
+    server_body: str | None = None
+    """``--prefixcache-server-body``: JSON fields added to every request to the server."""
     examples: int = DEFAULT_EXAMPLES
     seed: int = 0
     seed_given: bool = False
@@ -195,6 +210,8 @@ class Settings:
             out.append(f"--prefixcache-engine={self.engine}")
         if self.server_cmd is not None:
             out.append(f"--prefixcache-server-cmd={self.server_cmd}")
+        if self.server_body is not None:
+            out.append(f"--prefixcache-server-body={self.server_body}")
         if self.atol:
             out.append(f"--prefixcache-atol={self.atol:g}")
         if self.rtol:

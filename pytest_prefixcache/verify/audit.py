@@ -91,10 +91,15 @@ class Audit:
             return []
         engine = call("building a fresh instance of the engine", self.fresh)
         run = engine.run  # type: ignore[attr-defined]
-        fresh = call(
-            f"a fresh instance's run(request {index}, use_cache=False)",
-            lambda: run(request, use_cache=False),
-        )
+        try:
+            fresh = call(
+                f"a fresh instance's run(request {index}, use_cache=False)",
+                lambda: run(request, use_cache=False),
+            )
+        finally:  # a fresh server, say, is stopped as soon as it has answered
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
         faults = fault_problems(fresh, request)
         if faults:
             return [replace(p, headline="fresh instance: " + p.headline) for p in faults]

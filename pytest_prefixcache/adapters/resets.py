@@ -1,0 +1,54 @@
+"""Cache resets over HTTP, judged by the reply body as well as the status.
+
+A reset endpoint is ``"METHOD /path"`` (or ``"/path"`` for POST). A server can need several
+(vLLM: ``/reset_prefix_cache``, ``/reset_mm_cache``, ``/reset_encoder_cache``). A reset
+succeeded when it answered 2xx and its body does not say otherwise: vLLM answers 200
+``{"success": false}`` when it could not reset, which is a failure here, never a reset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Endpoint", "endpoints", "refusal"]
+
+#: Statuses that mean "this server has no such endpoint" (a restart can stand in for it).
+ABSENT = (404, 405, 501)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def endpoints(spec: Sequence[str] | str) -> tuple[Endpoint, ...]:
+    """``"POST /a"``, ``"/b"`` or a list of them (a string may hold several, comma-separated)."""
+    items = [s for part in ([spec] if isinstance(spec, str) else spec) for s in part.split(",")]
+    out = []
+    for item in (s.strip() for s in items):
+        if not item:
+            continue
+        method, _, path = item.rpartition(" ")
+        method = method.strip().upper() or "POST"
+        if not path.startswith("/"):
+            raise ValueError(f"reset endpoint {item!r} is not 'METHOD /path' or '/path'")
+        out.append(Endpoint(method, path))
+    return tuple(out)
+
+
+def refusal(status: int, reply: Any) -> str | None:
+    """Why a reset reply is not a successful reset (None when it is one)."""
+    if not 200 <= status < 300:
+        return f"answered {status}: {str(reply)[:300]}"
+    if isinstance(reply, dict):
+        if reply.get("success") is False or reply.get("ok") is False:
+            return f"answered {status} but its body says it did not reset: {str(reply)[:300]}"
+        if reply.get("error"):
+            return f"answered {status} with an error: {str(reply)[:300]}"
+    return None

@@ -1,0 +1,251 @@
+"""Stub HTTP servers that answer like vLLM and like llama-server, so CI needs neither engine.
+
+A deterministic toy model behind a real block prefix cache: prompt token ids are the UTF-8
+bytes of the messages' JSON with role markers, an image becomes ``<vision_start>`` + 4
+``<image_pad>`` + ``<vision_end>`` (the pads carry the image's bytes into the cache key, as
+vLLM's multimodal hashes do), and each decode step's top_logprobs are a function of the whole
+context (prompt, images, generated tokens). A correct stub's cached and uncached answers are
+identical; ``cached_tokens`` is the longest cached 32-token-block prefix.
+
+Flavours (their field shapes, from ../shared/NOTES.md):
+
+- ``vllm``: top_logprobs entries ``{token, logprob, bytes}`` without ``id``; non-printable
+  tokens named ``''``; ``token_id:N`` with ``return_tokens_as_token_ids``; ``prompt_token_ids``
+  and the choice's ``token_ids`` with ``return_token_ids``; tenants by the ``cache_salt`` body
+  field; ``POST /reset_prefix_cache`` answers ``{"success": bool}``, ``/reset_mm_cache`` and
+  ``/reset_encoder_cache`` an empty 200.
+- ``llama``: entries with ``id``; ``timings.cache_n``/``prompt_n``; ``tokens_cached`` is the
+  whole prompt (not reuse); ``/apply-template`` and ``/tokenize``; ``cache_prompt: false``
+  and ``--no-cache`` turn reuse off; no reset endpoint (404).
+
+Faults (negative controls): ``shifted`` (step i carries step i+1's top_logprobs), ``short``
+(the last logprobs entry is missing), ``reset_false`` (the prefix reset says success false and
+keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_logprobs``,
+``corrupt`` / ``corrupt_step2`` (a cache hit moves the logprobs of decode step 0 / 2 by 1e-3,
+greedy tokens unchanged).
+
+Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
+(``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+BLOCK = 32
+K = 20
+ROLE = {"system": 256, "user": 257, "assistant": 258}
+END, GEN, VSTART, PAD, VEND = 259, 260, 261, 262, 263
+VOCAB = 264
+PADS = 4
+
+
+def _parts(message: dict[str, Any]) -> list[tuple[str, str]]:
+    content = message["content"]
+    if isinstance(content, str):
+        return [("text", content)]
+    out = []
+    for p in content:
+        if p["type"] == "text":
+            out.append(("text", p["text"]))
+        else:
+            out.append(("image", p["image_url"]["url"]))
+    return out
+
+
+def template(messages: list[dict[str, Any]]) -> str:
+    """The stub's chat template for text requests (what ``/apply-template`` answers)."""
+    return (
+        "".join(f"<{m['role']}>" + "".join(t for _, t in _parts(m)) + "</>" for m in messages)
+        + "<gen>"
+    )
+
+
+def render(messages: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """(token id, extra key) per prompt token; image pads carry the image's digest."""
+    if all(kind == "text" for m in messages for kind, _ in _parts(m)):
+        return [(b, "") for b in template(messages).encode()]
+    out: list[tuple[int, str]] = []
+    for m in messages:
+        out.append((ROLE[m["role"]], ""))
+        for kind, value in _parts(m):
+            if kind == "text":
+                out += [(b, "") for b in value.encode()]
+            else:
+                digest = hashlib.sha256(value.encode()).hexdigest()[:16]
+                out += [(VSTART, ""), *[(PAD, digest)] * PADS, (VEND, "")]
+        out.append((END, ""))
+    return [*out, (GEN, "")]
+
+
+def tokenize_text(text: str) -> list[int]:
+    return list(text.encode())
+
+
+def step_top(context: list[tuple[int, str]]) -> list[tuple[int, float]]:
+    seed = hashlib.sha256(json.dumps(context).encode()).digest()
+    rng = random.Random(seed)
+    ids = rng.sample(range(32, 127), K)
+    return [(t, -0.05 - 0.37 * i - rng.random() / 100) for i, t in enumerate(ids)]
+
+
+class Stub:
+    """The toy model and its prefix cache."""
+
+    def __init__(self, flavour: str, fault: str = "", cache: bool = True) -> None:
+        self.flavour, self.fault, self.cache = flavour, fault, cache
+        self.blocks: set[str] = set()
+        self.lock = threading.Lock()
+        self.requests: list[dict[str, Any]] = []
+
+    def _key(self, salt: str, ext: list[tuple[int, str]]) -> str:
+        salt = "" if self.fault == "ignores_salt" else salt
+        return hashlib.sha256(json.dumps([salt, ext]).encode()).hexdigest()
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(body)
+        ext = render(body["messages"])
+        salt = str(body.get("cache_salt", ""))
+        use = self.cache and body.get("cache_prompt", True) is not False
+        cached = 0
+        with self.lock:
+            if use:
+                for end in range(BLOCK, len(ext), BLOCK):  # never the whole prompt
+                    if self._key(salt, ext[:end]) not in self.blocks:
+                        break
+                    cached = end
+                for end in range(BLOCK, len(ext) + 1, BLOCK):
+                    self.blocks.add(self._key(salt, ext[:end]))
+        n = int(body.get("max_tokens") or 16)
+        context = list(ext)
+        tops, tokens = [], []
+        for _ in range(n + 1):
+            top = step_top(context)
+            tops.append(top)
+            tokens.append(top[0][0])
+            context.append((top[0][0], ""))
+        tokens = tokens[:n]
+        if cached and self.fault in ("corrupt", "corrupt_step2"):
+            i = 0 if self.fault == "corrupt" else min(2, n - 1)
+            tops[i] = [(t, lp + 1e-3) for t, lp in tops[i]]
+        if self.fault == "shifted":
+            tops = tops[1:]
+        tops = tops[:n]
+        if self.fault == "short":
+            tops = tops[:-1]
+        return self._reply(body, ext, cached, tokens, tops)
+
+    def _entry(self, body: dict[str, Any], t: int, lp: float) -> dict[str, Any]:
+        if self.flavour == "llama":
+            return {"id": t, "token": chr(t), "logprob": lp, "bytes": list(chr(t).encode())}
+        if body.get("return_tokens_as_token_ids"):
+            name = f"token_id:{t}"
+        else:
+            name = chr(t) if 48 <= t < 123 and chr(t).isalnum() else ""
+        return {"token": name, "logprob": lp, "bytes": list(name.encode())}
+
+    def _reply(
+        self,
+        body: dict[str, Any],
+        ext: list[tuple[int, str]],
+        cached: int,
+        tokens: list[int],
+        tops: list[list[tuple[int, float]]],
+    ) -> dict[str, Any]:
+        content = []
+        for i, top in enumerate(tops):
+            own = dict(top).get(tokens[i], top[0][1])
+            entry = self._entry(body, tokens[i], own)
+            entry["top_logprobs"] = [self._entry(body, t, lp) for t, lp in top]
+            content.append(entry)
+        logprobs = None if self.fault == "null_logprobs" else {"content": content}
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": "".join(chr(t) for t in tokens)},
+            "logprobs": logprobs,
+            "finish_reason": "length",
+        }
+        usage = {
+            "prompt_tokens": len(ext),
+            "completion_tokens": len(tokens),
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
+        reply: dict[str, Any] = {"object": "chat.completion", "choices": [choice], "usage": usage}
+        if self.flavour == "vllm" and body.get("return_token_ids"):
+            reply["prompt_token_ids"] = [t for t, _ in ext]
+            choice["token_ids"] = tokens
+        if self.flavour == "llama":
+            reply["timings"] = {"cache_n": cached, "prompt_n": len(ext) - cached}
+            reply["tokens_cached"] = len(ext)  # the whole prompt, not reuse
+        return reply
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        if path == "/v1/chat/completions":
+            return 200, self.complete(body)
+        if self.flavour == "vllm" and path == "/reset_prefix_cache":
+            if self.fault == "reset_false":
+                return 200, {"success": False}
+            self.blocks.clear()
+            return 200, {"success": True}
+        if self.flavour == "vllm" and path in ("/reset_mm_cache", "/reset_encoder_cache"):
+            return 200, None
+        if self.flavour == "llama" and path == "/apply-template":
+            return 200, {"prompt": template(body["messages"])}
+        if self.flavour == "llama" and path == "/tokenize":
+            return 200, {"tokens": tokenize_text(body["content"])}
+        return 404, {"error": {"code": 404, "message": "File Not Found"}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Any
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, status: int, payload: Any) -> None:
+        raw = b"" if payload is None else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        self._send(200, {"status": "ok"} if self.path == "/health" else None)
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send(*self.server.stub.post(self.path, json.loads(raw or b"{}")))
+
+
+def serve(flavour: str, fault: str = "", cache: bool = True, port: int = 0) -> ThreadingHTTPServer:
+    """A stub listening on 127.0.0.1 (``port`` 0: ephemeral), served by a daemon thread;
+    ``shutdown()`` and ``server_close()`` it when done."""
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    srv.daemon_threads = True
+    srv.stub = Stub(flavour, fault, cache)  # type: ignore[attr-defined]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def url_of(srv: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+if __name__ == "__main__":  # vLLM's and llama-server's other arguments are ignored
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flavour", choices=("vllm", "llama"), required=True)
+    ap.add_argument("--fault", default=os.environ.get("STUB_FAULT", ""))
+    ap.add_argument("--no-cache-prompt", action="store_true")
+    ap.add_argument("--port", type=int, required=True)
+    a, _ = ap.parse_known_args()
+    srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
+    srv.stub = Stub(a.flavour, a.fault, not a.no_cache_prompt)  # type: ignore[attr-defined]
+    srv.serve_forever()
