@@ -119,12 +119,18 @@ def counterexample_name(r: dict[str, Any], f: dict[str, Any], taken: set[str]) -
     return name
 
 
-def save(reports: Path, corpus: Path) -> list[str]:
+def save(
+    reports: Path,
+    corpus: Path,
+    pattern: str = "*/row.json",
+    script: str = "scripts/seed_engines.sh",
+) -> list[str]:
     """Copy every failure's stream.json + PNGs to CORPUS/<engine>-<mode>-<check>[-n]/ with a
-    description naming the engine, version, mode and what went wrong; returns the names."""
+    description naming the engine, version, mode, the ``script`` that found it and what went
+    wrong, for the rows ``pattern`` names under ``reports``; returns the names."""
     saved: list[str] = []
     taken: set[str] = set()
-    for path in sorted(reports.glob("*/row.json")):
+    for path in sorted(reports.glob(pattern)):
         r = json.loads(path.read_text())
         by_dir: dict[str, str] = {}  # two tests can shrink to the same stream: save it once
         for f in r["failures"]:
@@ -146,7 +152,7 @@ def save(reports: Path, corpus: Path) -> list[str]:
             flag = mode_flags(r["engine"], r["mode"]).replace("`", "")
             summary = re.sub(r"http://127\.0\.0\.1:\d+", "", f["summary"])  # ephemeral port
             data["description"] = (
-                f"{r['engine']} {r['version']}, {flag}, found by scripts/seed_engines.sh: {summary}"
+                f"{r['engine']} {r['version']}, {flag}, found by {script}: {summary}"
             )
             data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
             data.update(kept)
