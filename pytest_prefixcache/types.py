@@ -279,7 +279,8 @@ class Engine(Protocol):
     Optional extras the plugin uses when present: ``cache_usage() -> Mapping[str, int]`` with
     ``resident_bytes``, ``entries`` and ``max_bytes`` (the memory-budget check), and
     ``supports_images = False`` / ``supports_namespaces = False`` (streams and scenarios are
-    restricted to what the engine can serve).
+    restricted to what the engine can serve), and ``atol: float`` (the engine's own tolerance
+    rule, used when no tolerance option is given; the report says so).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

@@ -247,6 +247,15 @@ top_only = _variant(top_only=True)
 top_only_drift = _variant(top_only=True, drift=True)
 top_only_ignore_digest = _variant(top_only=True, ignore_digest=True)
 drift = _variant(drift=True)
+
+
+def drift_with_atol() -> FakeEngine:
+    """The drifting engine, declaring its own tolerance rule (as presets.llama_server does)."""
+    engine = FakeEngine(drift=True)
+    engine.atol = 1e-5  # type: ignore[attr-defined]
+    return engine
+
+
 stale_decode = _variant(stale_decode=True)
 scale_drift = _variant(scale_drift=True)
 store_half = _variant(store_half=True)

@@ -39,7 +39,7 @@ def llama() -> Iterator[OpenAIEngine]:
 def test_the_preset_reads_llama_server_shapes(llama: OpenAIEngine) -> None:
     assert isinstance(llama.cold_server, ServerProcess)
     assert "--no-cache-prompt" in llama.cold_server.cmd and "--mmproj" in llama.cold_server.cmd
-    assert llama.atol > 0 and llama.tolerance_flag == f"--prefixcache-atol={llama.atol:g}"
+    assert llama.atol > 0
     llama.run(TEXT, use_cache=True)
     hit = llama.run(TEXT, use_cache=True)
     cold = llama.run(TEXT, use_cache=False)

@@ -212,6 +212,24 @@ def test_atol_accepts_small_absolute_drift(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(["engine: fakeengines:drift; tolerance: atol=1e-05, rtol=0"])
 
 
+def test_an_engine_brings_its_own_tolerance_and_an_option_overrides_it(
+    pytester: pytest.Pytester,
+) -> None:
+    with_fakes(pytester)
+    own = run_suite(pytester, "drift_with_atol", "-k", "request_streams")
+    own.assert_outcomes(passed=1)
+    own.stdout.fnmatch_lines(
+        ["engine: fakeengines:drift_with_atol; tolerance: atol=1e-05, rtol=0 (the engine's own*"]
+    )
+    strict = run_suite(
+        pytester, "drift_with_atol", "-k", "request_streams", "--prefixcache-rtol=1e-9"
+    )
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines(
+        ["engine: fakeengines:drift_with_atol; tolerance: atol=0, rtol=1e-09"]
+    )
+
+
 def test_rtol_accepts_small_relative_drift(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     run_suite(pytester, "scale_drift", "-k", "request_streams").assert_outcomes(failed=1)

@@ -88,8 +88,9 @@ class OpenAIEngine:
         timeout / start_timeout: seconds per HTTP request / for a server to become ready.
         env: extra environment for started servers.
         tap_log: with ``tap``, a JSON-lines file of the API's and the tap's reuse per request.
-        atol: the tolerance this server's cold and warm runs need (a preset's rule; the
-            plugin's is ``--prefixcache-atol``, see :attr:`tolerance_flag`). Default: exact.
+        atol: the tolerance this server's cold and warm runs need (a preset's measured rule);
+            the plugin judges by it unless a tolerance option (``--prefixcache-atol``,
+            ``--prefixcache-rtol``, ``--prefixcache-kl``) is given. Default: exact.
         audit: let the baseline audit start a fresh server per audited request (off: the
             coverage table says the baseline was not audited). Default: ``True``.
         claims: the claim sources read around every request (see :mod:`.claims`); with
@@ -184,11 +185,6 @@ class OpenAIEngine:
         self.cold_server: Server | None = None
         if cold != "salt":
             self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
-
-    @property
-    def tolerance_flag(self) -> str:
-        """The pytest option that sets the tolerance this server needs ('' when exact)."""
-        return f"--prefixcache-atol={self.atol:g}" if self.atol else ""
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         if cmd is None:

@@ -185,8 +185,8 @@ def llama_server(
     Tolerance rule: cold and warm are not bit-identical in llama.cpp (flash attention on:
     differences up to ~5e-3 here). By default flash attention is off and the KV cache f32
     (``flash_attn=False``: ~1e-6 here) and logprobs may differ by ``atol`` at every decode
-    step, greedy tokens must agree: run with ``engine.tolerance_flag``
-    (``--prefixcache-atol=...``).
+    step, greedy tokens must agree. The plugin applies ``atol`` by itself (the report says
+    "the engine's own rule"); a tolerance option overrides it.
     """
     cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
     if mmproj is not None:

@@ -219,6 +219,8 @@ class Report:
             self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
+        if other.tolerance != "exact":  # the engine's own rule, known where it was built
+            self.tolerance = other.tolerance
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)

@@ -144,8 +144,11 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
 
 def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
     s = settings_of(config)
+    tolerance = engine_tolerance(Tolerance(s.atol, s.rtol, s.kl), engine)
+    if tolerance.atol != s.atol:
+        report_of(config).tolerance = f"{tolerance.describe()} ({ENGINE_RULE})"
     options = VerifyOptions(
-        tolerance=Tolerance(s.atol, s.rtol, s.kl),
+        tolerance=tolerance,
         timeout=s.timeout,
         min_efficiency=s.min_efficiency,
         min_speedup=s.min_speedup,
@@ -162,6 +165,20 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step
     return verifier
+
+
+#: How the report names a tolerance that came from the engine rather than the options.
+ENGINE_RULE = "the engine's own rule: its atol; --prefixcache-atol/--rtol/--kl override it"
+
+
+def engine_tolerance(options: Tolerance, engine: object) -> Tolerance:
+    """The tolerance to judge ``engine`` by: the options' when any was given, else the
+    engine's own ``atol`` when it declares one above 0 (a preset's measured rule, e.g.
+    ``presets.llama_server``), else exact."""
+    atol = getattr(engine, "atol", None)
+    if not options.exact or isinstance(atol, bool) or not isinstance(atol, (int, float)):
+        return options
+    return Tolerance(float(atol), 0.0, None) if atol > 0 else options
 
 
 def _overridden(config: pytest.Config, engine: Engine) -> None:
