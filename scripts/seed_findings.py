@@ -18,6 +18,7 @@ import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,27 +36,32 @@ def known() -> dict[tuple[str, str, str], str]:
     return dict(test_adapters_seed.KNOWN)
 
 
-def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
+def junit_outcomes(path: Path, expected: Callable[[str], bool]) -> dict[str, str]:
     """test name -> what happened, from JUnit XML of a ``--runxfail`` run: ``passed``,
-    ``skipped``, ``xpassed`` (passed although tests/test_adapters_seed.py expects it to fail),
-    ``xfailed: MESSAGE`` (failed as expected) or ``failed: MESSAGE`` (not expected)."""
+    ``skipped``, ``xpassed`` (passed although ``expected(name)`` says it fails),
+    ``xfailed: MESSAGE`` (failed as expected) or ``failed: MESSAGE`` (not expected).
+    The engine scripts' findings modules (llama_findings, vllm_findings) use it too."""
     if not path.is_file():
         return {}
-    reasons = known()
     out: dict[str, str] = {}
     for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name", "")
-        expected = (engine, mode, name.split("[")[0]) in reasons
         kinds = {child.tag: child for child in case}
         bad = kinds.get("failure", kinds.get("error"))
         if bad is not None:
             message = " ".join((bad.get("message") or "").split())[:240]
-            out[name] = f"{'xfailed' if expected else 'failed'}: {message}"
+            out[name] = f"{'xfailed' if expected(name) else 'failed'}: {message}"
         elif "skipped" in kinds:
             out[name] = "skipped"
         else:
-            out[name] = "xpassed" if expected else "passed"
+            out[name] = "xpassed" if expected(name) else "passed"
     return out
+
+
+def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
+    """``junit_outcomes`` against tests/test_adapters_seed.py's strict xfails."""
+    reasons = known()
+    return junit_outcomes(path, lambda name: (engine, mode, name.split("[")[0]) in reasons)
 
 
 def tap_figures(path: Path) -> dict[str, Any]:

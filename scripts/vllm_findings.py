@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -46,24 +45,9 @@ def known(mode: str) -> dict[str, str]:
 
 
 def checks(path: Path, mode: str) -> dict[str, str]:
-    """test name -> ``passed``, ``skipped``, ``xpassed``, ``xfailed: MESSAGE`` or
-    ``failed: MESSAGE``, from JUnit XML of a ``--runxfail`` run."""
-    if not path.is_file():
-        return {}
+    """``seed_findings.junit_outcomes`` against tests/test_adapters_vllm.py's strict xfails."""
     reasons = known(mode)
-    out: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        kinds = {child.tag: child for child in case}
-        bad = kinds.get("failure", kinds.get("error"))
-        if bad is not None:
-            message = " ".join((bad.get("message") or "").split())[:240]
-            out[name] = f"{'xfailed' if name in reasons else 'failed'}: {message}"
-        elif "skipped" in kinds:
-            out[name] = "skipped"
-        else:
-            out[name] = "xpassed" if name in reasons else "passed"
-    return out
+    return seed_findings.junit_outcomes(path, lambda name: name in reasons)
 
 
 def block_oracle(suite: dict[str, Any]) -> tuple[int, int]:
