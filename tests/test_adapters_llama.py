@@ -20,16 +20,14 @@ comparison covers every decode step's logprobs over the whole vocabulary, greedy
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, req, user
+from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
 
-from pytest_prefixcache import Outcome, Request
+from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import llama_server
 
@@ -122,22 +120,7 @@ def engine() -> Iterator[OpenAIEngine]:
 
 def record(**fields: object) -> None:
     """Append one measurement to $LLAMA_FINDINGS (JSON lines), if set."""
-    path = os.environ.get("LLAMA_FINDINGS")
-    if path:
-        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-        with open(path, "a") as f:
-            f.write(json.dumps({"engine": "llama", "mode": MODE, "test": test, **fields}) + "\n")
-
-
-def step_diff(cached: Outcome, cold: Outcome) -> float:
-    """max |cached - cold| over every decode step's logprobs (inf when the greedy tokens, the
-    number of steps or the token ids a step reports differ)."""
-    a, b = cached.step_top_logprobs, cold.step_top_logprobs
-    if cached.tokens != cold.tokens or len(a) != len(b) or not a:
-        return math.inf
-    if any(set(x) != set(y) for x, y in zip(a, b)):
-        return math.inf
-    return max(abs(x[t] - y[t]) for x, y in zip(a, b) for t in x)
+    record_finding("LLAMA_FINDINGS", "llama", MODE, **fields)
 
 
 def check(engine: OpenAIEngine, request: Request) -> tuple[int, float]:

@@ -9,13 +9,12 @@ full-vocabulary log-softmax, exact (MLX on CPU).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Iterator
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, req, user, worst_diff
+from adapter_support import SYSTEM, assistant, img, record_finding, req, user, worst_diff
 
 from pytest_prefixcache.adapters.chat import FIXTURES
 from pytest_prefixcache.adapters.openai import OpenAIEngine
@@ -124,11 +123,7 @@ def engine() -> Iterator[OpenAIEngine]:
 
 def record(**fields: object) -> None:
     """Append one measurement to $SEED_FINDINGS (JSON lines), if set."""
-    path = os.environ.get("SEED_FINDINGS")
-    if path:
-        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-        with open(path, "a") as f:
-            f.write(json.dumps({"engine": ENGINE, "mode": MODE, "test": test, **fields}) + "\n")
+    record_finding("SEED_FINDINGS", ENGINE, MODE, **fields)
 
 
 def check(engine: OpenAIEngine, request: object) -> int:

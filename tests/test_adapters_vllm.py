@@ -15,16 +15,14 @@ size), exact: vLLM's CPU backend is deterministic in float32, one request at a t
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, req, user
+from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
 
-from pytest_prefixcache import Outcome, Request
+from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 
@@ -90,22 +88,7 @@ def engine() -> Iterator[OpenAIEngine]:
 
 def record(**fields: object) -> None:
     """Append one measurement to $VLLM_FINDINGS (JSON lines), if set."""
-    path = os.environ.get("VLLM_FINDINGS")
-    if path:
-        test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-        with open(path, "a") as f:
-            f.write(json.dumps({"engine": "vllm", "mode": MODE, "test": test, **fields}) + "\n")
-
-
-def step_diff(cached: Outcome, cold: Outcome) -> float:
-    """max |cached - cold| over every decode step's logprobs (inf when the greedy tokens, the
-    number of steps or the token ids a step reports differ)."""
-    a, b = cached.step_top_logprobs, cold.step_top_logprobs
-    if cached.tokens != cold.tokens or len(a) != len(b) or not a:
-        return math.inf
-    if any(set(x) != set(y) for x, y in zip(a, b)):
-        return math.inf
-    return max(abs(x[t] - y[t]) for x, y in zip(a, b) for t in x)
+    record_finding("VLLM_FINDINGS", "vllm", MODE, **fields)
 
 
 def check(engine: OpenAIEngine, request: Request) -> int:
