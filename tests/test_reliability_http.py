@@ -16,7 +16,7 @@ import pytest
 
 from pytest_prefixcache import EngineError, Message, Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.server import free_port
+from pytest_prefixcache.adapters.server import ServerProcess, free_port
 
 pytest_plugins = ["pytester"]
 
@@ -192,3 +192,41 @@ def test_a_started_server_that_exits_is_named_with_its_exit_code_and_log(tmp_pat
         assert message.rstrip().endswith("the fake server gives up)")
     finally:
         engine.close()
+
+
+LEAVES_TEMP = """
+import sys, tempfile
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+tempfile.mkstemp(prefix="left-by-the-server-")  # as vLLM leaves vllm_dist_* files
+
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+@pytest.mark.parametrize("private", [True, False], ids=["home-tmp", "shared-tmp"])
+def test_what_a_server_leaves_in_its_temp_directory_goes_with_its_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private: bool
+) -> None:
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_TEMP)
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    monkeypatch.setenv("TMPDIR", str(shared))
+    env = {"TMPDIR": "{home}/tmp"} if private else {}
+    server = ServerProcess([sys.executable, str(script), "{port}"], env=env).start()
+    home = Path(server.home)
+    where = (home / "tmp") if private else shared
+    assert list(where.glob("left-by-the-server-*")), "the server wrote no temp file"
+    server.stop()
+    assert not home.exists()
+    # negative control: without the private TMPDIR the file outlives the server
+    assert bool(list(shared.glob("left-by-the-server-*"))) is not private

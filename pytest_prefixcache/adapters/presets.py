@@ -94,6 +94,9 @@ VLLM_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "OMP_NUM_THREADS": "1",
     "VLLM_NO_USAGE_STATS": "1",
+    # what vLLM leaves in the temp directory (vllm_dist_* files, ZMQ IPC sockets) goes with
+    # the server's private HOME
+    "TMPDIR": "{home}/tmp",
 }
 #: vLLM's reset endpoints: prefix (KV blocks), multimodal processor and encoder caches.
 VLLM_RESETS = ("POST /reset_prefix_cache", "POST /reset_mm_cache", "POST /reset_encoder_cache")

@@ -132,7 +132,10 @@ class ServerProcess:
         cmd: the command, a list of arguments or a shell-like string.
         health_path: polled until it answers 200. Default: ``"/health"``.
         start_timeout: seconds to wait for readiness. Default: ``120``.
-        env: extra environment variables (applied after the isolation ones).
+        env: extra environment variables (applied after the isolation ones); ``{home}`` in a
+            value is the server's private HOME, removed when it stops (``TMPDIR={home}/tmp``
+            keeps what a server leaves in the temp directory there: vLLM's ``vllm_dist_*``
+            files and IPC sockets). Default: None.
     """
 
     def __init__(
@@ -193,8 +196,10 @@ class ServerProcess:
             HF_HUB_CACHE=os.path.join(hf, "hub"),
             XDG_CACHE_HOME=os.path.join(self.home, ".cache"),
         )
-        env.update(self.extra_env)
+        env.update({k: v.replace("{home}", self.home) for k, v in self.extra_env.items()})
         os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
+        if env.get("TMPDIR", "").startswith(self.home):
+            os.makedirs(env["TMPDIR"], exist_ok=True)
         argv = [a.format(port=self.port, python=sys.executable) for a in self.cmd]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
