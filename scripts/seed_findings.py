@@ -13,7 +13,9 @@ tap saw), ``checks.xml`` (JUnit XML of tests/test_adapters_seed.py) and ``checks
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import re
 import shutil
 import sys
@@ -62,6 +64,50 @@ def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
     """``junit_outcomes`` against tests/test_adapters_seed.py's strict xfails."""
     reasons = known()
     return junit_outcomes(path, lambda name: (engine, mode, name.split("[")[0]) in reasons)
+
+
+def mode_checks(path: Path, module: str, env: str, mode: str) -> dict[str, str]:
+    """``junit_outcomes`` against the strict xfails an engine script's test module declares
+    for ``mode`` (``module.KNOWN``, keyed by (mode, test name)); ``env`` names the mode to the
+    module, which reads it at import."""
+    os.environ.setdefault(env, mode)
+    sys.path.insert(0, str(TESTS))
+    known = importlib.import_module(module).KNOWN
+    reasons = {name for (m, name) in known if m == mode}
+    return junit_outcomes(path, lambda name: name in reasons)
+
+
+def engine_main(
+    argv: list[str],
+    *,
+    row: Callable[[Path, str, str, str], dict[str, Any]],
+    table: Callable[[Path], str],
+    prefix: str,
+    findings: list[str],
+    script: str,
+    usage: str,
+) -> int:
+    """The command line of an engine script's findings module: ``row DIR ENGINE VERSION MODE``
+    writes DIR/row.json; ``table REPORTS`` prints the table; ``save REPORTS CORPUS`` saves the
+    failures of the ``findings`` modes (``<prefix>-<mode>/row.json``; not the negative
+    controls, which are no findings about the engine)."""
+    if len(argv) == 5 and argv[0] == "row":
+        directory = Path(argv[1])
+        r = row(directory, *argv[2:5])
+        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
+        return 0
+    if len(argv) == 2 and argv[0] == "table":
+        print(table(Path(argv[1])))
+        return 0
+    if len(argv) == 3 and argv[0] == "save":
+        for mode in findings:
+            pattern = f"{prefix}-{mode}/row.json"
+            for name in save(Path(argv[1]), Path(argv[2]), pattern, script):
+                print(f"saved {Path(argv[2]) / name}")
+        return 0
+    print(usage, file=sys.stderr)
+    return 2
 
 
 def tap_figures(path: Path) -> dict[str, Any]:

@@ -18,14 +18,12 @@ from tests/test_adapters_vllm.py, and efficiency is also given against the block
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import seed_findings
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
 BLOCK = 32
 SCRIPT = "scripts/vllm_cpu.sh"
 MODES = {
@@ -35,19 +33,9 @@ MODES = {
 }
 
 
-def known(mode: str) -> dict[str, str]:
-    """tests/test_adapters_vllm.py's strict xfails for ``mode``, by test node name."""
-    os.environ.setdefault("VLLM_MODE", mode)
-    sys.path.insert(0, str(TESTS))
-    import test_adapters_vllm
-
-    return {name: why for (m, name), why in test_adapters_vllm.KNOWN.items() if m == mode}
-
-
 def checks(path: Path, mode: str) -> dict[str, str]:
-    """``seed_findings.junit_outcomes`` against tests/test_adapters_vllm.py's strict xfails."""
-    reasons = known(mode)
-    return seed_findings.junit_outcomes(path, lambda name: name in reasons)
+    """What happened to the checks of tests/test_adapters_vllm.py in ``mode``."""
+    return seed_findings.mode_checks(path, "test_adapters_vllm", "VLLM_MODE", mode)
 
 
 def block_oracle(suite: dict[str, Any]) -> tuple[int, int]:
@@ -102,25 +90,15 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 5 and argv[0] == "row":
-        directory = Path(argv[1])
-        r = row(directory, *argv[2:5])
-        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
-        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
-        return 0
-    if len(argv) == 2 and argv[0] == "table":
-        print(table(Path(argv[1])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save":
-        for mode in MODES:
-            if mode.endswith("-patched"):  # the negative control is no finding about vLLM
-                continue
-            pattern = f"vllm-{mode}/row.json"
-            for name in seed_findings.save(Path(argv[1]), Path(argv[2]), pattern, SCRIPT):
-                print(f"saved {Path(argv[2]) / name}")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    return seed_findings.engine_main(
+        argv,
+        row=row,
+        table=table,
+        prefix="vllm",
+        findings=[m for m in MODES if not m.endswith("-patched")],  # not the negative control
+        script=SCRIPT,
+        usage=__doc__ or "",
+    )
 
 
 if __name__ == "__main__":
