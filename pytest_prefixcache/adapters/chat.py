@@ -17,6 +17,7 @@ from ..types import Image, Request
 __all__ = [
     "FIXTURES",
     "add_generation_prompt",
+    "chat_body",
     "data_url",
     "hf_messages",
     "log_softmax",
@@ -81,3 +82,36 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     m = x.max(axis=-1, keepdims=True)
     out = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
     return out.astype(np.float32)
+
+
+def chat_body(
+    request: Request,
+    *,
+    top_logprobs: int,
+    model: str | None = None,
+    namespace: tuple[str | None, str | None, str] = (None, None, ""),
+    extra: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The body and headers of a greedy ``/v1/chat/completions`` request with logprobs.
+
+    ``namespace`` is (body field, header, value): a non-empty value goes in each one named.
+    ``extra`` fields are added last, so they win over the adapter's own.
+    """
+    body: dict[str, Any] = {
+        "messages": openai_messages(request),
+        "max_tokens": max(1, request.max_new_tokens),
+        "temperature": 0.0,
+        "logprobs": True,
+        "top_logprobs": top_logprobs,
+        "stream": False,
+    }
+    headers: dict[str, str] = {}
+    field, header, value = namespace
+    if value and header is not None:
+        headers[header] = value
+    if value and field is not None:
+        body[field] = value
+    if model is not None:
+        body["model"] = model
+    body.update(extra or {})
+    return body, headers

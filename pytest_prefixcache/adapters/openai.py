@@ -9,16 +9,7 @@ shifted logprobs, and entries that name no token id, are an EngineError naming t
 and what came back (see :func:`.replies.logprob_problems`). Prompt token ids come from the
 server or a local render (:mod:`.prompt_ids`).
 
-The uncached baseline (``cold=``):
-
-- ``"reset"`` (default): a second server, reset (every ``reset_paths`` endpoint, judged by
-  its reply body) before every uncached request; a server without a reset endpoint (404) is
-  restarted instead.
-- ``"restart"``: a second server restarted before every uncached request: cold by
-  construction, slow.
-- ``"server"``: a second server that keeps no cache (e.g. ``--prompt-cache-size 0``).
-- ``"salt"``: the same server, with a fresh random namespace (``namespace_header`` and/or
-  ``namespace_field``, e.g. vLLM's ``cache_salt``).
+The uncached baseline (``cold=``, default ``"reset"``) is described in :mod:`.baselines`.
 
 Every uncached reply that reports ``cached_tokens > 0`` raises EngineError. The baseline
 audit checks the chosen baseline: :meth:`OpenAIEngine.fresh_instance` starts a new server for
@@ -33,25 +24,23 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import tempfile
 import uuid
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import EngineError
 from ..types import Outcome, Request
-from .chat import openai_messages
+from .baselines import Cold, check_baseline
+from .chat import chat_body
 from .claims import ClaimWatch, Pending
 from .prompt_ids import PromptIds, Source, Spans
 from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
-from .resets import ABSENT, endpoints, refusal
+from .resets import endpoints, reset_caches
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
-from .tapped import apply_tap, log_tap
+from .tapped import attach_tap, log_tap, tapped_outcome
 
 __all__ = ["OpenAIEngine"]
 
-Cold = Literal["restart", "reset", "server", "salt"]
 Command = Sequence[str] | str
 Server = ServerProcess | str
 
@@ -61,7 +50,7 @@ class OpenAIEngine:
 
     Args:
         cmd: server command line with ``{port}``; or ``url`` of a running server.
-        cold: how the uncached baseline is made (see the module docstring). Default: ``"reset"``.
+        cold: how the uncached baseline is made (see :mod:`.baselines`). Default: ``"reset"``.
         cold_cmd / cold_url: the baseline server (default: another ``cmd``).
         model: the ``model`` field sent, if any. Default: None.
         top_logprobs: k requested per step. Default: ``10`` (mlx-lm allows at most 11).
@@ -131,21 +120,15 @@ class OpenAIEngine:
         audit: bool = True,
         claims: ClaimWatch | None = None,
     ) -> None:
-        if (cmd is None) == (url is None):
-            raise EngineError("give exactly one of cmd (a server command line) or url")
-        if cold not in ("restart", "reset", "server", "salt"):
-            raise EngineError(f"cold={cold!r} is not 'restart', 'reset', 'server' or 'salt'")
-        if cold == "salt" and namespace_header is None and namespace_field is None:
-            raise EngineError("cold='salt' needs namespace_header or namespace_field (the salt)")
-        if cold == "restart" and cmd is None and cold_cmd is None:
-            raise EngineError("cold='restart' needs cmd or cold_cmd (a server it can restart)")
-        if cold in ("reset", "server") and cmd is None and cold_cmd is None and cold_url is None:
-            raise EngineError(
-                f"cold={cold!r} needs a second server (cold_url or cold_cmd), or cmd to start "
-                "one; a server given by URL alone can use cold='salt'"
-            )
-        if tap and (cmd is None or (cold != "salt" and cold_url is not None)):
-            raise EngineError("tap=True needs servers started here (cmd, cold_cmd)")
+        check_baseline(
+            cmd=cmd,
+            url=url,
+            cold=cold,
+            cold_cmd=cold_cmd,
+            cold_url=cold_url,
+            salted=namespace_header is not None or namespace_field is not None,
+            tap=tap,
+        )
         self.cold = cold
         self.atol = atol
         self.model = model
@@ -191,12 +174,7 @@ class OpenAIEngine:
             return str(url).rstrip("/")
         proc = ServerProcess(cmd, env=self._env, **self._opts)
         if self.tap:  # one append-only records file per server, kept across its restarts
-            from ..tap import ENV, TapReader
-
-            path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
-            proc.extra_env[ENV] = path
-            self._readers[id(proc)] = TapReader(path)
-            weakref.finalize(self, remove_quietly, path)  # also when never closed
+            self._readers[id(proc)] = attach_tap(proc, self)
         return self._start(proc)
 
     def _start(self, proc: ServerProcess) -> ServerProcess:
@@ -238,22 +216,9 @@ class OpenAIEngine:
         if proc is not None and id(proc) in self._clean:
             return  # started and not used since: nothing to empty
         base = proc.url if proc is not None else str(server)
-        for ep in self.resets:
-            try:
-                status, reply = http_json(ep.method, base + ep.path, {}, timeout=self.timeout)
-            except OSError as exc:
-                if proc is None:
-                    raise EngineError(
-                        f"cannot reset {base}: {ep}: {connection_problem(exc, base)}"
-                    ) from exc
-                self._start(proc)  # a dead server: a restart empties the cache
-                return
-            if status in ABSENT and proc is not None:
-                self._start(proc)  # no such endpoint: a restart empties the cache
-                return
-            why = refusal(status, reply)
-            if why is not None:
-                raise EngineError(f"the cache reset {ep} of {base} failed: it {why}")
+        if not reset_caches(base, self.resets, self.timeout, can_restart=proc is not None):
+            assert proc is not None
+            self._start(proc)
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
@@ -323,11 +288,10 @@ class OpenAIEngine:
         self, out: Outcome, parsed: Reply, request: Request, target: Server | None, use_cache: bool
     ) -> Outcome:
         assert isinstance(target, ServerProcess)
-        # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
-        expected = min(parsed.completion_tokens, max(1, request.max_new_tokens))
         api = out
-        out, problems = apply_tap(self._readers[id(target)], out, expected, request.max_new_tokens)
-        out = dataclasses.replace(out, step_top_logprobs=())
+        out, problems = tapped_outcome(
+            self._readers[id(target)], out, parsed.completion_tokens, request.max_new_tokens
+        )
         self.tap_disagreements += problems
         if self.tap_log is not None:
             log_tap(self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems))
@@ -343,26 +307,17 @@ class OpenAIEngine:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
             self._clean.discard(id(target))
-        body: dict[str, Any] = {
-            "messages": openai_messages(request),
-            "max_tokens": max(1, request.max_new_tokens),
-            "temperature": 0.0,
-            "logprobs": True,
-            "top_logprobs": self.top_logprobs,
-            "stream": False,
-        }
-        headers: dict[str, str] = {}
-        if namespace and self.namespace_header is not None:
-            headers[self.namespace_header] = namespace
-        if namespace and self.namespace_field is not None:
-            body[self.namespace_field] = namespace
-        if self.model is not None:
-            body["model"] = self.model
-        if self.extensions:
-            body["prefixcache"] = {"logits": True}
-        if self.prompt_ids.source == "reply":
-            body["return_token_ids"] = True
-        body.update(self.extra_body)
+        body, headers = chat_body(
+            request,
+            top_logprobs=self.top_logprobs,
+            model=self.model,
+            namespace=(self.namespace_field, self.namespace_header, namespace),
+            extra={
+                **({"prefixcache": {"logits": True}} if self.extensions else {}),
+                **({"return_token_ids": True} if self.prompt_ids.source == "reply" else {}),
+                **self.extra_body,
+            },
+        )
         try:
             status, reply = http_json(
                 "POST",

@@ -12,7 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Endpoint", "endpoints", "refusal"]
+from ..errors import EngineError
+from .server import connection_problem, http_json
+
+__all__ = ["Endpoint", "endpoints", "refusal", "reset_caches"]
 
 #: Statuses that mean "this server has no such endpoint" (a restart can stand in for it).
 ABSENT = (404, 405, 501)
@@ -52,3 +55,29 @@ def refusal(status: int, reply: Any) -> str | None:
         if reply.get("error"):
             return f"answered {status} with an error: {str(reply)[:300]}"
     return None
+
+
+def reset_caches(
+    base: str, resets: Sequence[Endpoint], timeout: float, *, can_restart: bool
+) -> bool:
+    """Call every reset endpoint of the server at ``base``, in order.
+
+    Returns True when they all reset, False when a restart must stand in (the server is down,
+    or has no such endpoint) and ``can_restart``. Raises EngineError when a reset is refused,
+    or when the server cannot be reached and cannot be restarted.
+    """
+    for ep in resets:
+        try:
+            status, reply = http_json(ep.method, base + ep.path, {}, timeout=timeout)
+        except OSError as exc:
+            if not can_restart:
+                raise EngineError(
+                    f"cannot reset {base}: {ep}: {connection_problem(exc, base)}"
+                ) from exc
+            return False  # a dead server: a restart empties the cache
+        if status in ABSENT and can_restart:
+            return False  # no such endpoint: a restart empties the cache
+        why = refusal(status, reply)
+        if why is not None:
+            raise EngineError(f"the cache reset {ep} of {base} failed: it {why}")
+    return True

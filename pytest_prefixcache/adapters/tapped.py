@@ -11,15 +11,42 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 import time
+import uuid
+import weakref
 from typing import Any
 
 import numpy as np
 
 from ..errors import EngineError
 from ..types import Outcome
+from .server import ServerProcess, remove_quietly
 
-__all__ = ["apply_tap", "log_tap"]
+__all__ = ["apply_tap", "attach_tap", "log_tap", "tapped_outcome"]
+
+
+def attach_tap(proc: ServerProcess, owner: object) -> Any:
+    """Make ``proc`` (started under ``python -m pytest_prefixcache.tap``) write its tap records
+    to a new file of its own, kept across restarts and removed when ``owner`` is collected;
+    returns the reader of that file."""
+    from ..tap import ENV, TapReader
+
+    path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
+    proc.extra_env[ENV] = path
+    weakref.finalize(owner, remove_quietly, path)  # also when never closed
+    return TapReader(path)
+
+
+def tapped_outcome(
+    reader: Any, out: Outcome, completion_tokens: int, max_new_tokens: int
+) -> tuple[Outcome, list[str]]:
+    """The API's Outcome completed from the tap (:func:`apply_tap`), its API per-step
+    distributions dropped (the tap's replace them), and the API figures the tap contradicts."""
+    # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
+    expected = min(completion_tokens, max(1, max_new_tokens))
+    tapped, problems = apply_tap(reader, out, expected, max_new_tokens)
+    return dataclasses.replace(tapped, step_top_logprobs=()), problems
 
 
 def apply_tap(
