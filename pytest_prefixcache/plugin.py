@@ -33,7 +33,7 @@ from .session.slots import (
     slot_of,
     slots_of,
 )
-from .session.sources import SourceError, is_matrix_run, resolve_targets
+from .session.sources import SERVER_SOURCE, engine_of
 from .session.stash import (
     DATABASE_KEY,
     PROGRESS_KEY,
@@ -44,58 +44,20 @@ from .session.stash import (
     report_of,
     settings_of,
 )
-from .session.targets import SERVER_ENGINE, Target, unnamed
 from .suite import ISOLATION_FILE, SUITE_FILE
 
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
-SERVER_SOURCE = "--prefixcache-server-cmd"
 #: Why the suite's tests left out of this run were deselected (printed after collection).
 DESELECTED_KEY = pytest.StashKey[str]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
-
-
-def _engine(config: pytest.Config) -> tuple[str, str, list[Target] | None]:
-    """The engine and where it was named; several configurations (a matrix) instead: their
-    targets."""
-    engines = config.getoption("prefixcache_engine") or []
-    servers = config.getoption("prefixcache_server_cmd") or []
-    body = config.getoption("prefixcache_server_body")
-    if body is not None and not servers:
-        raise pytest.UsageError("--prefixcache-server-body needs --prefixcache-server-cmd")
-    matrix, names = config.getoption("prefixcache_matrix"), config.getoption("prefixcache_config")
-    try:
-        if is_matrix_run(engines, servers, matrix, names or []):
-            found = resolve_targets(
-                engines, servers, body, matrix, names or [], config.invocation_params.dir
-            )
-            return "matrix", "matrix", found
-    except SourceError as exc:
-        raise pytest.UsageError(str(exc)) from None
-    if engines:
-        return unnamed(engines[0]), "option", None
-    if servers:
-        # read by the zero-argument factory when the engine is built
-        os.environ["PREFIXCACHE_SERVER_CMD"] = unnamed(servers[0])
-        if body is not None:
-            os.environ["PREFIXCACHE_EXTRA_BODY"] = body
-        return SERVER_ENGINE, SERVER_SOURCE, None
-    ini = config.getini("prefixcache_engine")
-    if ini:
-        ini = str(ini).strip()
-        try:
-            return settings.engine_spec(ini), "ini", None
-        except Exception as exc:
-            where = config.inipath or "the ini file"
-            raise pytest.UsageError(f"prefixcache_engine in {where}: {exc}") from None
-    return settings.DEFAULT_ENGINE, "default", None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "prefixcache: a test of the built-in prefix-cache verification suite"
     )
-    engine, source, targets = _engine(config)
+    engine, source, targets = engine_of(config)
     given_seed = config.getoption("prefixcache_seed")
     worker = xd.worker_input(config)
     if xd.SEED in worker:  # an xdist worker runs the controller's seed

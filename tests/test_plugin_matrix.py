@@ -166,6 +166,7 @@ def test_a_factory_without_flags_is_that_configurations_error(pytester: pytest.P
     report = json.loads((pytester.path / "r.json").read_text())
     assert _rows(report) == {"fake[honest]": "error", "fake[broken]": "error", "plain": "pass"}
     assert "takes no keyword argument 'flags'" in report["configs"][0]["engine_error"]
+    assert report["engine_error"].startswith("fake[honest]: ")  # the command exits 2 on it
     assert "  fake[honest]  ERROR      engine could not be built: engine 'flagged:no_flags'" in (
         result.stdout.str()
     )
@@ -298,7 +299,7 @@ def test_xdist_runs_each_configuration_on_one_worker(pytester: pytest.Pytester) 
         "--prefixcache-database=none", "--prefixcache-examples=2", "-k", "not state_machine",
         "--prefixcache-engine=fakeengines:good", "--prefixcache-engine=fakeengines:lie",
     )  # fmt: skip
-    pytester.runpytest_subprocess(*args, "--prefixcache-report=serial.json")
+    pytester.runpytest(*args, "--prefixcache-report=serial.json")
     result = pytester.runpytest_subprocess(*args, "-n", "2", "--prefixcache-report=x.json")
     serial = json.loads((pytester.path / "serial.json").read_text())
     spread = json.loads((pytester.path / "x.json").read_text())
@@ -307,6 +308,24 @@ def test_xdist_runs_each_configuration_on_one_worker(pytester: pytest.Pytester) 
     for row in spread["configs"]:
         assert len({f["worker"] for f in row["failures"]}) <= 1
     assert result.ret == 1
+
+
+def test_the_html_page_has_a_row_per_configuration() -> None:
+    from pytest_prefixcache.html import render_html
+    from pytest_prefixcache.output.report import Report
+
+    rows = [
+        {"name": "a[x]", "engine": "m:e", "verdict": "pass", "requests": 3, "cache_hits": 1},
+        {"name": "b", "engine": "m:f", "verdict": "error", "engine_error": "no module m"},
+    ]
+    page = render_html(Report(requests=3, engine="2 configurations: a[x], b", configs=rows))
+    assert 'id="configs"' in page and "Configurations (2)" in page
+    assert (
+        '<code>a[x]</code></td><td class="good">PASS</td><td>m:e</td><td>3</td><td>1</td>' in page
+    )
+    assert '<td class="bad">ERROR</td>' in page and "engine could not be built: no module m" in page
+    assert 'id="verdict" class="verdict fail"' in page  # the worst row's
+    assert 'id="configs"' not in render_html(Report(requests=3))
 
 
 def test_one_configuration_changes_nothing(pytester: pytest.Pytester) -> None:

@@ -6,14 +6,20 @@ resolve them here, so both refuse the same mistakes with the same words."""
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from .matrix_file import MatrixError, read_matrix
-from .targets import Target, from_flags, select
+import pytest
 
-__all__ = ["SourceError", "is_matrix_run", "resolve_targets"]
+from . import settings
+from .matrix_file import MatrixError, read_matrix
+from .targets import SERVER_ENGINE, Target, from_flags, select, unnamed
+
+__all__ = ["SERVER_SOURCE", "SourceError", "engine_of", "is_matrix_run", "resolve_targets"]
+
+SERVER_SOURCE = "--prefixcache-server-cmd"
 
 
 class SourceError(ValueError):
@@ -62,3 +68,39 @@ def resolve_targets(
         return select(found, names)
     except (MatrixError, argparse.ArgumentTypeError) as exc:
         raise SourceError(str(exc)) from None
+
+
+def engine_of(config: pytest.Config) -> tuple[str, str, list[Target] | None]:
+    """The session's engine and where it was named (option, server command, ini, default);
+    for several configurations (a matrix): ``("matrix", "matrix", targets)``."""
+    engines = config.getoption("prefixcache_engine") or []
+    servers = config.getoption("prefixcache_server_cmd") or []
+    body = config.getoption("prefixcache_server_body")
+    if body is not None and not servers:
+        raise pytest.UsageError("--prefixcache-server-body needs --prefixcache-server-cmd")
+    matrix, names = config.getoption("prefixcache_matrix"), config.getoption("prefixcache_config")
+    try:
+        if is_matrix_run(engines, servers, matrix, names or []):
+            found = resolve_targets(
+                engines, servers, body, matrix, names or [], config.invocation_params.dir
+            )
+            return "matrix", "matrix", found
+    except SourceError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if engines:
+        return unnamed(engines[0]), "option", None
+    if servers:
+        # read by the zero-argument factory when the engine is built
+        os.environ["PREFIXCACHE_SERVER_CMD"] = unnamed(servers[0])
+        if body is not None:
+            os.environ["PREFIXCACHE_EXTRA_BODY"] = body
+        return SERVER_ENGINE, SERVER_SOURCE, None
+    ini = config.getini("prefixcache_engine")
+    if ini:
+        ini = str(ini).strip()
+        try:
+            return settings.engine_spec(ini), "ini", None
+        except Exception as exc:
+            where = config.inipath or "the ini file"
+            raise pytest.UsageError(f"prefixcache_engine in {where}: {exc}") from None
+    return settings.DEFAULT_ENGINE, "default", None
