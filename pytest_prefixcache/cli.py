@@ -5,7 +5,9 @@
 runs one saved failing stream; ``prefixcache report REPORT.json`` renders the HTML page.
 
 Exit codes: 0 the engine passed, 1 a verification check failed, 2 usage error or the engine
-could not be loaded (the report names why).
+could not be loaded (the report names why). With several configurations (repeated
+``--engine``/``--server-cmd``, ``--matrix FILE``): the worst configuration's, and 2 when any
+configuration's engine could not be built (after every configuration ran).
 """
 
 from __future__ import annotations
