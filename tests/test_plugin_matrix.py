@@ -22,7 +22,7 @@ pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
 STUB = Path(__file__).with_name("stub_openai.py")
 CASE = ROOT / "fixtures" / "corpus" / "mutants" / "mutant_placeholder_collision.json"
-#: A factory that takes the matrix's flags: ``--ignore-digest`` builds the broken fake.
+#: A factory that takes the matrix's flags: ``--lie`` builds a fake that over-reports reuse.
 FLAGGED = """
 from fakeengines import FakeEngine
 
@@ -42,7 +42,7 @@ name = "fake"
 engine = "flagged:build"
 args = { tag = "t1" }
 [config.flags]
-digest = { honest = "", broken = "--ignore-digest" }
+reuse = { honest = "", broken = "--lie" }
 
 [[config]]
 name = "plain"
@@ -116,12 +116,12 @@ def test_a_matrix_file_parametrizes_the_suite_by_configuration(pytester: pytest.
     configs = [next(n for n in names if t.endswith(f"{n}]")) for t in ran]
     runs = [c for i, c in enumerate(configs) if i == 0 or configs[i - 1] != c]
     assert runs == list(names), configs  # one configuration after another, in file order
-    assert "built t1 ['--ignore-digest']" in result.outlines and "built t1 []" in result.outlines
+    assert "built t1 ['--lie']" in result.outlines and "built t1 []" in result.outlines
     report = json.loads((pytester.path / "r.json").read_text())
     assert _rows(report) == {"fake[honest]": "pass", "fake[broken]": "fail", "plain": "pass"}
     assert report["verdict"] == "fail" and result.ret == 1
     broken = report["configs"][1]
-    assert broken["engine"] == "flagged:build(tag='t1', flags=['--ignore-digest'])"
+    assert broken["engine"] == "flagged:build(tag='t1', flags=['--lie'])"
     replay = broken["failures"][0]["replay"]
     assert "--prefixcache-matrix=m.toml" in replay and "--prefixcache-config=fake[broken]" in replay
     root = ElementTree.parse(pytester.path / "j.xml").getroot()
@@ -296,7 +296,7 @@ def test_xdist_runs_each_configuration_on_one_worker(pytester: pytest.Pytester) 
     _fakes(pytester)
     args = (
         "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-seed=1",
-        "--prefixcache-database=none", "--prefixcache-examples=2", "-k", "not state_machine",
+        "--prefixcache-database=none", "--prefixcache-examples=2", "-k", "request_streams",
         "--prefixcache-engine=fakeengines:good", "--prefixcache-engine=fakeengines:lie",
     )  # fmt: skip
     pytester.runpytest(*args, "--prefixcache-report=serial.json")
@@ -305,6 +305,7 @@ def test_xdist_runs_each_configuration_on_one_worker(pytester: pytest.Pytester) 
     spread = json.loads((pytester.path / "x.json").read_text())
     assert _rows(spread) == _rows(serial) == {"good": "pass", "lie": "fail"}
     assert [row["workers"] for row in spread["configs"]] == [1, 1], result.outlines[-30:]
+    assert spread["workers"] == 2 and serial["workers"] == 0
     for row in spread["configs"]:
         assert len({f["worker"] for f in row["failures"]}) <= 1
     assert result.ret == 1

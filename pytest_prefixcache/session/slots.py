@@ -162,6 +162,9 @@ def assemble(config: pytest.Config) -> None:
             rep.engine_error = f"{name}: {error}"
     rep.tolerance = "per configuration"
     rep.configs = [row(slot) for slot in slots.values()]
+    seen = {r.worker for r in rep.records} | {f.worker for f in rep.failures}
+    if rep.workers:  # xdist workers, not (configuration, worker) pairs
+        rep.workers = len(seen - {""}) or rep.workers
 
 
 def order_by_config(config: pytest.Config, items: list[pytest.Item]) -> None:
