@@ -4,6 +4,10 @@
 ``prefixcache_engine`` ini key, or the default reference engine; override it in conftest.py
 to build yours. ``prefixcache_verify`` (session) runs a stream, or one request after a history,
 through every check. ``prefixcache_images`` (session) is a deterministic image factory.
+``prefixcache_config`` (session) is the engine configuration under test (its
+:class:`~.slots.Slot`): in a matrix run the tests that use the engine are parametrized by it,
+and its engine is closed before the next configuration's is built; ``prefixcache_settings`` is
+that configuration's options.
 """
 
 from __future__ import annotations
