@@ -259,14 +259,18 @@ def _contains(text: str, pattern: str) -> bool:
 
 @pytest.mark.parametrize(("text", "message"), BAD, ids=range(len(BAD)))
 def test_a_bad_matrix_file_is_a_usage_error_naming_the_key(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    text: str,
+    message: str,
 ) -> None:
     path = tmp_path / "m.toml"
     path.write_text(text, encoding="utf-8")
     with pytest.raises(MatrixError) as info:
         read_matrix(path)
     assert _contains(str(info.value), message), info.value
-    os.chdir(tmp_path)  # the command exits 2 with the same words, before running anything
+    monkeypatch.chdir(tmp_path)  # the command exits 2 with the same words, before running anything
     assert cli.main(["verify", "--matrix", "m.toml", "--out", "out"]) == cli.EXIT_USAGE
     assert _contains(capsys.readouterr().err, message)
 
