@@ -271,6 +271,8 @@ def _child(module: str, request: dict[str, Any]) -> None:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
+        if sys.path and sys.path[0] == os.getcwd():  # ``python -m`` puts its directory first
+            sys.path[0] = request["cwd"]
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

@@ -1,0 +1,126 @@
+"""The baseline audit's fresh servers (adapters/fresh.py, adapters/forkserver.py): each one
+started for one audited request, sent nothing before, never reused; forked servers get their
+own environment and find nothing an earlier one left.
+
+The servers are ``tests/fresh_probe/fresh_probe_server.py`` (stdlib only), which answers how
+many requests it served before and what it found in a cache directory computed at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_prefixcache.adapters.forkserver import ForkServer, fork_module
+from pytest_prefixcache.adapters.fresh import FreshServers
+from pytest_prefixcache.adapters.server import ServerProcess, http_json, isolated_env
+from pytest_prefixcache.errors import EngineError
+
+PROBE_DIR = Path(__file__).parent / "fresh_probe"
+#: The probe's directory, then this process's own path (the fork server imports this checkout)
+ENV = {"PYTHONPATH": os.pathsep.join([str(PROBE_DIR), *sys.path[1:]])}
+CMD = "{python} -m fresh_probe_server --port {port}"
+
+
+def _start(cmd: str) -> Callable[[ForkServer | None], ServerProcess]:
+    return lambda forker: ServerProcess(cmd, env=ENV, forker=forker, start_timeout=30).start()
+
+
+@pytest.fixture
+def fresh() -> Iterator[FreshServers]:
+    servers = FreshServers(CMD, _start(CMD), env=ENV, start_timeout=30)
+    yield servers
+    servers.close()
+
+
+def _probe(server: ServerProcess, path: str = "/probe") -> dict[str, object]:
+    status, reply = http_json("POST", server.url + path, {}, timeout=10)
+    assert status == 200, reply
+    assert isinstance(reply, dict)
+    return reply
+
+
+def _audit_three(take: Callable[[], ServerProcess]) -> list[dict[str, object]]:
+    """Three audited requests as the audit makes them: take a server, one request, stop it.
+    Every server must be new (its own pid, its own HOME) and have served nothing before."""
+    seen: list[dict[str, object]] = []
+    for _ in range(3):
+        server = take()
+        reply = _probe(server)
+        assert reply["served_before"] == 0, f"a fresh server had served before: {reply}"
+        assert reply["home"] == server.home == reply["cwd"]
+        assert reply["pid"] not in [r["pid"] for r in seen]
+        seen.append(reply)
+        server.stop()
+    return seen
+
+
+def test_forked_fresh_servers_are_new_and_never_reused(fresh: FreshServers) -> None:
+    assert fresh.forked
+    replies = _audit_three(fresh.take)
+    forker = fresh._forker
+    assert forker is not None and forker.proc.pid not in [r["pid"] for r in replies]
+    # the next one is already started, and has served nothing either
+    ahead = fresh._ahead
+    assert ahead is not None
+    assert _probe(ahead.result())["served_before"] == 0
+    root = forker.root
+    fresh.close()
+    assert not os.path.exists(root)
+
+
+def test_a_reused_fresh_server_fails_the_check(fresh: FreshServers) -> None:
+    """Negative control: a pool that hands the same server out again (and never stops it)."""
+    server = fresh.take()
+    server.stop = lambda: None  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match="had served before"):
+        _audit_three(lambda: server)
+    ServerProcess.stop(server)
+
+
+def test_a_server_that_wrote_to_the_fork_servers_home_stops_the_forks(
+    fresh: FreshServers,
+) -> None:
+    first = fresh.take()
+    assert _probe(first, "/persist")["cache_entries"] == 1  # written under the fork's HOME
+    first.stop()
+    with pytest.raises(EngineError, match="wrote to the fork server's HOME"):
+        # the server started ahead was forked before the write; the next fork is refused
+        fresh.take()
+        fresh.take()
+
+
+def test_without_the_guard_the_next_fork_finds_the_file(
+    fresh: FreshServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control for the guard: what the refused fork would have seen."""
+    monkeypatch.setattr(ForkServer, "_written", lambda self: [])
+    _probe(fresh.take(), "/persist")
+    fresh.take()  # started ahead before the write
+    assert _probe(fresh.take())["cache_entries"] == 1
+
+
+def test_an_exit_code_reaches_the_adapter() -> None:
+    cmd = "{python} -m fresh_probe_server --port {port} --exit 3"
+    forker = ForkServer("fresh_probe_server", isolated_env("{home}", ENV), start_timeout=30)
+    try:
+        with pytest.raises(EngineError, match="exited with 3 before it was ready"):
+            ServerProcess(cmd, env=ENV, forker=forker, start_timeout=30).start()
+    finally:
+        forker.close()
+
+
+def test_other_commands_start_a_process_when_asked() -> None:
+    script = str(PROBE_DIR / "fresh_probe_server.py")
+    cmd = [sys.executable, script, "--port", "{port}"]
+    assert fork_module(cmd) is None and fork_module(["{python}", "-m", "x"]) == "x"
+    servers = FreshServers(cmd, lambda f: ServerProcess(cmd, env=ENV).start(), env=ENV)
+    try:
+        _audit_three(servers.take)
+        assert not servers.forked and servers._ahead is None
+    finally:
+        servers.close()
