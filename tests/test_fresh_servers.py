@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pytest_prefixcache.adapters.forkserver import ForkServer, fork_module
-from pytest_prefixcache.adapters.fresh import FreshServers
+from pytest_prefixcache.adapters.fresh import Forks, FreshServers
 from pytest_prefixcache.adapters.server import ServerProcess, http_json, isolated_env
 from pytest_prefixcache.errors import EngineError
 
@@ -26,13 +26,20 @@ ENV = {"PYTHONPATH": os.pathsep.join([str(PROBE_DIR), *sys.path[1:]])}
 CMD = "{python} -m fresh_probe_server --port {port}"
 
 
-def _start(cmd: str) -> Callable[[ForkServer | None], ServerProcess]:
-    return lambda forker: ServerProcess(cmd, env=ENV, forker=forker, start_timeout=30).start()
+@pytest.fixture
+def forks() -> Iterator[Forks]:
+    forks = Forks(env=ENV, start_timeout=30)
+    yield forks
+    forks.close()
 
 
 @pytest.fixture
-def fresh() -> Iterator[FreshServers]:
-    servers = FreshServers(CMD, _start(CMD), env=ENV, start_timeout=30)
+def fresh(forks: Forks) -> Iterator[FreshServers]:
+    forker = forks.get(CMD)
+    assert forker is not None
+    servers = FreshServers(
+        lambda: ServerProcess(CMD, env=ENV, forker=forker, start_timeout=30).start(), ahead=True
+    )
     yield servers
     servers.close()
 
@@ -59,10 +66,9 @@ def _audit_three(take: Callable[[], ServerProcess]) -> list[dict[str, object]]:
     return seen
 
 
-def test_forked_fresh_servers_are_new_and_never_reused(fresh: FreshServers) -> None:
-    assert fresh.forked
+def test_forked_fresh_servers_are_new_and_never_reused(forks: Forks, fresh: FreshServers) -> None:
     replies = _audit_three(fresh.take)
-    forker = fresh._forker
+    forker = forks.get(CMD)
     assert forker is not None and forker.proc.pid not in [r["pid"] for r in replies]
     # the next one is already started, and has served nothing either
     ahead = fresh._ahead
@@ -70,6 +76,7 @@ def test_forked_fresh_servers_are_new_and_never_reused(fresh: FreshServers) -> N
     assert _probe(ahead.result())["served_before"] == 0
     root = forker.root
     fresh.close()
+    forks.close()
     assert not os.path.exists(root)
 
 
@@ -118,9 +125,10 @@ def test_other_commands_start_a_process_when_asked() -> None:
     script = str(PROBE_DIR / "fresh_probe_server.py")
     cmd = [sys.executable, script, "--port", "{port}"]
     assert fork_module(cmd) is None and fork_module(["{python}", "-m", "x"]) == "x"
-    servers = FreshServers(cmd, lambda f: ServerProcess(cmd, env=ENV).start(), env=ENV)
+    assert Forks().get(cmd) is None and Forks(fork=False).get(CMD) is None
+    servers = FreshServers(lambda: ServerProcess(cmd, env=ENV).start(), ahead=False)
     try:
         _audit_three(servers.take)
-        assert not servers.forked and servers._ahead is None
+        assert servers._ahead is None
     finally:
         servers.close()

@@ -1,8 +1,9 @@
 """The baseline audit's fresh servers: one per audited request, never reused.
 
 :meth:`.openai.OpenAIEngine.fresh_instance` takes its server from :class:`FreshServers`. For a
-``{python} -m MODULE ...`` command the servers are forked from a fork server that has imported
-MODULE (:mod:`.forkserver`), and the next one is started ahead, in a background thread, while
+``{python} -m MODULE ...`` command the adapter's servers (its cached and cold ones too) are
+forked from a fork server that has imported MODULE (:class:`Forks`, :mod:`.forkserver`), and
+the audit's next one is started ahead, in a background thread, while
 the audit runs the current one: a forked start costs ~0.2 s (the tiny model's load in the
 child), which the requests between two audited ones hide. Other commands start a new process
 per audited request, when it is asked for (a server that takes minutes to start and gigabytes
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from .forkserver import ForkServer, fork_module
 from .server import ServerProcess, isolated_env
 
-__all__ = ["FreshServers"]
+__all__ = ["Forks", "FreshServers"]
 
 
 class _Ahead:
@@ -52,62 +53,69 @@ class _Ahead:
             self.server.stop()
 
 
-class FreshServers:
-    """Servers started from ``cmd`` for the audit, each handed out once.
+class Forks:
+    """An adapter's fork servers, one per module, each started when a command first needs it.
 
     Args:
-        cmd: the baseline's server command (``{port}``, ``{python}``).
-        start: starts a ServerProcess for ``cmd`` (with a fork server or None) and returns it.
-        fork: fork ``{python} -m MODULE`` commands (and start one ahead). Default: ``True``.
-        env: the servers' extra environment (the fork server gets the same).
-        start_timeout: seconds for the fork server's imports.
+        fork: whether to fork at all (off: every command starts a new process).
+        env: the servers' extra environment (the fork servers get the same).
+        start_timeout: seconds for a fork server's imports.
     """
 
     def __init__(
-        self,
-        cmd: Sequence[str] | str,
-        start: Callable[[ForkServer | None], ServerProcess],
-        *,
-        fork: bool = True,
-        env: Mapping[str, str] | None = None,
-        start_timeout: float = 120.0,
+        self, *, fork: bool = True, env: Mapping[str, str] | None = None, start_timeout: float = 120
     ) -> None:
-        argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
-        self.module = fork_module(argv) if fork else None
-        self._start = start
+        self.fork = fork
         self._env = dict(env or {})
         self._timeout = start_timeout
-        self._forker: ForkServer | None = None
-        self._ahead: _Ahead | None = None
+        self._servers: dict[str, ForkServer] = {}
         self._lock = threading.Lock()
 
-    @property
-    def forked(self) -> bool:
-        """Whether the servers are forked (and one is started ahead)."""
-        return self.module is not None
+    def get(self, cmd: Sequence[str] | str) -> ForkServer | None:
+        """The fork server for ``cmd``, or None when it is not ``{python} -m MODULE ...``."""
+        module = fork_module(shlex.split(cmd) if isinstance(cmd, str) else list(cmd))
+        if not self.fork or module is None:
+            return None
+        with self._lock:
+            if module not in self._servers:
+                env = isolated_env("{home}", self._env)
+                self._servers[module] = ForkServer(module, env, start_timeout=self._timeout)
+            return self._servers[module]
 
-    def _fork_server(self) -> ForkServer | None:
-        if self.module is not None and self._forker is None:
-            env = isolated_env("{home}", self._env)
-            self._forker = ForkServer(self.module, env, start_timeout=self._timeout)
-        return self._forker
+    def close(self) -> None:
+        """Stop every fork server (and so the servers they forked that still run)."""
+        with self._lock:
+            for forker in self._servers.values():
+                forker.close()
+            self._servers.clear()
+
+
+class FreshServers:
+    """Servers for the audit, each handed out once.
+
+    Args:
+        start: starts a new server and returns it.
+        ahead: start the next one while the caller uses this one (cheap, forked starts).
+    """
+
+    def __init__(self, start: Callable[[], ServerProcess], *, ahead: bool) -> None:
+        self._start = start
+        self.ahead = ahead
+        self._ahead: _Ahead | None = None
+        self._lock = threading.Lock()
 
     def take(self) -> ServerProcess:
         """A server started for the caller alone, sent nothing yet; the caller stops it."""
         with self._lock:
             ahead, self._ahead = self._ahead, None
-            forker = self._fork_server()
-            server = ahead.result() if ahead is not None else self._start(forker)
-            if forker is not None:
-                self._ahead = _Ahead(lambda: self._start(forker))
+            server = ahead.result() if ahead is not None else self._start()
+            if self.ahead:
+                self._ahead = _Ahead(self._start)
             return server
 
     def close(self) -> None:
-        """Stop the server started ahead, if any, and the fork server."""
+        """Stop the server started ahead, if any."""
         with self._lock:
             if self._ahead is not None:
                 self._ahead.discard()
                 self._ahead = None
-            if self._forker is not None:
-                self._forker.close()
-                self._forker = None
