@@ -240,7 +240,8 @@ def markdown(figures: dict[str, Any]) -> str:
     for x in figures["runs"]:
         name = f"`{x['path']}`" if x["path"] != "in-process" else "in-process (default engine)"
         lines.append(
-            f"| {name} | {x['requests']} ({x['streams']}) | {x['audited']} | {x['verdict']} "
+            f"| {name} | {x['requests']} ({x['streams']}) | {x['audited']} "
+            f"| {str(x['verdict']).upper()} "
             f"| {x['wall_s']:.1f} s | {x['requests_per_s']:.1f} "
             f"| {x['engine_s']:.1f} s ({100 * x['engine_share']:.0f}%) "
             f"| {x['ratio_to_in_process']:.2f}x |"
@@ -260,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", type=Path, help="Print the table of a --cost JSON file")
     args = ap.parse_args(argv)
     if args.markdown:
-        print(markdown(json.loads(args.markdown.read_text())))
+        try:
+            print(markdown(json.loads(args.markdown.read_text())))
+        except OSError as exc:
+            ap.error(f"--markdown {args.markdown}: cannot read it: {exc.strerror}")
+        except (ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--markdown {args.markdown}: not the JSON of a --cost run ({exc!r})")
         return 0
     if args.cost:
         figures = cost(args.seed, args.cost)
