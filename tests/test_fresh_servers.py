@@ -121,10 +121,23 @@ def test_an_exit_code_reaches_the_adapter() -> None:
         forker.close()
 
 
+def test_this_interpreter_under_another_name_is_forked(tmp_path: Path) -> None:
+    """``python`` for ``python3`` in one environment is this interpreter; the same program
+    in another directory (another environment) is not."""
+    bindir = Path(sys.executable).parent
+    names = [p.name for p in bindir.iterdir() if p.name.startswith("python")]
+    same = [n for n in names if os.path.samefile(bindir / n, sys.executable)]
+    assert [fork_module([str(bindir / n), "-m", "x"]) for n in same] == ["x"] * len(same)
+    (tmp_path / "python").symlink_to(sys.executable)
+    assert fork_module([str(tmp_path / "python"), "-m", "x"]) is None
+
+
 def test_other_commands_start_a_process_when_asked() -> None:
     script = str(PROBE_DIR / "fresh_probe_server.py")
     cmd = [sys.executable, script, "--port", "{port}"]
     assert fork_module(cmd) is None and fork_module(["{python}", "-m", "x"]) == "x"
+    assert fork_module([sys.executable, "-m", "x"]) == "x"
+    assert fork_module(["/no/such/python", "-m", "x"]) is None
     assert Forks().get(cmd) is None and Forks(fork=False).get(CMD) is None
     servers = FreshServers(lambda: ServerProcess(cmd, env=ENV).start(), ahead=False)
     try:

@@ -48,13 +48,19 @@ EXITS_ENV = "PREFIXCACHE_FORK_EXITS"
 
 
 def fork_module(cmd: Sequence[str]) -> str | None:
-    """MODULE when ``cmd`` is ``{python} -m MODULE ...`` with this interpreter (``{python}``,
-    its path, or a name that PATH resolves to its path), else None."""
+    """MODULE when ``cmd`` is ``{python} -m MODULE ...`` with this interpreter: ``{python}``,
+    or a path or a name on PATH in this interpreter's directory (its environment) that is the
+    same program (``python`` for ``python3`` in a virtual environment); else None."""
     if len(cmd) < 3 or cmd[1] != "-m":
         return None
-    if cmd[0] in ("{python}", sys.executable) or shutil.which(cmd[0]) == sys.executable:
+    if cmd[0] == "{python}":
         return cmd[2]
-    return None
+    found = shutil.which(cmd[0])
+    if found is None:
+        return None
+    here = os.path.abspath(sys.executable)
+    same_dir = os.path.dirname(os.path.abspath(found)) == os.path.dirname(here)
+    return cmd[2] if same_dir and os.path.samefile(found, here) else None
 
 
 class ForkedProcess:
@@ -134,12 +140,12 @@ class ForkServer:
                 bufsize=0,
             )
         self._finalizer = weakref.finalize(self, _close, self.proc, self.root)
-        self._baseline = self._written()
         try:
             self._reply(start_timeout, "importing " + module)
         except EngineError:
             self.close()
             raise
+        self._baseline = self._written()  # what the imports wrote; a child may add nothing
 
     def _written(self) -> list[str]:
         return sorted(os.path.join(d, f) for d, _, files in os.walk(self.home) for f in files)
@@ -173,7 +179,8 @@ class ForkServer:
         if written != self._baseline:
             raise EngineError(
                 f"something wrote to the fork server's HOME ({written[:3]}): a forked server "
-                "would see what an earlier one left; start servers without the fork server"
+                "would see what an earlier one left; start servers without forking "
+                "(OpenAIEngine(fork=False), PREFIXCACHE_FORK=0)"
             )
         request = {"argv": list(argv[3:]), "env": dict(env), "cwd": cwd, "log": str(log)}
         with self._lock:
