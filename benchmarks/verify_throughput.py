@@ -213,7 +213,8 @@ def _uptime() -> str:
 
 
 def cost(seed: int, rounds: int) -> dict[str, object]:
-    """``rounds`` rounds of the three paths back to back (the order rotates per round)."""
+    """``rounds`` rounds of the three paths back to back (the order rotates per round; each
+    run's ratio is to the in-process run of its round)."""
     names = list(PATHS)
     runs: list[dict[str, object]] = []
     for r in range(rounds):
@@ -237,8 +238,12 @@ def markdown(figures: dict[str, Any]) -> str:
         "| verdict | wall time | requests/s | engine time (share of wall) | wall / in-process |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for x in figures["runs"]:
+    order = list(PATHS)
+    runs = sorted(figures["runs"], key=lambda x: (order.index(x["path"]), x["round"]))
+    for x in runs:
         name = f"`{x['path']}`" if x["path"] != "in-process" else "in-process (default engine)"
+        if figures["rounds"] > 1:
+            name += f", round {x['round'] + 1}"
         lines.append(
             f"| {name} | {x['requests']} ({x['streams']}) | {x['audited']} "
             f"| {str(x['verdict']).upper()} "
