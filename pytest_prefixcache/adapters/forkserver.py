@@ -2,13 +2,14 @@
 
 The baseline audit proves the uncached baseline cold with a new server process per audited
 request (DESIGN.md, "Principles of the verdict", rule 2). Started from scratch, each one pays
-the interpreter and its imports again: for the reference server ~3 s of CPU, nearly all of it
-importing mlx-vlm and transformers, against 0.1 s to load the tiny model. For a command of the
-form ``{python} -m MODULE ARGS``, a :class:`ForkServer` imports MODULE's dependencies once, in a
-process of its own that never loads a model and never serves a request, and forks one child per
-server. The child takes its own session, environment, working directory (the server's private
-HOME) and log, then runs MODULE as ``__main__`` with ARGS, as ``python -m`` would: its model,
-engine and caches are built after the fork, so what it inherits is imported code only.
+the interpreter and its imports again: for the reference server nearly all of its start-up is
+importing mlx-vlm and transformers, not loading the tiny model (README, "What verification
+costs"). For a command of the form ``{python} -m MODULE ARGS``, a :class:`ForkServer` imports
+MODULE's dependencies once, in a process of its own that never loads a model and never serves
+a request, and forks one child per server (on Linux: see :data:`.fresh.FORK_BY_DEFAULT`).
+The child takes its own session, environment, working directory (the server's private HOME)
+and log, then runs MODULE as ``__main__`` with ARGS, as ``python -m`` would: its model, engine
+and caches are built after the fork, so what it inherits is imported code only.
 
 MODULE itself is imported and dropped again (the child runs it afresh); the modules named in its
 ``PREFIXCACHE_PRELOAD`` (what its ``main`` imports lazily) stay imported. Import-time state that

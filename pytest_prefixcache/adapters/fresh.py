@@ -1,13 +1,13 @@
 """The baseline audit's fresh servers: one per audited request, never reused.
 
 :meth:`.openai.OpenAIEngine.fresh_instance` takes its server from :class:`FreshServers`. For a
-``{python} -m MODULE ...`` command the adapter's servers (its cached and cold ones too) are
-forked from a fork server that has imported MODULE (:class:`Forks`, :mod:`.forkserver`), and
-the audit's next one is started ahead, in a background thread, while
-the audit runs the current one: a forked start costs ~0.2 s (the tiny model's load in the
-child), which the requests between two audited ones hide. Other commands start a new process
-per audited request, when it is asked for (a server that takes minutes to start and gigabytes
-to run, like vLLM, is not doubled up).
+``{python} -m MODULE ...`` command on Linux the adapter's servers (its cached and cold ones
+too) are forked from a fork server that has imported MODULE (:class:`Forks`,
+:mod:`.forkserver`), and the audit's next one is started ahead, in a background thread, while
+the audit runs the current one: what is left of a forked start (the child loading its model)
+is then hidden behind the requests between two audited ones. Other commands start a new
+process per audited request, when it is asked for (a server that takes minutes to start and
+gigabytes to run, like vLLM, is not doubled up).
 
 Either way every server handed out has been started for the caller alone and sent nothing
 before: :meth:`FreshServers.take` hands each one out exactly once, and the caller stops it.
@@ -16,13 +16,18 @@ before: :meth:`FreshServers.take` hands each one out exactly once, and the calle
 from __future__ import annotations
 
 import shlex
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from .forkserver import ForkServer, fork_module
 from .server import ServerProcess, isolated_env
 
-__all__ = ["Forks", "FreshServers"]
+__all__ = ["FORK_BY_DEFAULT", "Forks", "FreshServers"]
+
+#: Whether servers are forked unless told otherwise: on Linux. On macOS a process that has
+#: imported MLX has loaded Metal and the Objective-C runtime, which are not safe to fork.
+FORK_BY_DEFAULT = sys.platform.startswith("linux")
 
 
 class _Ahead:
@@ -57,15 +62,20 @@ class Forks:
     """An adapter's fork servers, one per module, each started when a command first needs it.
 
     Args:
-        fork: whether to fork at all (off: every command starts a new process).
+        fork: whether to fork at all (off: every command starts a new process). Default:
+            None (:data:`FORK_BY_DEFAULT`: on Linux).
         env: the servers' extra environment (the fork servers get the same).
         start_timeout: seconds for a fork server's imports.
     """
 
     def __init__(
-        self, *, fork: bool = True, env: Mapping[str, str] | None = None, start_timeout: float = 120
+        self,
+        *,
+        fork: bool | None = None,
+        env: Mapping[str, str] | None = None,
+        start_timeout: float = 120,
     ) -> None:
-        self.fork = fork
+        self.fork = FORK_BY_DEFAULT if fork is None else fork
         self._env = dict(env or {})
         self._timeout = start_timeout
         self._servers: dict[str, ForkServer] = {}

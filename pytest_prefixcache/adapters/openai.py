@@ -87,7 +87,8 @@ class OpenAIEngine:
             coverage table says the baseline was not audited). Default: ``True``.
         fork: fork the servers from a process that has imported the command's module, and
             start the audit's next fresh server ahead (``{python} -m MODULE`` commands; see
-            :mod:`.fresh`), instead of starting each from scratch. Default: ``True``.
+            :mod:`.fresh`), instead of starting each from scratch. Default: None (on Linux;
+            not on macOS, where a process that has imported MLX is not safe to fork).
         claims: the claim sources read around every request (see :mod:`.claims`); with
             ``tap``, their figures and the API's per-step logprobs are compared with what the
             model computed (the claims check). Default: None.
@@ -125,7 +126,7 @@ class OpenAIEngine:
         atol: float = 0.0,
         audit: bool = True,
         claims: ClaimWatch | None = None,
-        fork: bool = True,
+        fork: bool | None = None,
     ) -> None:
         check_baseline(
             cmd=cmd,
