@@ -5,6 +5,8 @@
     python benchmarks/verify_throughput.py --audit-cost 2 --json benchmarks/results/audit_cost.json
     python benchmarks/verify_throughput.py --cost 1 --json benchmarks/results/verify_cost.json
     python benchmarks/verify_throughput.py --markdown benchmarks/results/verify_cost.json
+    python benchmarks/verify_throughput.py --path presets:reference_server --examples 10 \
+        --profile benchmarks/results/verify_profile_http.txt
 
 Runs the default verification suite (the reference engine on the tiny fixture) in a subprocess,
 exactly as a user would, with ``--prefixcache-report``; reads the streams (Hypothesis examples
@@ -98,15 +100,21 @@ def measure(
     profile: Path | None = None,
     audit: bool = True,
     path: str | None = None,
+    examples: int | None = None,
 ) -> dict[str, object]:
     """Run the suite once; return wall time, streams, requests and their rates (``path``: one
-    of :data:`PATHS`, timed by the engine clock)."""
+    of :data:`PATHS`, timed by the engine clock unless profiled)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with tempfile.TemporaryDirectory(prefix="prefixcache-verify-") as tmp:
         report_path = Path(tmp) / "report.json"
         args = pytest_args(report_path, seed)
         clock = Path(tmp) / "clock.json"
-        if path is not None:
+        if examples is not None:
+            args.append(f"--prefixcache-examples={examples}")
+        if path is not None and profile is not None:  # in this process, not clocked
+            args += PATHS[path][0]
+            os.environ.update(PATHS[path][1])
+        elif path is not None:
             extra_args, extra_env = PATHS[path]
             args += ["-p", "engine_clock", *extra_args]
             pythonpath = os.pathsep.join([str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
@@ -263,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path, help="Profile with pyinstrument into this text file")
     ap.add_argument("--audit-cost", type=int, metavar="N", help="N pairs: audited vs unaudited")
     ap.add_argument("--cost", type=int, metavar="N", help="N rounds of the three paths")
+    ap.add_argument("--path", choices=list(PATHS), help="One run (or profile) on this path")
+    ap.add_argument("--examples", type=int, metavar="N", help="--prefixcache-examples of one run")
     ap.add_argument("--markdown", type=Path, help="Print the table of a --cost JSON file")
     args = ap.parse_args(argv)
     if args.markdown:
@@ -278,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.audit_cost:
         figures = audit_cost(args.seed, args.audit_cost)
     else:
-        figures = measure(args.seed, args.profile)
+        figures = measure(args.seed, args.profile, path=args.path, examples=args.examples)
     for k, v in figures.items():
         print(f"{k:>16}: {v:.3f}" if isinstance(v, float) else f"{k:>16}: {v}")
     if args.json:
