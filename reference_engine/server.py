@@ -15,6 +15,9 @@ Endpoints (the API itself, requests and replies, lives in ``reference_engine.ope
   or ``--served-model-name``; replies name it whatever ``model`` a request gives (not checked).
 - ``GET /health``, ``GET /v1/cache/stats``, ``POST /v1/cache/reset``.
 
+A completion reply (not streamed) has a ``Server-Timing: engine;dur=MS`` header: the
+milliseconds the engine's ``run`` took (render, prefill, decode) for it.
+
 Decoding is greedy: sampling fields are accepted only with values that mean greedy
 (``temperature`` 0, ``n`` 1, ...) and refused with HTTP 400 naming the field otherwise
 (``openai_api.params``). ``seed`` is accepted (a greedy decode is the same under every seed);
@@ -72,6 +75,10 @@ __all__ = [
 
 NAMESPACE_HEADER = "x-prefixcache-namespace"
 
+#: What ``main`` imports lazily (the model loader's package): a fork server
+#: (``pytest_prefixcache.adapters.forkserver``) imports it once before forking fresh servers.
+PREFIXCACHE_PRELOAD = ("mlx_vlm",)
+
 
 def completion(
     out: Outcome, body: dict[str, Any], tokenizer: Any, model: str, eos: frozenset[int]
@@ -89,10 +96,12 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.verbose:
             super().log_message(format, *args)
 
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
+    def _send(self, status: int, payload: dict[str, Any], engine_s: float | None = None) -> None:
         data = json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        if engine_s is not None:  # the time inside the engine's run (render, prefill, decode)
+            self.send_header("Server-Timing", f"engine;dur={engine_s * 1000:.3f}")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -163,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._not_found(f"POST {path}")
             return
         try:
-            stream, payload = self._complete(path, raw)
+            stream, payload, engine_s = self._complete(path, raw)
         except APIError as exc:
             self._send(exc.status, exc.body())
             return
@@ -177,10 +186,11 @@ class _Handler(BaseHTTPRequestHandler):
         if stream:
             self._stream(payload)
         else:
-            self._send(200, payload)
+            self._send(200, payload, engine_s)
 
-    def _complete(self, path: str, raw: bytes) -> tuple[bool, Any]:
-        """(streamed?, the reply or its chunks) of a completion request; raises APIError."""
+    def _complete(self, path: str, raw: bytes) -> tuple[bool, Any, float]:
+        """(streamed?, the reply or its chunks, seconds in the engine's run) of a completion
+        request; raises APIError."""
         route = ENDPOINTS[path]
         try:
             body = json.loads(raw or b"{}")
@@ -197,12 +207,22 @@ class _Handler(BaseHTTPRequestHandler):
         # Chat requests call run() as before, so engines overriding it without ``template``
         # (mutants, test doubles) still serve them.
         flags = {} if route.template else {"template": False}
-        out = s.call(s.engine.run, request, use_cache=True, **flags)
+        out, engine_s = s.call(_timed, s.engine.run, request, use_cache=True, **flags)
         gen = generated(out, model.tokenizer, model.eos_token_ids, stop)
         args = (out, gen, body, model.tokenizer, s.model_name)
         if body.get("stream"):
-            return True, list(route.chunks(*args))
-        return False, route.reply(*args)
+            return True, list(route.chunks(*args)), engine_s
+        return False, route.reply(*args), engine_s
+
+
+#: The clock of the Server-Timing header.
+_clock = time.perf_counter
+
+
+def _timed(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = _clock()
+    out = fn(*args, **kwargs)
+    return out, _clock() - start
 
 
 class _Server(ThreadingHTTPServer):

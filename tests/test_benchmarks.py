@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,3 +102,34 @@ def test_no_reuse_markdown_reads_the_committed_results(
     with pytest.raises(SystemExit):
         no_reuse.main(["--markdown", str(tmp_path / "missing.json")])
     assert "no such file: " + str(tmp_path / "missing.json") in capsys.readouterr().err
+
+
+def test_verify_cost_markdown_is_the_readme_table(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import verify_throughput
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "benchmarks" / "results" / "verify_cost.json"
+    assert verify_throughput.main(["--markdown", str(results)]) == 0
+    table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    rounds = json.loads(results.read_text())["rounds"]
+    assert len(table) == 2 + 3 * rounds  # header, rule, the three paths in every round
+    readme = (root / "README.md").read_text()
+    assert all(line in readme for line in table)  # the README shows what the JSON says
+    bad = tmp_path / "audit.json"
+    bad.write_text('{"seed": 1}')
+    for path, says in [(tmp_path / "missing.json", "cannot read it"), (bad, "not the JSON")]:
+        with pytest.raises(SystemExit) as info:
+            verify_throughput.main(["--markdown", str(path)])
+        assert info.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_engine_clock_reads_the_engine_metric_of_server_timing() -> None:
+    pytest.importorskip("mlx.core")
+    import engine_clock
+
+    assert engine_clock._server_timing("engine;dur=1500.000") == 1.5
+    assert engine_clock._server_timing("db;dur=3, engine;desc=x;dur=250") == 0.25
+    assert engine_clock._server_timing("db;dur=3") is None  # another metric: not the engine
+    assert engine_clock._server_timing("") is None

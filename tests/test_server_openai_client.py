@@ -229,6 +229,23 @@ def test_errors_have_the_openai_shape(server: Any, client: Any) -> None:
     assert set(json.loads(http.value.read())["error"]) == {"message", "type", "param", "code"}
 
 
+def test_server_timing_is_the_engines_run(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A completion reply's Server-Timing header is the time between the two clock reads
+    around the engine's run (a clock that advances 1.5 s per read: 1500 ms)."""
+    import reference_engine.server as module
+
+    ticks = iter(range(100))
+    monkeypatch.setattr(module, "_clock", lambda: 1.5 * next(ticks))
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    body = json.dumps({"messages": HELLO, "max_tokens": 1}).encode()
+    req = urllib.request.Request(base + "/v1/chat/completions", data=body, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as reply:
+        assert reply.headers["Server-Timing"] == "engine;dur=1500.000"
+    assert next(ticks) == 2  # two reads: around the run
+    with urllib.request.urlopen(base + "/health", timeout=30) as health:
+        assert health.headers["Server-Timing"] is None  # no engine ran
+
+
 @pytest.mark.parametrize(
     ("flags", "name"), [([], MODEL), (["--served-model-name", "ref-7"], "ref-7")]
 )

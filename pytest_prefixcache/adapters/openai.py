@@ -13,7 +13,9 @@ The uncached baseline (``cold=``, default ``"reset"``) is described in :mod:`.ba
 
 Every uncached reply that reports ``cached_tokens > 0`` raises EngineError. The baseline
 audit checks the chosen baseline: :meth:`OpenAIEngine.fresh_instance` starts a new server for
-each audited request. With ``tap=True`` every server started here runs under the logit tap
+each audited request (:mod:`.fresh`: for ``{python} -m MODULE`` commands every server is
+forked from a process that has imported MODULE, and the audit's next one started ahead). With
+``tap=True`` every server started here runs under the logit tap
 (the command must start ``python -m pytest_prefixcache.tap``) and the Outcome gets the real
 full-vocabulary ``logits`` and ``step_logits``; ``tap_disagreements`` lists every reply whose
 API figures the tap contradicts.
@@ -33,6 +35,7 @@ from ..types import Outcome, Request
 from .baselines import Cold, check_baseline
 from .chat import chat_body
 from .claims import ClaimWatch, Pending
+from .fresh import Forks, FreshServers
 from .prompt_ids import PromptIds, Source, Spans
 from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
 from .resets import endpoints, reset_caches
@@ -82,6 +85,10 @@ class OpenAIEngine:
             ``--prefixcache-rtol``, ``--prefixcache-kl``) is given. Default: exact.
         audit: let the baseline audit start a fresh server per audited request (off: the
             coverage table says the baseline was not audited). Default: ``True``.
+        fork: fork the servers from a process that has imported the command's module, and
+            start the audit's next fresh server ahead (``{python} -m MODULE`` commands; see
+            :mod:`.fresh`), instead of starting each from scratch. Default: None (on Linux;
+            not on macOS, where a process that has imported MLX is not safe to fork).
         claims: the claim sources read around every request (see :mod:`.claims`); with
             ``tap``, their figures and the API's per-step logprobs are compared with what the
             model computed (the claims check). Default: None.
@@ -119,6 +126,7 @@ class OpenAIEngine:
         atol: float = 0.0,
         audit: bool = True,
         claims: ClaimWatch | None = None,
+        fork: bool | None = None,
     ) -> None:
         check_baseline(
             cmd=cmd,
@@ -157,6 +165,9 @@ class OpenAIEngine:
         self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
         self._env = dict(env or {})
         self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
+        self._forks = Forks(fork=fork, env=self._env, start_timeout=start_timeout)
+        self._fresh: FreshServers | None = None  # built on first use; the copies share it
+        self._owner = True  # fresh instances (copies) leave the shared servers alone
         #: The baseline audit starts a new server per audited request (fresh_instance).
         self.supports_fresh_instances = audit and self._fresh_cmd is not None
         self.fresh_instances_missing = (
@@ -170,12 +181,13 @@ class OpenAIEngine:
             self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
-        if cmd is None:
-            return str(url).rstrip("/")
-        proc = ServerProcess(cmd, env=self._env, **self._opts)
+        return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
+
+    def _process(self, cmd: Command) -> ServerProcess:
+        proc = ServerProcess(cmd, env=self._env, forker=self._forks.get(cmd), **self._opts)
         if self.tap:  # one append-only records file per server, kept across its restarts
             self._readers[id(proc)] = attach_tap(proc, self)
-        return self._start(proc)
+        return proc
 
     def _start(self, proc: ServerProcess) -> ServerProcess:
         proc.start()
@@ -185,11 +197,16 @@ class OpenAIEngine:
     def fresh_instance(self) -> OpenAIEngine:
         """An engine whose every run goes, uncached, to a server started just for it from
         the baseline's command; ``close()`` stops it. The baseline audit calls this."""
-        if self._fresh_cmd is None:
+        cmd = self._fresh_cmd
+        if cmd is None:
             raise EngineError(self.fresh_instances_missing)
+        if self._fresh is None:
+            forked = self._forks.get(cmd) is not None
+            self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
         fresh = copy.copy(self)
         fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
-        fresh.server = fresh.cold_server = fresh._make(self._fresh_cmd, None)
+        fresh._owner = False
+        fresh.server = fresh.cold_server = self._fresh.take()
         fresh.cold = "server"
         return fresh
 
@@ -200,6 +217,11 @@ class OpenAIEngine:
             if isinstance(s, ServerProcess):
                 s.stop()
                 remove_quietly(s.extra_env.get("PREFIXCACHE_TAP", ""))
+        if self._owner:
+            if self._fresh is not None:
+                self._fresh.close()
+                self._fresh = None
+            self._forks.close()
 
     def __enter__(self) -> OpenAIEngine:
         return self

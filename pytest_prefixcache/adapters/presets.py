@@ -249,6 +249,8 @@ def from_env() -> OpenAIEngine:
     server's ``prefixcache`` reply object: token ids, spans, merges, logits);
     ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
     ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial);
+    ``PREFIXCACHE_FORK=0`` or ``1`` (start every server from scratch, or fork it; default: fork
+    on Linux, see :mod:`.fresh`);
     ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`) and
     ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8).
     """
@@ -290,6 +292,7 @@ def from_env() -> OpenAIEngine:
         tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
         extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
         audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
+        fork={"0": False, "1": True}.get(e.get("PREFIXCACHE_FORK", "")),
         claims=ClaimWatch(
             sources_from_json(e["PREFIXCACHE_CLAIMS"]),
             decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),

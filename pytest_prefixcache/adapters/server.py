@@ -27,8 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
+from .forkserver import ForkedProcess, ForkServer
 
-__all__ = ["ServerProcess", "connection_problem", "free_port", "http_json", "remove_quietly"]
+__all__ = [
+    "ServerProcess",
+    "connection_problem",
+    "free_port",
+    "http_json",
+    "isolated_env",
+    "remove_quietly",
+]
+
+#: A server's process: started here (Popen) or forked by a fork server.
+Proc = subprocess.Popen[bytes] | ForkedProcess
 
 ISOLATION_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -111,7 +122,23 @@ def remove_quietly(path: str) -> None:
             pass
 
 
-def _stop(proc: subprocess.Popen[bytes], home: str) -> None:
+def isolated_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment with the isolation variables, HOME and the caches under
+    ``home``, then ``extra`` (``{home}`` in a value is ``home``)."""
+    env = dict(os.environ)
+    hf = os.path.join(home, "hf")
+    env.update(ISOLATION_ENV)
+    env.update(
+        HOME=home,
+        HF_HOME=hf,
+        HF_HUB_CACHE=os.path.join(hf, "hub"),
+        XDG_CACHE_HOME=os.path.join(home, ".cache"),
+    )
+    env.update({k: v.replace("{home}", home) for k, v in (extra or {}).items()})
+    return env
+
+
+def _stop(proc: Proc, home: str) -> None:
     try:
         if proc.poll() is None:
             proc.terminate()
@@ -136,6 +163,8 @@ class ServerProcess:
             value is the server's private HOME, removed when it stops (``TMPDIR={home}/tmp``
             keeps what a server leaves in the temp directory there: vLLM's ``vllm_dist_*``
             files and IPC sockets). Default: None.
+        forker: a fork server that starts this ``{python} -m MODULE`` command by forking
+            (see :mod:`.forkserver`). Default: None (a new process).
     """
 
     def __init__(
@@ -145,6 +174,7 @@ class ServerProcess:
         health_path: str = "/health",
         start_timeout: float = 120.0,
         env: Mapping[str, str] | None = None,
+        forker: ForkServer | None = None,
     ) -> None:
         self.cmd = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
         if not self.cmd:
@@ -152,7 +182,8 @@ class ServerProcess:
         self.health_path = health_path
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.forker = forker
+        self.proc: Proc | None = None
         self.port = 0
         self.home = ""
         self._finalizer: Any = None
@@ -187,32 +218,27 @@ class ServerProcess:
     def _start_once(self) -> None:
         self.port = free_port()
         self.home = tempfile.mkdtemp(prefix="prefixcache-server-")
-        env = dict(os.environ)
-        hf = os.path.join(self.home, "hf")
-        env.update(ISOLATION_ENV)
-        env.update(
-            HOME=self.home,
-            HF_HOME=hf,
-            HF_HUB_CACHE=os.path.join(hf, "hub"),
-            XDG_CACHE_HOME=os.path.join(self.home, ".cache"),
-        )
-        env.update({k: v.replace("{home}", self.home) for k, v in self.extra_env.items()})
+        env = isolated_env(self.home, self.extra_env)
         os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
         if env.get("TMPDIR", "").startswith(self.home):
             os.makedirs(env["TMPDIR"], exist_ok=True)
         argv = [a.format(port=self.port, python=sys.executable) for a in self.cmd]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=self.home,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
+        if self.forker is not None:
+            self.proc = self.forker.spawn(argv, env, cwd=self.home, log=str(self.log_path))
+        else:
+            with open(self.log_path, "wb") as log:
+                self.proc = subprocess.Popen(
+                    argv,
+                    env=env,
+                    cwd=self.home,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.home)
         deadline = time.monotonic() + self.start_timeout
+        pause = 0.005  # a forked server answers within ~0.2 s, a started one within seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise EngineError(
@@ -225,7 +251,8 @@ class ServerProcess:
                     return
             except OSError:
                 pass
-            time.sleep(0.1)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
         raise EngineError(
             f"server {shlex.join(argv)!r} did not answer {self.health_path} within "
             f"{self.start_timeout:g} s; log:\n{self.log_tail()}"
