@@ -317,7 +317,7 @@ def test_an_optional_stats_field_that_is_absent_claims_nothing() -> None:
         assert hits.value == 0  # the present field still claims
     with (
         stub_engine(sources=(StatsDelta("/v1/cache/stats", "engine_cache.hits"),)) as engine,
-        pytest.raises(EngineError, match="no number at engine_cache.hits"),
+        pytest.raises(EngineError, match=r"no number at engine_cache\.hits"),
     ):
         engine.run(TEXT, use_cache=True)
 

@@ -131,8 +131,9 @@ def sources_from_json(text: str) -> list[Source]:
     """Claim sources from JSON (``PREFIXCACHE_CLAIMS``): a list of objects, each with one kind
     key (``api``, ``stats``, ``metric``, ``log``, ``header``) whose value is the path, metric,
     pattern or header name, and the class's other fields (``field``, ``unit``, ``labels``,
-    ``method``, ``path``, ``optional``). Example: ``[{"api": "usage.prompt_tokens_details.cached_tokens"},
-    {"stats": "/v1/cache/stats", "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
+    ``method``, ``path``, ``optional``). Example:
+    ``[{"api": "usage.prompt_tokens_details.cached_tokens"}, {"stats": "/v1/cache/stats",
+    "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
     try:
         items = json.loads(text)
         if not isinstance(items, list):
