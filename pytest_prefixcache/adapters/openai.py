@@ -69,7 +69,8 @@ class OpenAIEngine:
             ``Request.namespace`` (vLLM: ``namespace_field="cache_salt"``); with neither,
             requests with a namespace are refused. Default: None.
         reset_paths: the cache-reset endpoints, ``"METHOD /path"`` each. Default:
-            ``reset_method reset_path`` (``POST /v1/cache/reset``).
+            ``reset_method reset_path`` (``POST /v1/cache/reset``). ``reset_tolerated``: the
+            ``error`` texts a reset reply may carry and still count as a reset. Default: none.
         health_path: the readiness endpoint. Default: ``"/health"``.
         supports_images: whether to send image requests. Default: ``True``.
         extra_body: fields added to every request body (they win over the adapter's own).
@@ -113,6 +114,7 @@ class OpenAIEngine:
         reset_path: str = "/v1/cache/reset",
         reset_method: str = "POST",
         reset_paths: Sequence[str] | str | None = None,
+        reset_tolerated: Sequence[str] = (),
         health_path: str = "/health",
         supports_images: bool = True,
         extra_body: Mapping[str, Any] | None = None,
@@ -155,6 +157,7 @@ class OpenAIEngine:
         self.supports_namespaces = namespace_header is not None or namespace_field is not None
         try:
             self.resets = endpoints(reset_paths or f"{reset_method} {reset_path}")
+            self.reset_tolerated = tuple(reset_tolerated)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.supports_images = supports_images
@@ -251,7 +254,7 @@ class OpenAIEngine:
             if status in ABSENT and proc is not None:
                 self._start(proc)  # no such endpoint: a restart empties the cache
                 return
-            why = refusal(status, reply)
+            why = refusal(status, reply, self.reset_tolerated)
             if why is not None:
                 raise EngineError(f"the cache reset {ep} of {base} failed: it {why}")
 
