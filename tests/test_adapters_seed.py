@@ -1,9 +1,10 @@
 """Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
 
 Skipped unless scripts/seed_engines.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
-SEED_MODE (simple, mllm, cb, paged), SEED_PYTHON (the engine venv's python) and SEED_CLI (the
-CLI function, MODULE:FUNC). The server runs that CLI under the tap; the uncached baseline is a
-second server started with --disable-prefix-cache. Every comparison uses the tap's
+SEED_FLAGS (the serve flags of one combination of scripts/seed_matrix.toml), SEED_MODE (its
+labels, e.g. ``cb,text,paged,whole,full``: the key of the known findings) and SEED_DIR (the
+engines' environments). The servers are ``adapters.seed.seed_server``'s: the engine under the
+tap with those flags, and a cache-less cold server. Every comparison uses the tap's
 full-vocabulary log-softmax, exact (MLX on CPU).
 """
 
@@ -16,61 +17,20 @@ from collections.abc import Iterator
 import pytest
 from adapter_support import SYSTEM, assistant, img, record_finding, req, user, worst_diff
 
-from pytest_prefixcache.adapters.chat import FIXTURES
 from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.seed import seed_server
+from pytest_prefixcache.checks.claims import claim_problems
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
-MODE = os.environ.get("SEED_MODE", "simple")
+FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
+MODE = os.environ.get("SEED_MODE", "")
 pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
 
-FLAGS = {
-    "simple": [],
-    "mllm": ["--mllm"],
-    "cb": ["--continuous-batching"],
-    "paged": ["--continuous-batching", "--use-paged-cache"],
-}
-if ENGINE == "rapid-mlx":  # only a batched engine: no --continuous-batching flag
-    FLAGS.update(cb=[], paged=["--use-paged-cache"])
-#: The endpoint that empties the prefix cache. rapid-mlx 0.16.10's DELETE /v1/cache ("Clear
-#: all caches") clears only mlx-vlm's multimodal caches: it answers 200 with {"error": "Cache
-#: clear not available (mlx_vlm not loaded)"} and a repeat still reuses 88 of 89 tokens after
-#: it (the tap); its POST /v1/cache/clear empties the prefix cache (then 0 of 89).
-RESET = ("/v1/cache/clear", "POST") if ENGINE == "rapid-mlx" else ("/v1/cache", "DELETE")
-MODEL = FIXTURES / ("tiny-qwen2-vl" if MODE == "mllm" else "tiny-llama")
-IMAGES = MODE == "mllm"
+IMAGES = "--mllm" in FLAGS
 A, B = img(1), img(2)
 TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
 TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
 IMAGE = req(SYSTEM, user(A, "What is in this image?"))
-
-
-def commands() -> tuple[str, str]:
-    """The cached and the uncached server command lines."""
-    python = os.environ.get("SEED_PYTHON", "python")
-    cli = os.environ.get("SEED_CLI", "vllm_mlx.cli:main")
-    argv = [python, "-m", "pytest_prefixcache.tap", cli, "serve", str(MODEL)]
-    argv += ["--host", "127.0.0.1", "--port", "{port}"]
-    # the baseline keeps the engine's mode but no cache (rapid-mlx refuses a paged store
-    # without the prefix cache)
-    cold = [f for f in FLAGS[MODE] if f != "--use-paged-cache"]
-    return shlex.join([*argv, *FLAGS[MODE]]), shlex.join([*argv, *cold, "--disable-prefix-cache"])
-
-
-def exports() -> str:
-    """Shell exports configuring ``presets:from_env`` for the same servers."""
-    cmd, cold = commands()
-    env = {
-        "PREFIXCACHE_SERVER_CMD": cmd,
-        "PREFIXCACHE_COLD": "server",
-        "PREFIXCACHE_COLD_CMD": cold,
-        "PREFIXCACHE_TAP_SERVER": "1",
-        "PREFIXCACHE_MODEL": str(MODEL),
-        "PREFIXCACHE_TEXT_ONLY": "0" if IMAGES else "1",
-        "PREFIXCACHE_RESET_PATH": RESET[0],
-        "PREFIXCACHE_RESET_METHOD": RESET[1],
-        "PREFIXCACHE_RENDER": f"{'vlm' if IMAGES else 'text'}:{MODEL}",
-    }
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
 MROPE_STALE = (
@@ -105,19 +65,7 @@ def _known_findings(request: pytest.FixtureRequest) -> None:
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[OpenAIEngine]:
-    cmd, cold = commands()
-    with OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cold,
-        model=str(MODEL),
-        supports_images=IMAGES,
-        tap=True,
-        reset_path=RESET[0],
-        reset_method=RESET[1],
-        start_timeout=300,
-        timeout=300,
-    ) as e:
+    with seed_server(ENGINE, FLAGS) as e:
         yield e
 
 
@@ -160,6 +108,16 @@ def test_api_agrees_with_the_tap(engine: OpenAIEngine) -> None:
     check(engine, TEXT)
     check(engine, TEXT_NEXT)
     assert engine.tap_disagreements == []
+
+
+def test_claims_agree_with_the_tap(engine: OpenAIEngine) -> None:
+    """Every declared claim source (stats, metrics, log, cached_tokens) on a repeat and a next
+    turn equals what the model computed; so do the API's per-step logprobs, where it has any."""
+    problems = []
+    for request in (TEXT, TEXT, TEXT_NEXT):
+        out = engine.run(request, use_cache=True)
+        problems += [p.headline for p in claim_problems(out)]
+    assert problems == []
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")

@@ -178,7 +178,8 @@ def seed_server(
         render=VlmRenderer(model) if images else TextRenderer(model),
         tap=True,
         vocab=model,
-        env={"PYTHONPATH": root},
+        # rapid-mlx leaves rapid-mlx-videos-* directories in the temp directory: in HOME
+        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
         start_timeout=start_timeout,
         timeout=300.0,
         tap_log=os.environ.get("PREFIXCACHE_TAP_LOG") or None,
