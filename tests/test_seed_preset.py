@@ -13,6 +13,7 @@ from pytest_prefixcache.adapters.seed import (
     commands,
     model_dir,
     seed_server,
+    slug,
     split_flags,
 )
 from pytest_prefixcache.errors import EngineError
@@ -37,6 +38,13 @@ def test_the_cold_server_keeps_the_engine_path_and_drops_the_cache_store() -> No
     rapid, rapid_cold = commands("rapid-mlx", ["--prefix-cache-index hash", "--mllm"], "p")
     assert rapid_cold[-2:] == ["--mllm", "--disable-prefix-cache"] and "hash" in rapid
     assert "--enable-metrics" not in rapid  # rapid-mlx serves /metrics unasked, refuses the flag
+
+
+def test_each_combination_has_its_own_file_name() -> None:
+    assert slug("vllm-mlx", ["--continuous-batching", "--chunked-prefill-tokens 32"]) == (
+        "vllm-mlx--continuous-batching--chunked-prefill-tokens--32"
+    )
+    assert slug("rapid-mlx", []) == "rapid-mlx"
 
 
 def test_mllm_serves_the_vision_model() -> None:

@@ -39,6 +39,7 @@ __all__ = [
     "from_env",
     "model_dir",
     "seed_server",
+    "slug",
 ]
 
 #: engine -> (CLI function, cache reset "METHOD /path"). rapid-mlx 0.16.10's DELETE /v1/cache
@@ -77,6 +78,11 @@ _VLLM_STATS = {
 def split_flags(flags: Sequence[str]) -> list[str]:
     """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
     return [word for flag in flags for word in shlex.split(flag)]
+
+
+def slug(engine: str, flags: Sequence[str]) -> str:
+    """A file name for one combination: ``vllm-mlx--continuous-batching--use-paged-cache``."""
+    return "--".join([engine, *(w.lstrip("-") for w in split_flags(flags))]) or engine
 
 
 def model_dir(flags: Sequence[str]) -> Path:
@@ -154,8 +160,9 @@ def seed_server(
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
-    (``decode_steps`` tokens asked for under the tap). ``$PREFIXCACHE_TAP_LOG``: a JSON-lines
-    file of the API's and the tap's reuse per request."""
+    (``decode_steps`` tokens asked for under the tap). ``$SEED_TAP_LOGS``: a directory that
+    gets a JSON-lines file of the API's and the tap's reuse per request, ``<slug>.jsonl`` for
+    each combination (:func:`slug`)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -163,6 +170,8 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     cmd, cold = commands(engine, flags, python)
+    logs = os.environ.get("SEED_TAP_LOGS")
+    tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     model = model_dir(flags)
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
     images = model.name == "tiny-qwen2-vl"
@@ -182,7 +191,7 @@ def seed_server(
         env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
         start_timeout=start_timeout,
         timeout=300.0,
-        tap_log=os.environ.get("PREFIXCACHE_TAP_LOG") or None,
+        tap_log=tap_log,
         audit=audit,
         claims=ClaimWatch(
             sources_from_json(json.dumps(claim_specs(engine, flags))), decode_steps=decode_steps
