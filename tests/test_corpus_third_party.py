@@ -87,14 +87,17 @@ def test_the_seed_script_saves_each_distinct_counterexample_once_with_a_descript
     failures = save_stream(stream, tmp_path / "run" / ".prefixcache" / "failures" / "abc")
     summary = "reuse bound: cached_tokens=21 exceeds the maximum valid reuse of 0 tokens"
     failure = {"check": "reuse bound", "summary": summary, "stream_dir": str(failures.parent)}
-    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "simple"}
+    # a matrix combination's row: its labels name the counterexample, its flags describe it
+    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "text,paged"}
+    row["flags"] = "--use-paged-cache"
     row["failures"] = [dict(failure, test="streams"), dict(failure, test="state machine")]
     (tmp_path / "run" / "row.json").write_text(json.dumps(row))
-    assert _findings().save(tmp_path, tmp_path / "corpus") == ["rapid-mlx-simple-reuse-bound"]
-    saved, meta = load_stream(tmp_path / "corpus" / "rapid-mlx-simple-reuse-bound")
+    name = "rapid-mlx-text-paged-reuse-bound"
+    assert _findings().save(tmp_path, tmp_path / "corpus") == [name]
+    saved, meta = load_stream(tmp_path / "corpus" / name)
     assert saved == tuple(stream)
-    assert meta["description"].startswith("rapid-mlx 0.16.10, default (batched), found by")
+    assert meta["description"].startswith("rapid-mlx 0.16.10, --use-paged-cache, found by")
     assert meta["description"].endswith(summary) and meta["check"] == "reuse bound"
     assert [
         f["saved"] for f in json.loads((tmp_path / "run" / "row.json").read_text())["failures"]
-    ] == ["rapid-mlx-simple-reuse-bound"] * 2
+    ] == [name] * 2
