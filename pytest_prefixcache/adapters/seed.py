@@ -42,18 +42,18 @@ __all__ = [
     "slug",
 ]
 
-#: engine -> (CLI function, cache reset "METHOD /path"). rapid-mlx 0.16.10's DELETE /v1/cache
-#: clears only mlx-vlm's multimodal caches (it answers 200 with {"error": MLX_VLM} and keeps
-#: the prefix cache); POST /v1/cache/clear empties it. vllm-mlx 0.6.0's DELETE /v1/cache clears
-#: every engine cache (prefix store, system-prompt KV, the MLLM cache: its reply's
-#: ``engine_cache``), then answers the same error because mlx-vlm 0.7.10 has no
-#: ``clear_multimodal_kv_cache`` (its DELETE /v1/cache/prefix leaves the simple engine's MLLM
-#: cache): that error is tolerated there. The tap and the baseline audit catch a reset that
-#: leaves reuse behind.
+#: engine -> (CLI function, cache resets "METHOD /path"). rapid-mlx 0.16.10's DELETE /v1/cache
+#: clears only mlx-vlm's multimodal caches (with a text model it answers 200 with {"error":
+#: MLX_VLM} and keeps the prefix cache); POST /v1/cache/clear empties the prefix cache.
+#: vllm-mlx 0.6.0's DELETE /v1/cache clears every engine cache (prefix store, system-prompt KV,
+#: the MLLM cache: its reply's ``engine_cache``), then answers the same error because mlx-vlm
+#: 0.7.10 has no ``clear_multimodal_kv_cache`` (its DELETE /v1/cache/prefix leaves the simple
+#: engine's MLLM cache). That error is tolerated; the tap catches a reset that leaves reuse
+#: behind (an uncached run that reuses is a fault).
 MLX_VLM = "Cache clear not available (mlx_vlm not loaded)"
 ENGINES = {
     "vllm-mlx": ("vllm_mlx.cli:main", "DELETE /v1/cache"),
-    "rapid-mlx": ("rapid_mlx.cli:main", "POST /v1/cache/clear"),
+    "rapid-mlx": ("rapid_mlx.cli:main", "POST /v1/cache/clear, DELETE /v1/cache"),
 }
 #: Flags that only configure the prefix cache, with their number of values: the cold server
 #: drops them (rapid-mlx refuses --use-paged-cache without the prefix cache).
@@ -182,7 +182,7 @@ def seed_server(
         model=str(model),
         top_logprobs=top_logprobs,
         reset_paths=ENGINES[engine][1],
-        reset_tolerated=(MLX_VLM,) if engine == "vllm-mlx" else (),
+        reset_tolerated=(MLX_VLM,),
         supports_images=images,
         render=VlmRenderer(model) if images else TextRenderer(model),
         tap=True,
