@@ -27,6 +27,7 @@ MODE = os.environ.get("SEED_MODE", "")
 pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
 
 IMAGES = "--mllm" in FLAGS
+CLAIMS_TEST = "test_claims_agree_with_the_tap"
 A, B = img(1), img(2)
 TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
 TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
@@ -40,25 +41,84 @@ MROPE_STALE = (
     "cache, and the API answers 503 'Request cancelled by model replacement'"
 )
 NO_REUSE = "an identical repeat prefills the whole prompt again (the tap saw 0 tokens reused)"
-#: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed. Each
-#: failed as stated in the clean run of scripts/seed_engines.sh at commit 9d98657 (its
-#: checks run under --runxfail), and no other check failed there.
+#: vllm-mlx 0.6.0's memory-aware store: scheduler.py drops an "exact" or "supersequence" match
+#: (its entries cover the whole key, and re-feeding the last token would duplicate it)
+DROPPED = f"{NO_REUSE}: the memory-aware store's exact match is dropped and prefilled"
+#: ... while the legacy store's exact match is a plain "hit": the last token is fed again
+LAST_TOKEN_TWICE = (
+    "vllm-mlx 0.6.0 --continuous-batching --no-memory-aware-cache: an exact repeat feeds the "
+    "last prompt token again on top of a cache entry that already holds it (scheduler.py drops "
+    "such entries only for the memory-aware store's 'exact' matches; the legacy store's are "
+    "'hit'): the tap saw the first decode at KV offset 90 for an 89-token prompt, and the "
+    "cached answer differs from the cold one"
+)
+SWAPPED = (
+    "vllm-mlx 0.6.0 --continuous-batching --mllm: after a request with images [A, B], the same "
+    "request with [B, A] answers differently from a cold server (other greedy tokens) while 0 "
+    "prompt tokens were reused: a cache outside the prefix cache (the MLLM batch generator's "
+    "vision cache) serves the images"
+)
+OVERCLAIM = (
+    "rapid-mlx 0.16.10: on an exact repeat every source (usage.prompt_tokens_details."
+    "cached_tokens, /v1/status cache.tokens_saved, the prefix_cache_tokens_saved_total metric, "
+    "the '[schedule] ... N cached' log line) says the whole prompt (89 of 89) while the tap saw "
+    "the last token prefilled again (88 reused)"
+)
+VM, RM = "vllm-mlx 0.6.0", "rapid-mlx 0.16.10"
+#: Findings seen on the tiny fixtures: (engine, combination labels, test name) -> reason; a test
+#: name with a parameter id names that case alone. XPASS(strict) once fixed. Each failed as
+#: stated in the targeted checks of the run in README.md (--runxfail), and no other check did.
 KNOWN = {
-    ("vllm-mlx", "simple", "test_repeat_reuses"): f"vllm-mlx 0.6.0 simple engine: {NO_REUSE}",
-    ("vllm-mlx", "cb", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --continuous-batching: {NO_REUSE}",
-    ("vllm-mlx", "mllm", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --mllm, text: {NO_REUSE}",
-    ("rapid-mlx", "mllm", "test_repeat_reuses"): f"rapid-mlx 0.16.10 --mllm, text: {NO_REUSE}",
-    ("rapid-mlx", "simple", "test_api_agrees_with_the_tap"): "rapid-mlx 0.16.10: on an exact "
-    "repeat usage.prompt_tokens_details.cached_tokens is the whole prompt (89 of 89) while the "
-    "tap saw the last token prefilled again (88 reused)",
-    ("rapid-mlx", "mllm", "test_text_stream"): MROPE_STALE,
-    ("rapid-mlx", "mllm", "test_api_agrees_with_the_tap"): MROPE_STALE,
+    ("vllm-mlx", "simple,text,memory,whole,full", "test_repeat_reuses"): f"{VM} simple engine: "
+    f"{NO_REUSE} (its non-streaming path keeps no prompt cache)",
+    ("vllm-mlx", "simple,mllm,memory,whole,full", "test_repeat_reuses"): f"{VM} --mllm, text: "
+    f"{NO_REUSE}",
+    **{
+        ("vllm-mlx", mode, "test_repeat_reuses"): f"{VM} {flags}: {DROPPED}"
+        for mode, flags in [
+            ("cb,text,memory,whole,full", "--continuous-batching"),
+            ("cb,text,memory,whole,q8", "--continuous-batching --kv-cache-quantization"),
+            ("cb,text,memory,chunked,full", "--continuous-batching --chunked-prefill-tokens 32"),
+            ("cb,mllm,memory,whole,full", "--continuous-batching --mllm, text"),
+            ("cb,mllm,memory,chunked,full", "--continuous-batching --mllm, text"),
+        ]
+    },
+    **{
+        ("vllm-mlx", f"cb,text,legacy,{prefill},full", test): LAST_TOKEN_TWICE
+        for prefill in ("whole", "chunked")
+        for test in ("test_repeat_reuses", "test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("vllm-mlx", f"cb,mllm,memory,{prefill},full", "test_image_streams[swapped-order]"): SWAPPED
+        for prefill in ("whole", "chunked")
+    },
+    **{
+        ("rapid-mlx", f"text,{store},{kv},auto", test): OVERCLAIM
+        for store, kv in [
+            ("memory", "bf16"),
+            ("memory", "int8"),
+            ("hash", "bf16"),
+            ("legacy", "bf16"),
+        ]
+        for test in ("test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("rapid-mlx", f"mllm,memory,bf16,{media}", test): MROPE_STALE
+        for media in ("auto", "off")
+        for test in ("test_text_stream", "test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("rapid-mlx", f"mllm,memory,bf16,{media}", "test_repeat_reuses"): f"{RM} --mllm, text: "
+        f"{NO_REUSE}"
+        for media in ("auto", "off")
+    },
 }
 
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
-    reason = KNOWN.get((ENGINE, MODE, request.node.originalname))
+    name, base = request.node.name, request.node.originalname
+    reason = KNOWN.get((ENGINE, MODE, name)) or KNOWN.get((ENGINE, MODE, base))
     if reason:  # strict: a fix shows as XPASS(strict)
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
