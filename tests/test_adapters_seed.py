@@ -55,8 +55,9 @@ LAST_TOKEN_TWICE = (
 SWAPPED = (
     "vllm-mlx 0.6.0 --continuous-batching --mllm: after a request with images [A, B], the same "
     "request with [B, A] answers differently from a cold server (other greedy tokens) while 0 "
-    "prompt tokens were reused: a cache outside the prefix cache (the MLLM batch generator's "
-    "vision cache) serves the images"
+    "prompt tokens were reused: the MLLM batch generator's pixel cache keys a request's images "
+    "by their sorted hashes (vision_embedding_cache.compute_images_hash), so [B, A] gets the "
+    "pixel values of [A, B]"
 )
 OVERCLAIM = (
     "rapid-mlx 0.16.10: on an exact repeat every source (usage.prompt_tokens_details."
