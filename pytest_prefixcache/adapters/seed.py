@@ -202,8 +202,9 @@ def seed_server(
 def from_env() -> OpenAIEngine:
     """``seed_server`` configured by ``SEED_ENGINE`` and ``SEED_FLAGS`` (a command-line string),
     for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
-    ``scripts/seed_matrix.toml`` names them all)."""
+    ``scripts/seed_matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit."""
     engine = os.environ.get("SEED_ENGINE", "")
     if not engine:
         raise EngineError("set SEED_ENGINE (vllm-mlx or rapid-mlx) and SEED_FLAGS")
-    return seed_server(engine, shlex.split(os.environ.get("SEED_FLAGS", "")))
+    audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
+    return seed_server(engine, shlex.split(os.environ.get("SEED_FLAGS", "")), audit=audit)
