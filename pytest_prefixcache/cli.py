@@ -5,7 +5,9 @@
 runs one saved failing stream; ``prefixcache report REPORT.json`` renders the HTML page.
 
 Exit codes: 0 the engine passed, 1 a verification check failed, 2 usage error or the engine
-could not be loaded (the report names why).
+could not be loaded (the report names why). With several configurations (repeated
+``--engine``/``--server-cmd``, ``--matrix FILE``): the worst configuration's, and 2 when any
+configuration's engine could not be built (after every configuration ran).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .output.report import Report
-from .session import settings
+from .session import settings, sources, targets
 from .verify.worker import DEFAULT_TIMEOUT
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
@@ -35,10 +37,12 @@ def _workers(value: str) -> str:
 Option = tuple[str, Callable[[str], object], str, "str | None"]
 #: (flag, type, metavar, help) of the engine options both verify and replay take
 ENGINE_OPTIONS: tuple[Option, ...] = (
-    ("--engine", settings.engine_spec, "MODULE:ATTR",
-     "an Engine instance or a zero-argument callable returning one"),
-    ("--server-cmd", settings.server_cmd, "CMD",
-     "an OpenAI-compatible server command with a {port} placeholder"),
+    ("--engine", targets.named_engine, "[NAME=]MODULE:ATTR",
+     "an Engine instance or a zero-argument callable returning one (repeatable)"),
+    ("--server-cmd", targets.named_server_cmd, "[NAME=]CMD",
+     "an OpenAI-compatible server command with a {port} placeholder (repeatable)"),
+    ("--matrix", str, "FILE", "engine configurations in a TOML matrix file (see the README)"),
+    ("--config", str, "NAME", "run only this configuration (repeatable)"),
     ("--server-body", settings.server_body, "JSON",
      "fields added to every request body sent to --server-cmd (a JSON object)"),
     ("--timeout", settings.positive_float, "SECONDS",
@@ -61,9 +65,14 @@ VERIFY_OPTIONS: tuple[Option, ...] = (
 )  # fmt: skip
 
 
+#: options given once per configuration
+REPEATABLE = ("--engine", "--server-cmd", "--config")
+
+
 def _add(p: argparse._ActionsContainer, options: Sequence[Option]) -> None:
     for flag, kind, metavar, help_ in options:
-        p.add_argument(flag, type=kind, metavar=metavar, help=help_)
+        action = "append" if flag in REPEATABLE else "store"
+        p.add_argument(flag, type=kind, metavar=metavar, help=help_, action=action)
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -113,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _flag(name: str, value: object) -> list[str]:
+    if isinstance(value, list):
+        return [f"--prefixcache-{name}={v}" for v in value]
     return [] if value is None or value is False else [f"--prefixcache-{name}={value}"]
 
 
@@ -164,8 +175,14 @@ def _render(report_path: Path, output: Path | None) -> int:
 def _run(a: argparse.Namespace) -> int:
     import pytest
 
-    if a.engine and a.server_cmd:
-        return _usage("--engine and --server-cmd both name the engine; give one")
+    try:
+        if sources.is_matrix_run(a.engine or [], a.server_cmd or [], a.matrix, a.config or []):
+            sources.resolve_targets(
+                a.engine or [], a.server_cmd or [], a.server_body, a.matrix, a.config or [],
+                Path.cwd(),
+            )  # fmt: skip
+    except sources.SourceError as exc:  # the plugin's words, with this command's flags
+        return _usage(str(exc).replace("--prefixcache-", "--"))
     if a.command == "replay" and not a.path.exists():
         return _usage(f"{a.path}: no such file or directory")
     if getattr(a, "workers", None) and importlib.util.find_spec("xdist") is None:

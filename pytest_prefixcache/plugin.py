@@ -22,6 +22,18 @@ from .session import xdist as xd
 from .session.database import DatabaseError, example_database
 from .session.failures import FailedTests, is_flaky, record, verification_failures
 from .session.progress import Progress
+from .session.slots import (
+    CONFIG_PARAM,
+    SLOTS_KEY,
+    assemble,
+    is_matrix,
+    make_slots,
+    matrix_header,
+    order_by_config,
+    slot_of,
+    slots_of,
+)
+from .session.sources import SERVER_SOURCE, engine_of
 from .session.stash import (
     DATABASE_KEY,
     PROGRESS_KEY,
@@ -36,46 +48,16 @@ from .suite import ISOLATION_FILE, SUITE_FILE
 
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
-SERVER_ENGINE = "pytest_prefixcache.adapters.presets:from_env"
 #: Why the suite's tests left out of this run were deselected (printed after collection).
 DESELECTED_KEY = pytest.StashKey[str]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
-
-
-def _engine(config: pytest.Config) -> tuple[str, str]:
-    value = config.getoption("prefixcache_engine")
-    server = config.getoption("prefixcache_server_cmd")
-    if value and server:
-        raise pytest.UsageError(
-            "--prefixcache-server-cmd and --prefixcache-engine both name the engine; give one"
-        )
-    if config.getoption("prefixcache_server_body") is not None and not server:
-        raise pytest.UsageError("--prefixcache-server-body needs --prefixcache-server-cmd")
-    if value:
-        return value, "option"
-    if server:
-        # read by the zero-argument factory when the engine is built
-        os.environ["PREFIXCACHE_SERVER_CMD"] = server
-        body = config.getoption("prefixcache_server_body")
-        if body is not None:
-            os.environ["PREFIXCACHE_EXTRA_BODY"] = body
-        return SERVER_ENGINE, "--prefixcache-server-cmd"
-    ini = config.getini("prefixcache_engine")
-    if ini:
-        ini = str(ini).strip()
-        try:
-            return settings.engine_spec(ini), "ini"
-        except Exception as exc:
-            where = config.inipath or "the ini file"
-            raise pytest.UsageError(f"prefixcache_engine in {where}: {exc}") from None
-    return settings.DEFAULT_ENGINE, "default"
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "prefixcache: a test of the built-in prefix-cache verification suite"
     )
-    engine, source = _engine(config)
+    engine, source, targets = engine_of(config)
     given_seed = config.getoption("prefixcache_seed")
     worker = xd.worker_input(config)
     if xd.SEED in worker:  # an xdist worker runs the controller's seed
@@ -95,7 +77,7 @@ def pytest_configure(config: pytest.Config) -> None:
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
-        server_cmd=config.getoption("prefixcache_server_cmd"),
+        server_cmd=os.environ["PREFIXCACHE_SERVER_CMD"] if source == SERVER_SOURCE else None,
         server_body=config.getoption("prefixcache_server_body"),
         examples=config.getoption("prefixcache_examples"),
         seed=settings.Settings.random_seed() if given_seed is None else given_seed,
@@ -112,7 +94,9 @@ def pytest_configure(config: pytest.Config) -> None:
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
         isolation=isolation,
-        shards=config.getoption("prefixcache_shards") or xd.worker_count(config),
+        # a matrix distributes configurations over xdist workers, not shards
+        shards=config.getoption("prefixcache_shards")
+        or (1 if targets else xd.worker_count(config)),
         database=config.getoption("prefixcache_database")
         or _env_database()
         or settings.DEFAULT_DATABASE,
@@ -132,6 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
         shards=s.shards,
         allow_partial=s.allow_partial,
     )
+    make_slots(config, targets)
     progress = Progress(0.0 if xd.is_worker(config) else s.progress, _writer(config))
     config.stash[PROGRESS_KEY] = progress
     if s.verify:
@@ -188,15 +173,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     worker = config.stash.get(WORKER_KEY, None)
     if worker is not None:
         worker.close()
+    for slot in config.stash.get(SLOTS_KEY, {}).values():
+        if slot.worker is not worker:
+            slot.worker.close()
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     s = settings_of(config)
     if not s.verify:
         return []
-    lines = [
+    lines = matrix_header(config) or [
         f"prefixcache: engine {s.engine} ({s.engine_source}), {s.examples} examples per "
-        f"property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s",
+        f"property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s"
+    ]
+    lines += [
         f"prefixcache: using {s.seed_command()}",
         f"prefixcache: example database {s.database}",
     ]
@@ -214,7 +204,15 @@ def _is_suite(item: pytest.Item) -> bool:
     return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if CONFIG_PARAM in metafunc.fixturenames and is_matrix(metafunc.config):
+        names = list(slots_of(metafunc.config))
+        metafunc.parametrize(CONFIG_PARAM, names, indirect=True, scope="session", ids=names)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if is_matrix(config):
+        order_by_config(config, items)
     s = settings_of(config)
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
@@ -243,7 +241,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    worker = item.config.stash.get(WORKER_KEY, None)
+    worker = slot_of(item).worker
     fixturenames = getattr(item, "fixturenames", ())
     if worker is not None and worker.dead and any(f in fixturenames for f in ENGINE_FIXTURES):
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
@@ -275,11 +273,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if xd.is_worker(config) or not settings_of(config).verify or config.option.collectonly:
         return
     rep = report_of(config)
-    recorded = {f.test for f in rep.failures}
+    slots = slots_of(config)
+    recorded = {f.test for slot in slots.values() for f in slot.report.failures}
     failed = config.pluginmanager.get_plugin("prefixcache-failed")
     for nodeid, line in getattr(failed, "lines", {}).items():
         if nodeid not in recorded:  # a test error, an isolation failure, a crashed worker
-            rep.failures.append(FailureRecord("error", nodeid, line))
+            name = getattr(failed, "configs", {}).get(nodeid, "")
+            into = slots[name].report if name in slots else rep
+            into.failures.append(FailureRecord("error", nodeid, line))
+    if is_matrix(config):
+        assemble(config)
     # A verification that ran no request, or whose correctness checks could not all run,
     # is not a pass (the terminal summary says why).
     if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
@@ -297,6 +300,8 @@ def _verdict_in_junit(config: pytest.Config, rep: Report) -> None:
     if xml is None:
         return
     xml.add_global_property("prefixcache_verdict", rep.verdict)
+    for row in rep.configs:
+        xml.add_global_property(f"prefixcache_verdict[{row['name']}]", row["verdict"])
     for check, row in rep.coverage.items():
         applied, total = row.get("applied", 0), sum(row.values())
         xml.add_global_property(f"prefixcache_coverage: {check}", f"{applied}/{total}")

@@ -25,7 +25,8 @@ keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_l
 greedy tokens unchanged).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
-(``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored).
+(``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
+``$STUB_ARGV_LOG``: append the arguments it was started with, a JSON list per line).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import hashlib
 import json
 import os
 import random
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -246,6 +248,9 @@ if __name__ == "__main__":  # vLLM's and llama-server's other arguments are igno
     ap.add_argument("--no-cache-prompt", action="store_true")
     ap.add_argument("--port", type=int, required=True)
     a, _ = ap.parse_known_args()
+    if os.environ.get("STUB_ARGV_LOG"):  # which command line started it (the matrix tests)
+        with open(os.environ["STUB_ARGV_LOG"], "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(sys.argv[1:]) + "\n")
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     srv.stub = Stub(a.flavour, a.fault, not a.no_cache_prompt)  # type: ignore[attr-defined]
     srv.serve_forever()

@@ -31,12 +31,17 @@ def _seconds(x: float) -> str:
 def verdict(report: Report) -> tuple[str, str]:
     """``(css class, text)``, from the report's own verdict: fail on any failure or engine
     error, empty when nothing ran, partial or incomplete when a check could not run."""
-    if report.failures or report.engine_error:
+    if report.failures or report.engine_error or report.verdict == "fail":
         n = len(report.failures)
-        return "fail", f"FAIL: {n} failure{'s' if n != 1 else ''}" if n else "FAIL: engine error"
+        if n:
+            return "fail", f"FAIL: {n} failure{'s' if n != 1 else ''}"
+        return (
+            "fail",
+            "FAIL: engine error" if report.engine_error else "FAIL: see the configurations",
+        )
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
-    gaps = ", ".join(report.not_checked)
+    gaps = ", ".join(report.not_checked) or "see the configurations"
     if report.verdict == "incomplete":
         return "empty", f"INCOMPLETE: not checked on every request: {gaps}"
     if report.verdict == "partial":
@@ -122,6 +127,37 @@ def _header(report: Report) -> str:
         f'<div class="engine">{escape(report.engine or "engine not recorded")}</div></div>'
         f'<div id="verdict" class="verdict {tone}">{escape(text)}</div></div>'
         f'{error}<div class="stats">{"".join(stats)}</div></section>'
+    )
+
+
+def _configs(report: Report) -> str:
+    """A matrix run's verdict table: one row per configuration."""
+    if not report.configs:
+        return ""
+    rows = []
+    for c in report.configs:
+        word = str(c.get("verdict", "?"))
+        tone = {"pass": "good", "partial": "good"}.get(word, "bad")
+        by = c.get("failures_by_check") or {}
+        fails = ", ".join(f"{k}: {v}" for k, v in sorted(by.items())) or "none"
+        if c.get("engine_error"):
+            fails = f"engine could not be built: {c['engine_error']}"
+        cells = [
+            f'<td class="name"><code>{escape(str(c.get("name", "")))}</code></td>',
+            f'<td class="{tone}">{escape(word.upper())}</td>',
+            f"<td>{escape(str(c.get('engine', '')))}</td>",
+            f"<td>{int(c.get('requests', 0))}</td><td>{int(c.get('cache_hits', 0))}</td>",
+            f"<td>{escape(fails)}</td>",
+        ]
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("Configuration", "Verdict", "Engine", "Requests", "Hits", "Failures")
+    )
+    return (
+        f'<section class="card" id="configs"><h2>Configurations ({len(report.configs)})</h2>'
+        f'<table class="configs"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody>'
+        '</table><p class="caption">The verdict above is the worst configuration\'s.</p></section>'
     )
 
 
@@ -221,7 +257,7 @@ def render_html(report: Report, *, base_dir: str | os.PathLike[str] | None = Non
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "img-src data:; style-src 'unsafe-inline'\">"
         f"<title>{escape(title)}</title><style>{CSS}</style></head>"
-        f'<body class="{tone}"><main>{_header(report)}{_charts(report)}'
+        f'<body class="{tone}"><main>{_header(report)}{_configs(report)}{_charts(report)}'
         f"{_failures(report, base_dir)}"
         "<footer>pytest-prefixcache · report format "
         f"{escape(FORMAT)}</footer></main></body></html>\n"

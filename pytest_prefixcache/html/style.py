@@ -62,6 +62,11 @@ svg.chart .empty { fill: var(--muted); font-size: 14px; }
 svg.chart rect.bar:hover, svg.chart rect.bin:hover { opacity: .75; }
 .caption { color: var(--muted); font-size: 13px; margin: 6px 0 0; }
 .toc { margin: 4px 0 0; padding-left: 20px; }
+table.configs { border-collapse: collapse; width: 100%; font-size: 13px; }
+table.configs th, table.configs td { text-align: left; padding: 4px 8px;
+  border-bottom: 1px solid var(--grey); vertical-align: top; }
+table.configs td.good { color: var(--pass); font-weight: 700; }
+table.configs td.bad { color: var(--fail); font-weight: 700; }
 .failure { border-left: 5px solid var(--fail); }
 .failure .head { display: flex; gap: 10px; align-items: baseline; flex-wrap: wrap; }
 .failure .test { font-family: var(--mono); font-size: 14px; word-break: break-all; }

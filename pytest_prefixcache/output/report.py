@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..checks.coverage import coverage_lines, gap_lines, missing
+from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
 
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
@@ -85,6 +86,9 @@ class Report:
     """Efficiency findings that did not fail the run: check -> how many."""
     finding_examples: list[str] = field(default_factory=list)
     """The first few findings, one line each."""
+    configs: list[dict[str, Any]] = field(default_factory=list)
+    """A matrix run's rows, one per configuration (name, engine, verdict, coverage, counters);
+    the verdict is the worst row's."""
 
     def add_finding(self, check: str, line: str) -> None:
         """An efficiency finding that does not fail the run (reported everywhere)."""
@@ -107,7 +111,10 @@ class Report:
         """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
         ``fail`` (a failure, or the engine could not be built) or ``incomplete`` (no request
         was verified, or a correctness check could not run and partial coverage was not
-        accepted)."""
+        accepted). A matrix run's is the worst of its configurations' (an engine that could not
+        be built counts as fail)."""
+        if self.configs:
+            return worst(c["verdict"] for c in self.configs).replace("error", "fail")
         if self.failures or self.engine_error:
             return "fail"
         if self.requests == 0:
@@ -132,6 +139,8 @@ class Report:
                 "--prefixcache-allow-partial accepts that"
             ),
         }[self.verdict]
+        if self.configs:
+            return [*config_lines(self.configs), f"verdict: {word} (the worst configuration's)"]
         return [f"verdict: {word}", *gap_lines(gaps)]
 
     @property
@@ -260,6 +269,7 @@ class Report:
             "allow_partial": self.allow_partial,
             "coverage": self.coverage,
             "not_checked": self.not_checked,
+            **({"configs": self.configs} if self.configs else {}),
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [

@@ -14,7 +14,7 @@ from ..errors import VerificationFailure
 from ..output.report import MAX_MESSAGE, FailureRecord
 from ..output.streams import save_stream
 from ..types import Request
-from .stash import report_of, settings_of
+from .slots import CONFIG_PARAM, slot_of
 
 __all__ = ["FailedTests", "is_flaky", "record", "verification_failures"]
 
@@ -37,7 +37,8 @@ def record(
     item: pytest.Item, report: pytest.TestReport, exc: VerificationFailure, *, flaky: bool
 ) -> None:
     """Save the failing stream and add the failure to the session report."""
-    s = settings_of(item.config)
+    slot = slot_of(item)
+    s = slot.settings
     path = exc.replay_path
     if path:
         try:
@@ -55,7 +56,7 @@ def record(
         summary = f"flaky (FlakyFailure): {summary}"
     command = s.replay_command(path) if path else None
     stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
-    report_of(item.config).failures.append(
+    slot.report.failures.append(
         FailureRecord(
             exc.check, item.nodeid, summary, command, str(exc)[:MAX_MESSAGE],
             stream_dir if path == exc.replay_path else None, exc.request_index,
@@ -71,9 +72,14 @@ class FailedTests:
 
     def __init__(self) -> None:
         self.lines: dict[str, str] = {}
+        self.configs: dict[str, str] = {}
+        """nodeid -> the matrix configuration of the failed test."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.failed:
+            name = dict(report.user_properties).get(CONFIG_PARAM)
+            if name is not None:
+                self.configs[report.nodeid] = str(name)
             crash = getattr(report.longrepr, "reprcrash", None)
             text = getattr(crash, "message", None) or str(report.longrepr).strip()
             line = (text.splitlines() or [""])[-1 if crash is None else 0][:300]

@@ -4,14 +4,19 @@
 ``prefixcache_engine`` ini key, or the default reference engine; override it in conftest.py
 to build yours. ``prefixcache_verify`` (session) runs a stream, or one request after a history,
 through every check. ``prefixcache_images`` (session) is a deterministic image factory.
+``prefixcache_config`` (session) is the engine configuration under test (its
+:class:`~.slots.Slot`): in a matrix run the tests that use the engine are parametrized by it,
+and its engine is closed before the next configuration's is built; ``prefixcache_settings`` is
+that configuration's options.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,15 +30,18 @@ from ..types import Engine, Request, ShortRepr
 from ..verify.audit import Audit
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
-from .settings import DEFAULT_ENGINE
-from .stash import BUILT_KEY, PROGRESS_KEY, report_of, settings_of, worker_of
+from .settings import DEFAULT_ENGINE, Settings
+from .slots import Slot, slots_of
+from .stash import PROGRESS_KEY
 
 __all__ = [
     "VerifyFunction",
     "load_engine",
     "load_engine_with_audit",
+    "prefixcache_config",
     "prefixcache_engine",
     "prefixcache_images",
+    "prefixcache_settings",
     "prefixcache_verifier",
     "prefixcache_verify",
 ]
@@ -82,14 +90,37 @@ def _resolve(spec: str, search_dirs: Sequence[Path]) -> Any:
     return obj
 
 
-def _build(spec: str, factory: Callable[[], Any]) -> Engine:
-    made = factory()
+def _build(spec: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> Engine:
+    made = factory(**kwargs)
     if not _is_engine(made):
         raise EngineError(
             f"engine {spec!r}() returned a {type(made).__name__}, which has no run() and "
             "reset() methods"
         )
     return made  # type: ignore[no-any-return]
+
+
+def _check_kwargs(spec: str, obj: Any, kwargs: dict[str, Any]) -> None:
+    """A matrix configuration's args and flags need a factory that takes them."""
+    if not kwargs:
+        return
+    if _is_engine(obj):
+        raise EngineError(
+            f"engine {spec!r} is an instance: the configuration's args/flags "
+            f"({', '.join(kwargs)}) need a factory that takes them"
+        )
+    try:
+        params = inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [k for k in kwargs if k not in params]
+    if missing:
+        raise EngineError(
+            f"engine {spec!r} takes no keyword argument {', '.join(map(repr, missing))} "
+            "(the configuration gives it; flags need a 'flags' parameter)"
+        )
 
 
 def load_engine(spec: str, *search_dirs: Path) -> Engine:
@@ -100,34 +131,59 @@ def load_engine(spec: str, *search_dirs: Path) -> Engine:
     return load_engine_with_audit(spec, *search_dirs)[0]
 
 
-def load_engine_with_audit(spec: str, *search_dirs: Path) -> tuple[Engine, Audit]:
+def load_engine_with_audit(
+    spec: str, *search_dirs: Path, kwargs: dict[str, Any] | None = None
+) -> tuple[Engine, Audit]:
     """The engine ``MODULE:ATTR`` names, and its baseline audit: when ATTR builds the engine,
-    it builds a fresh instance for every audited request."""
+    it builds a fresh instance for every audited request. ``kwargs`` (a matrix
+    configuration's args and flags) go to the factory."""
     obj = _resolve(spec, search_dirs)
+    kwargs = kwargs or {}
+    _check_kwargs(spec, obj, kwargs)
     if _is_engine(obj):
         return obj, Audit(None, "engine given as an instance")  # type: ignore[return-value]
-    engine = _build(spec, obj)
+    engine = _build(spec, obj, kwargs)
     if getattr(engine, "supports_fresh_instances", True) is False:
         why = getattr(engine, "fresh_instances_missing", None)
         return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
     fresh = getattr(engine, "fresh_instance", None)  # cheaper than the factory (one server)
     if callable(fresh):
         return engine, Audit(fresh)
-    return engine, Audit(functools.partial(_build, spec, obj))
+    return engine, Audit(functools.partial(_build, spec, obj, kwargs))
 
 
 @pytest.fixture(scope="session")
-def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
+def prefixcache_config(request: pytest.FixtureRequest) -> Iterator[Slot]:
+    """The engine configuration under test: in a matrix run, the suite's tests are
+    parametrized by it (one configuration at a time, its environment set)."""
+    slot = slots_of(request.config)[getattr(request, "param", "")]
+    slot.used = True
+    with slot.environment():
+        yield slot
+
+
+@pytest.fixture(scope="session")
+def prefixcache_settings(prefixcache_config: Slot) -> Settings:
+    """The options of the configuration under test."""
+    return prefixcache_config.settings
+
+
+@pytest.fixture(scope="session")
+def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) -> Iterator[Engine]:
     """The engine under test (override this fixture in conftest.py to build your own)."""
-    s = settings_of(pytestconfig)
+    slot = prefixcache_config
+    s = slot.settings
+    kwargs = {} if slot.target is None else slot.target.factory_kwargs()
     try:
-        res = worker_of(pytestconfig).call(
-            lambda: load_engine_with_audit(s.engine, s.invocation_dir, pytestconfig.rootpath),
+        res = slot.worker.call(
+            lambda: load_engine_with_audit(
+                s.engine, s.invocation_dir, pytestconfig.rootpath, kwargs=kwargs
+            ),
             timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
             what=f"building the engine {s.engine}",
         )
     except CallTimedOut as exc:
-        report_of(pytestconfig).engine_error = str(exc)
+        slot.report.engine_error = str(exc)
         raise
     if res.error is not None:
         if isinstance(res.error, EngineError):
@@ -135,18 +191,23 @@ def prefixcache_engine(pytestconfig: pytest.Config) -> Engine:
         else:
             kind = type(res.error).__name__
             error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
-        report_of(pytestconfig).engine_error = str(error)  # the CLI exits 2 on this
+        slot.report.engine_error = str(error)  # the CLI exits 2 on this
         raise error from res.error
     engine, audit = res.value
-    pytestconfig.stash[BUILT_KEY] = (engine, audit)
-    return engine  # type: ignore[no-any-return]
+    slot.built = (engine, audit)
+    yield engine
+    close = getattr(engine, "close", None)
+    if slot.target is not None and callable(close) and slot.worker.dead is None:
+        # a matrix configuration's engine (its servers) goes before the next one starts
+        slot.worker.call(close, timeout=s.timeout, what="engine.close()")
 
 
-def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
-    s = settings_of(config)
+def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = None) -> Verifier:
+    slot = slot or slots_of(config)[""]
+    s = slot.settings
     tolerance = engine_tolerance(Tolerance(s.atol, s.rtol, s.kl), engine)
     if tolerance.atol != s.atol:
-        report_of(config).tolerance = f"{tolerance.describe()} ({ENGINE_RULE})"
+        slot.report.tolerance = f"{tolerance.describe()} ({ENGINE_RULE})"
     options = VerifyOptions(
         tolerance=tolerance,
         timeout=s.timeout,
@@ -156,11 +217,11 @@ def make_verifier(config: pytest.Config, engine: Engine) -> Verifier:
         failures_dir=s.failures_dir,
         replay_command=s.replay_command,
     )
-    built, audit = config.stash.get(BUILT_KEY, (None, None))
+    built, audit = slot.built or (None, None)
     if built is not engine or audit is None:  # a conftest.py override of prefixcache_engine
         audit = Audit(None, "engine from a conftest.py fixture")
-        _overridden(config, engine)
-    verifier = Verifier(engine, worker_of(config), options, report_of(config), audit=audit)
+        _overridden(config, engine, slot)
+    verifier = Verifier(engine, slot.worker, options, slot.report, audit=audit)
     progress = config.stash.get(PROGRESS_KEY, None)
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step
@@ -181,26 +242,30 @@ def engine_tolerance(options: Tolerance, engine: object) -> Tolerance:
     return Tolerance(float(atol), 0.0, None) if atol > 0 else options
 
 
-def _overridden(config: pytest.Config, engine: Engine) -> None:
+def _overridden(config: pytest.Config, engine: Engine, slot: Slot) -> None:
     """A conftest.py fixture built the engine: name it in the report, and refuse an explicit
     engine option it would silently beat."""
-    s = settings_of(config)
+    s = slot.settings
     kind = f"{type(engine).__module__}.{type(engine).__qualname__}"
-    if s.engine_source in ("option", "--prefixcache-server-cmd"):
-        flag = "--prefixcache-engine" if s.engine_source == "option" else s.engine_source
+    if s.engine_source in ("option", "--prefixcache-server-cmd", "matrix"):
+        flag = {"option": "--prefixcache-engine", "matrix": "--prefixcache-matrix"}.get(
+            s.engine_source, s.engine_source
+        )
         pytest.exit(
             f"{flag} names the engine ({s.engine}), but a prefixcache_engine fixture (in "
             f"conftest.py) builds another ({kind}), and the fixture would win: remove the "
             "option, or the fixture",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
-    report_of(config).engine = f"{kind} (the prefixcache_engine fixture of conftest.py)"
+    slot.report.engine = f"{kind} (the prefixcache_engine fixture of conftest.py)"
 
 
 @pytest.fixture(scope="session")
-def prefixcache_verifier(pytestconfig: pytest.Config, prefixcache_engine: Engine) -> Verifier:
+def prefixcache_verifier(
+    pytestconfig: pytest.Config, prefixcache_engine: Engine, prefixcache_config: Slot
+) -> Verifier:
     """The session's :class:`~pytest_prefixcache.verify.Verifier` for ``prefixcache_engine``."""
-    return make_verifier(pytestconfig, prefixcache_engine)
+    return make_verifier(pytestconfig, prefixcache_engine, prefixcache_config)
 
 
 @dataclass

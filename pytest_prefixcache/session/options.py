@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ..output.streams import FAILURES_DIR
-from . import settings
+from . import settings, targets
 
 DEFAULTS = settings.Settings()
 
@@ -23,11 +23,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-engine",
-        type=settings.engine_spec,
+        type=targets.named_engine,
+        action="append",
         default=None,
-        metavar="MODULE:ATTR",
+        metavar="[NAME=]MODULE:ATTR",
         help="Engine under test: an Engine instance or a zero-argument callable returning one "
-        f"(default: ini prefixcache_engine, else {settings.DEFAULT_ENGINE})",
+        f"(default: ini prefixcache_engine, else {settings.DEFAULT_ENGINE}); repeat it for "
+        "several configurations (named NAME, else after ATTR)",
+    )
+    add(
+        "--prefixcache-matrix",
+        default=None,
+        metavar="FILE",
+        help="Verify every engine configuration of a matrix file (TOML: [[config]] tables "
+        "with name, engine or server_cmd, and a product over [config.flags]; see the README)",
+    )
+    add(
+        "--prefixcache-config",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="Run only this configuration (repeatable; a base name selects all its flag "
+        "combinations)",
     )
     add(
         "--prefixcache-examples",
@@ -109,12 +126,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     add(
         "--prefixcache-server-cmd",
-        type=settings.server_cmd,
+        type=targets.named_server_cmd,
+        action="append",
         default=None,
-        metavar="CMD",
+        metavar="[NAME=]CMD",
         help="Verify an OpenAI-compatible server started from CMD ({port} is replaced by an "
         "ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* variables (see "
-        "pytest_prefixcache.adapters.presets.from_env)",
+        "pytest_prefixcache.adapters.presets.from_env); repeatable, as --prefixcache-engine",
     )
     add(
         "--prefixcache-server-body",

@@ -196,6 +196,10 @@ class Settings:
     """A run whose correctness checks could not all run passes, said as partial."""
     failures_to: Path | None = None
     """Where failing streams are saved (default: ``FAILURES_DIR``)."""
+    matrix: Path | None = None
+    """The matrix file this configuration comes from (its replays name it and the config)."""
+    config_name: str | None = None
+    """This configuration's name in a matrix run."""
 
     @property
     def failures_dir(self) -> Path:
@@ -206,11 +210,16 @@ class Settings:
     def flags(self) -> list[str]:
         """The flags that reproduce this run's engine and tolerances."""
         out = ["--prefixcache-verify"]
-        if self.engine_source == "option":
+        if self.matrix is not None:
+            out += [
+                f"--prefixcache-matrix={self.matrix}",
+                f"--prefixcache-config={self.config_name}",
+            ]
+        elif self.engine_source == "option":
             out.append(f"--prefixcache-engine={self.engine}")
-        if self.server_cmd is not None:
+        elif self.server_cmd is not None:
             out.append(f"--prefixcache-server-cmd={self.server_cmd}")
-        if self.server_body is not None:
+        if self.server_body is not None and self.matrix is None:
             out.append(f"--prefixcache-server-body={self.server_body}")
         if self.atol:
             out.append(f"--prefixcache-atol={self.atol:g}")

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 
 from ..output.report import Report
-from ..types import Engine
-from ..verify.audit import Audit
 from ..verify.worker import EngineWorker
 from .progress import Progress
 from .settings import Settings
 
 __all__ = [
-    "BUILT_KEY",
     "DATABASE_KEY",
     "PROGRESS_KEY",
     "REPORT_KEY",
@@ -29,8 +26,6 @@ REPORT_KEY = pytest.StashKey[Report]()
 WORKER_KEY = pytest.StashKey[EngineWorker]()
 PROGRESS_KEY = pytest.StashKey[Progress]()
 DATABASE_KEY = pytest.StashKey[object]()
-#: The engine the prefixcache_engine fixture built, and its baseline audit.
-BUILT_KEY = pytest.StashKey[tuple[Engine, Audit]]()
 START_KEY = pytest.StashKey[float]()
 
 

@@ -14,16 +14,16 @@ import pytest
 
 from pytest_prefixcache.checks.timing import IsolationFailure, audit
 from pytest_prefixcache.errors import EngineFault, EngineTimeout
-from pytest_prefixcache.session.stash import settings_of
+from pytest_prefixcache.session.settings import Settings
 from pytest_prefixcache.types import Outcome, Request
 from pytest_prefixcache.verify.verifier import Verifier
 from pytest_prefixcache.verify.worker import CallTimedOut
 
 
-def test_isolation(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+def test_isolation(prefixcache_settings: Settings, prefixcache_verifier: Verifier) -> None:
     """Time to first token does not reveal another namespace's cached prefix (KS test)."""
     __tracebackhide__ = True
-    s = settings_of(pytestconfig)
+    s = prefixcache_settings
     worker, engine = prefixcache_verifier.worker, prefixcache_verifier.engine
     command = "pytest " + " ".join(
         [*s.flags(), "--prefixcache-isolation", f"--prefixcache-seed={s.seed}", "-k isolation"]

@@ -20,7 +20,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from pytest_prefixcache._moves import MOVES, StreamSpec
 from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.output.streams import corpus_files, load_stream
-from pytest_prefixcache.session.settings import STATEFUL_STEPS
+from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import request_streams
@@ -48,10 +48,9 @@ def shard() -> int:
     return 0
 
 
-def _rounds(config: pytest.Config, shard: int, share: float) -> Iterator[int]:
+def _rounds(config: pytest.Config, s: Settings, shard: int, share: float) -> Iterator[int]:
     """Seeds for one shard: one round, then more while ``share`` of --prefixcache-budget,
     counted from the session start, is left."""
-    s = settings_of(config)
     yield s.shard_seed(shard)
     if s.budget is None:
         return
@@ -62,9 +61,9 @@ def _rounds(config: pytest.Config, shard: int, share: float) -> Iterator[int]:
         n += 1
 
 
-def _hypothesis_settings(config: pytest.Config, **extra: Any) -> hsettings:
+def _hypothesis_settings(config: pytest.Config, s: Settings, **extra: Any) -> hsettings:
     kwargs: dict[str, Any] = {
-        "max_examples": settings_of(config).shard_examples(),
+        "max_examples": s.shard_examples(),
         "deadline": None,
         "database": config.stash.get(DATABASE_KEY, None),
         "derandomize": False,
@@ -141,13 +140,17 @@ def test_corpus(corpus_file: Any, prefixcache_verifier: Verifier) -> None:
 
 
 def test_request_streams(
-    pytestconfig: pytest.Config, prefixcache_verifier: Verifier, shard: int
+    pytestconfig: pytest.Config,
+    prefixcache_settings: Settings,
+    prefixcache_verifier: Verifier,
+    shard: int,
 ) -> None:
     """Generated request streams: every cached outcome equals the uncached one, and more."""
+    s = prefixcache_settings
     streams = request_streams(**_stream_kwargs(prefixcache_verifier))
-    for round_seed in _rounds(pytestconfig, shard, share=0.6):
+    for round_seed in _rounds(pytestconfig, s, shard, share=0.6):
         # settings above seed: @seed alone would switch the example database off
-        @_hypothesis_settings(pytestconfig)
+        @_hypothesis_settings(pytestconfig, s)
         @seed(round_seed)
         @given(stream=streams)
         def property_stream(stream: tuple[Request, ...]) -> None:
@@ -157,7 +160,10 @@ def test_request_streams(
 
 
 def test_state_machine(
-    pytestconfig: pytest.Config, prefixcache_verifier: Verifier, shard: int
+    pytestconfig: pytest.Config,
+    prefixcache_settings: Settings,
+    prefixcache_verifier: Verifier,
+    shard: int,
 ) -> None:
     """The same checks driven one request at a time by a RuleBasedStateMachine."""
     images, namespaces = _capabilities(prefixcache_verifier)
@@ -165,20 +171,19 @@ def test_state_machine(
         namespaces=StreamSpec().namespaces if namespaces else ("",),
         max_images_per_message=StreamSpec().max_images_per_message if images else 0,
     )
+    s = prefixcache_settings
     settings = _hypothesis_settings(
-        pytestconfig,
-        max_examples=settings_of(pytestconfig).shard_examples(2),
-        stateful_step_count=STATEFUL_STEPS,
+        pytestconfig, s, max_examples=s.shard_examples(2), stateful_step_count=STATEFUL_STEPS
     )
-    for round_seed in _rounds(pytestconfig, shard, share=1.0):
+    for round_seed in _rounds(pytestconfig, s, shard, share=1.0):
         machine = seed(round_seed)(machine_for(prefixcache_verifier, spec))
         run = functools.partial(run_state_machine_as_test, machine, settings=settings)
         _timeout_first(prefixcache_verifier, run)
 
 
-def test_replay(pytestconfig: pytest.Config, prefixcache_verifier: Verifier) -> None:
+def test_replay(prefixcache_settings: Settings, prefixcache_verifier: Verifier) -> None:
     """The stream saved by an earlier failure (``--prefixcache-replay=PATH``), exactly."""
-    path = settings_of(pytestconfig).replay
+    path = prefixcache_settings.replay
     if path is None:
         pytest.skip("no --prefixcache-replay given")
     _run_scenario(prefixcache_verifier, path)
