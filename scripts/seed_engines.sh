@@ -30,10 +30,10 @@
 # engine, cold baseline and verdict row; claims and per-step alignment on; text-only streams
 # except for --mllm). Each combination's servers are adapters.seed.seed_server's: the engine
 # under the tap with the combination's flags, and a cache-less cold server.
-# Results in $SEED_REPORTS: suite.json (the matrix report, one configs row per combination),
-# suite.log, tap/<slug>.jsonl (per request, the API's vs the tap's reuse), .prefixcache/failures/
-# (the failures' saved streams), <engine>-<labels>/{checks.xml,checks.jsonl,row.json}, and
-# findings.md, the table of every combination.
+# Results in $SEED_REPORTS: run-<engines>/ (suite.json: the matrix report, one configs row per
+# combination; suite.log; tap/<slug>.jsonl: per request, the API's vs the tap's reuse;
+# .prefixcache/failures/: the failures' saved streams), <engine>-<labels>/{checks.xml,
+# checks.jsonl,row.json}, and findings.md, the table of every combination.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -119,12 +119,13 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
       "$ROOT/tests/test_adapters_seed.py" --junitxml="$out/checks.xml" | tail -n 5 || true
   done < <(combos "$@")
   echo "== the built-in suite over every combination (--prefixcache-matrix)"
-  rm -rf "$REPORTS/tap" "$REPORTS/.prefixcache" && mkdir -p "$REPORTS/tap"
-  (cd "$REPORTS" && SEED_TAP_LOGS="$REPORTS/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE \
+  local run="$REPORTS/run-$(IFS=+; echo "$*")"  # one per engine set: a later run keeps it
+  rm -rf "$run" && mkdir -p "$run/tap"
+  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE \
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
-    --prefixcache-report="$REPORTS/suite.json" 2>&1 | tee "$REPORTS/suite.log" | tail -n 40) || true
-  "$PYTHON" "$ROOT/scripts/seed_findings.py" matrix "$REPORTS" "$MATRIX" "${versions[@]}"
+    --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true
+  "$PYTHON" "$ROOT/scripts/seed_findings.py" matrix "$REPORTS" "$run" "$MATRIX" "${versions[@]}"
 }
 
 case "$action" in

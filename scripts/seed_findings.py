@@ -2,13 +2,14 @@
 seed_engines.sh); the row, checks and counterexample helpers are shared with the llama and vLLM
 findings modules.
 
-A run of ``scripts/seed_engines.sh`` leaves in ``$SEED_DIR/reports/``: ``suite.json`` (the
-plugin's JSON report of the matrix run of scripts/seed_matrix.toml, one ``configs`` row per
-combination), ``tap/<slug>.jsonl`` (per request of a combination, the reuse the API reported
-and the reuse the logit tap saw) and, per combination, ``<engine>-<labels>/checks.xml`` (JUnit
-XML of tests/test_adapters_seed.py) and ``checks.jsonl``.
+A run of ``scripts/seed_engines.sh verify ENGINE...`` leaves in ``$SEED_DIR/reports/``: a run
+directory ``run-<engines>/`` with ``suite.json`` (the plugin's JSON report of the matrix run of
+scripts/seed_matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
+request of a combination, the reuse the API reported and the reuse the logit tap saw) and the
+failures' saved streams; per combination, ``<engine>-<labels>/checks.xml`` (JUnit XML of
+tests/test_adapters_seed.py) and ``checks.jsonl``.
 
-    python scripts/seed_findings.py matrix REPORTS MATRIX ENGINE=VERSION...
+    python scripts/seed_findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
                                         writes REPORTS/<engine>-<labels>/row.json per combination
     python scripts/seed_findings.py table REPORTS                 prints the Markdown table
     python scripts/seed_findings.py save REPORTS CORPUS           copies each failure's shrunk
@@ -71,15 +72,17 @@ def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]
     return suite_row(suite, directory, engine, version, mode, outcomes)
 
 
-def matrix_rows(reports: Path, matrix: Path, versions: dict[str, str]) -> list[dict[str, Any]]:
-    """One row per configuration of the matrix run's ``reports/suite.json``, written to
-    ``reports/<engine>-<labels>/row.json`` (with its flags and its place in ``matrix``)."""
+def matrix_rows(
+    reports: Path, run: Path, matrix: Path, versions: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per configuration of the matrix run in ``run`` (its suite.json, its tap/
+    logs), written to ``reports/<engine>-<labels>/row.json`` with the combination's flags and
+    its place in ``matrix``."""
+    from pytest_prefixcache.adapters.seed import slug as tap_name
     from pytest_prefixcache.session.matrix_file import read_matrix
 
-    from pytest_prefixcache.adapters.seed import slug as tap_name
-
     targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
-    suite = json.loads((reports / "suite.json").read_text())
+    suite = json.loads((run / "suite.json").read_text())
     rows = []
     for config in suite.get("configs", []):
         order, target = targets[config["name"]]
@@ -87,7 +90,7 @@ def matrix_rows(reports: Path, matrix: Path, versions: dict[str, str]) -> list[d
         mode = config["name"].partition("[")[2].rstrip("]")
         directory = reports / f"{engine}-{mode}"
         directory.mkdir(parents=True, exist_ok=True)
-        tap = reports / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
+        tap = run / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
         outcomes = checks(directory / "checks.xml", engine, mode)
         r = suite_row(config, directory, engine, versions[engine], mode, outcomes, tap)
         r.update(order=order, flags=shlex.join(target.flags))
@@ -154,9 +157,9 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 3 and argv[0] == "matrix":
-        versions = dict(v.split("=", 1) for v in argv[3:])
-        for r in matrix_rows(Path(argv[1]), Path(argv[2]), versions):
+    if len(argv) >= 4 and argv[0] == "matrix":
+        versions = dict(v.split("=", 1) for v in argv[4:])
+        for r in matrix_rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), versions):
             print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
         return 0
     if len(argv) == 2 and argv[0] == "table":

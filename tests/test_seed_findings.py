@@ -72,7 +72,7 @@ def test_rows_from_a_matrix_report_and_their_columns(findings: ModuleType, tmp_p
     (tmp_path / "tap" / "vllm-mlx--mllm.jsonl").write_text(
         json.dumps({**tap, "tap_reused_tokens": 60}) + "\n"
     )
-    rows = findings.matrix_rows(tmp_path, tmp_path / "m.toml", {"vllm-mlx": "0.6.0"})
+    rows = findings.matrix_rows(tmp_path, tmp_path, tmp_path / "m.toml", {"vllm-mlx": "0.6.0"})
     assert [(r["mode"], r["flags"], r["order"]) for r in rows] == [
         ("text", "", 0),
         ("mllm", "--mllm", 1),
