@@ -22,7 +22,9 @@
 #   flag combinations of both engines), SEED_CHECKS=0 (skip the targeted checks),
 #   SEED_CORPUS (a directory: each failure's shrunk counterexample is copied there as
 #   <engine>-<labels>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
-#   $SEED_DIR/reports).
+#   $SEED_DIR/reports), SEED_CONFIGS (space-separated combination names of the matrix file:
+#   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
+#   name, default the engines').
 # verify runs, for every combination of the matrix file that belongs to the engines named:
 # the targeted checks (tests/test_adapters_seed.py, under --runxfail, so the JUnit file holds
 # what really failed) against its own pair of servers, then the plugin's built-in suite over all
@@ -103,7 +105,7 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
   local -a configs=() versions=()
   for engine in "$@"; do
     versions+=("$engine=$(version "$engine")")
-    configs+=("--prefixcache-config=$engine")
+    [ -n "${SEED_CONFIGS:-}" ] || configs+=("--prefixcache-config=$engine")
     # the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
     "$SEED_DIR/$engine/bin/python" -c \
       "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
@@ -119,7 +121,10 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
       "$ROOT/tests/test_adapters_seed.py" --junitxml="$out/checks.xml" | tail -n 5 || true
   done < <(combos "$@")
   echo "== the built-in suite over every combination (--prefixcache-matrix)"
-  local run="$REPORTS/run-$(IFS=+; echo "$*")"  # one per engine set: a later run keeps it
+  local -a names=()
+  read -r -a names <<<"${SEED_CONFIGS:-}"  # no globbing: the names hold [...]
+  for name in "${names[@]}"; do configs+=("--prefixcache-config=$name"); done
+  local run="$REPORTS/run-${SEED_RUN:-$(IFS=+; echo "$*")}"  # a later run keeps this one
   rm -rf "$run" && mkdir -p "$run/tap"
   (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE \
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \

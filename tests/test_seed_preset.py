@@ -70,6 +70,8 @@ def test_claim_sources_follow_the_engine_path() -> None:
     mllm = claim_specs("vllm-mlx", ["--continuous-batching", "--mllm"])
     assert stats_fields(mllm)[0] == ("engine_cache.prefix_cache.hits", "hits")
     assert len(stats_fields(mllm)) == 2  # image requests skip the text prefix cache
+    assert not any("log" in s for s in mllm)  # the MLLM scheduler logs no [schedule] line
+    assert not any("log" in s for s in claim_specs("rapid-mlx", ["--mllm"]))
     rapid = claim_specs("rapid-mlx", [])
     assert rapid[0] == {"api": "usage.prompt_tokens_details.cached_tokens"}
     assert ("cache.misses", "misses") in stats_fields(rapid)

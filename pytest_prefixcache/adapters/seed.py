@@ -119,7 +119,9 @@ def claim_specs(engine: str, flags: Sequence[str]) -> list[dict[str, Any]]:
     """Where the engine reports reuse with these flags, as ``PREFIXCACHE_CLAIMS`` JSON objects
     (see :func:`.claims.sources_from_json`). Stats fields are optional: the cold server's stats
     have none (``null``). A ``misses`` counter is declared only where every request looks the
-    cache up (else a request that never looked would read as a claimed hit)."""
+    cache up (else a request that never looked would read as a claimed hit); the
+    ``[schedule] ... N cached`` log line only on the text schedulers (the MLLM schedulers write
+    none, and no line reads as a claim of 0)."""
     words = split_flags(flags)
     mllm = "--mllm" in words
     if engine == "rapid-mlx":  # one engine path: batched
@@ -129,14 +131,14 @@ def claim_specs(engine: str, flags: Sequence[str]) -> list[dict[str, Any]]:
         specs += [{"metric": "rapid_mlx_prefix_cache_hits_total", "unit": "hits"}]
         stats_path = "/v1/status"
         looks_every_time = not mllm
-        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached"
+        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached" if not mllm else ""
     else:
         batched = "--continuous-batching" in words
         status = _VLLM_STATS[("batched" if batched else "simple") + ("-mllm" if mllm else "")]
         specs = [{"metric": "vllm_mlx_cache_tokens_saved", "unit": "tokens"}]
         stats_path = "/v1/cache/stats"
         looks_every_time = batched and not mllm
-        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached" if batched else ""
+        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached" if looks_every_time else ""
     stats = [("hits", "hits")]  # the system-prompt KV counters count no tokens
     stats += [] if status.endswith("counters") else [("tokens_saved", "tokens")]
     stats += [("misses", "misses")] if looks_every_time else []
