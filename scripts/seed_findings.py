@@ -111,7 +111,8 @@ def _claims(r: dict[str, Any], corpus_link: str) -> str:
     text = _entries(r, corpus_link, _is_claim)
     targeted = r["checks"].get(CLAIMS_TEST, "")
     if targeted.startswith(("failed", "xfailed")):
-        text += ("<br>" if text else "") + f"targeted: {_short(targeted)}"
+        outcome = targeted.split(":")[0]
+        text += ("<br>" if text else "") + f"targeted checks: `{CLAIMS_TEST}` {outcome}"
     checked = r.get("claims_checked") or 0
     return text or f"none ({checked:,} figures checked)"
 
