@@ -17,29 +17,32 @@
 #   scripts/seed_engines.sh install [vllm-mlx|rapid-mlx]...   create the venvs (or reuse them)
 #   scripts/seed_engines.sh verify  [vllm-mlx|rapid-mlx]...   run the checks (venvs must exist)
 #   scripts/seed_engines.sh all     [vllm-mlx|rapid-mlx]...   both (default: both engines)
-# Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property, default 100,
-#   the plugin's own default),
-#   SEED_MODES (space-separated subset of: simple mllm cb paged; default all of them for
-#   vllm-mlx, "simple mllm paged" for rapid-mlx, whose only engine is the batched one),
+# Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property and combination,
+#   default 100, the plugin's own default), SEED_MATRIX (default scripts/seed_matrix.toml: the
+#   flag combinations of both engines), SEED_CHECKS=0 (skip the targeted checks),
 #   SEED_CORPUS (a directory: each failure's shrunk counterexample is copied there as
-#   <engine>-<mode>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
-#   $SEED_DIR/reports).
-# Every mode runs the targeted checks (tests/test_adapters_seed.py) and the plugin's built-in
-# suite (--prefixcache-verify, text-only streams except for --mllm), each against its own pair
-# of servers started the same way (cached, and a cache-less cold baseline).
-# Results, per mode in $SEED_DIR/reports/<engine>-<mode>/ (emptied first): checks.xml (JUnit
-#   of a --runxfail run, so it holds what really failed),
-#   checks.jsonl (reuse and worst logit difference per targeted pair), suite.json (the plugin's
-#   report: requests, efficiency vs oracle, worst difference, failures and their saved streams
-#   under .prefixcache/failures/), tap.jsonl (per request, the API's vs the tap's reuse),
-#   suite.log, row.json; and $SEED_DIR/reports/findings.md, the table of every mode.
+#   <engine>-<labels>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
+#   $SEED_DIR/reports), SEED_CONFIGS (space-separated combination names of the matrix file:
+#   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
+#   name, default the engines').
+# verify runs, for every combination of the matrix file that belongs to the engines named:
+# the targeted checks (tests/test_adapters_seed.py, under --runxfail, so the JUnit file holds
+# what really failed) against its own pair of servers, then the plugin's built-in suite over all
+# of them in one matrix run (--prefixcache-matrix; each combination is its own set of tests,
+# engine, cold baseline and verdict row; claims and per-step alignment on; text-only streams
+# except for --mllm). Each combination's servers are adapters.seed.seed_server's: the engine
+# under the tap with the combination's flags, and a cache-less cold server.
+# Results in $SEED_REPORTS: run-<engines>/ (suite.json: the matrix report, one configs row per
+# combination; suite.log; tap/<slug>.jsonl: per request, the API's vs the tap's reuse;
+# .prefixcache/failures/: the failures' saved streams), <engine>-<labels>/{checks.xml,
+# checks.jsonl,row.json}, and findings.md, the table of every combination.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"
+export SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"  # adapters.seed finds the venvs there
 PYTHON="${PYTHON:-python3}"
 EXAMPLES="${SEED_EXAMPLES:-100}"
-MODES="${SEED_MODES:-}"
+MATRIX="${SEED_MATRIX:-$ROOT/scripts/seed_matrix.toml}"
 REPORTS="${SEED_REPORTS:-$SEED_DIR/reports}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 APC_DISK_ENABLED=0
@@ -50,10 +53,10 @@ shift || true
 engines=("$@")
 [ ${#engines[@]} -eq 0 ] && engines=(vllm-mlx rapid-mlx)
 
-spec() {  # the pip requirement and the CLI function of an engine
+spec() {  # the pip requirement of an engine (its CLI: adapters/seed.py, ENGINES)
   case "$1" in
-    vllm-mlx) echo "vllm-mlx==0.6.0 vllm_mlx.cli:main" ;;
-    rapid-mlx) echo "rapid-mlx==0.16.10 rapid_mlx.cli:main" ;;
+    vllm-mlx) echo "vllm-mlx==0.6.0" ;;
+    rapid-mlx) echo "rapid-mlx==0.16.10" ;;
     *) echo "unknown engine '$1' (vllm-mlx or rapid-mlx)" >&2; exit 2 ;;
   esac
 }
@@ -78,47 +81,64 @@ assert m.version('${req%%==*}') == '${req##*==}'" 2>/dev/null; then
   "$venv/bin/python" -m pip freeze >"$venv/freeze.txt"
 }
 
-verify() {
-  local name="$1" req cli venv mode out version
-  read -r req cli <<<"$(spec "$name")"
-  venv="$SEED_DIR/$name"
-  [ -x "$venv/bin/python" ] || { echo "no venv for $name: run '$0 install $name'" >&2; exit 2; }
-  version="$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('${req%%==*}'))")"
-  # the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
-  "$venv/bin/python" -c "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
-  for mode in ${MODES:-$([ "$name" = rapid-mlx ] && echo "simple mllm paged" || echo "simple mllm cb paged")}; do
-    echo "== $name $version: $mode"
-    out="$REPORTS/$name-$mode"
-    rm -rf "$out" && mkdir -p "$out"
-    local -a seed_env=(SEED_ENGINE="$name" SEED_MODE="$mode" SEED_PYTHON="$venv/bin/python"
-      SEED_CLI="$cli")
-    # --runxfail: the findings need what really failed; seed_findings.py compares it with the
-    # xfails the test module declares
-    env "${seed_env[@]}" SEED_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-      -p no:cacheprovider -q -rfEs --runxfail "$ROOT/tests/test_adapters_seed.py" \
-      --junitxml="$out/checks.xml" || true
-    # the plugin's built-in suite against the same servers (from_env, configured by the test
-    # module); run from $out, so its failures are saved under $out/.prefixcache/failures/
-    (
-      eval "$(env "${seed_env[@]}" "$PYTHON" -c 'import sys; sys.path.insert(0, sys.argv[1]);
-import test_adapters_seed as s; print(s.exports())' "$ROOT/tests")"
-      cd "$out" && PREFIXCACHE_TAP_LOG="$out/tap.jsonl" "$PYTHON" -m pytest -p no:randomly -q \
-        -rfE --prefixcache-verify --prefixcache-engine=pytest_prefixcache.adapters.presets:from_env \
-        --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
-        --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
-    ) || true
-    "$PYTHON" "$ROOT/scripts/seed_findings.py" row "$out" "$name" "$version" "$mode"
-  done
+version() {  # the installed version of an engine
+  local req venv
+  read -r req _ <<<"$(spec "$1")"
+  venv="$SEED_DIR/$1"
+  [ -x "$venv/bin/python" ] || { echo "no venv for $1: run '$0 install $1'" >&2; exit 2; }
+  "$venv/bin/python" -c "import importlib.metadata as m; print(m.version('${req%%==*}'))"
 }
 
-for name in "${engines[@]}"; do
-  case "$action" in
-    install) install "$name" ;;
-    verify) verify "$name" ;;
-    all) install "$name"; verify "$name" ;;
-    *) echo "usage: $0 install|verify|all [vllm-mlx|rapid-mlx]..." >&2; exit 2 ;;
-  esac
-done
+combos() {  # "engine|labels|flags" per combination of the matrix file, for the engines named
+  "$PYTHON" - "$MATRIX" "$@" <<'PY'
+import shlex, sys
+from pathlib import Path
+from pytest_prefixcache.session.matrix_file import read_matrix
+for t in read_matrix(Path(sys.argv[1])):
+    if t.args.get("engine") in sys.argv[2:]:
+        print(t.args["engine"], t.name.partition("[")[2].rstrip("]"), shlex.join(t.flags), sep="|")
+PY
+}
+
+verify() {  # verify ENGINE...: the targeted checks per combination, then one matrix run
+  local engine mode flags out
+  local -a configs=() versions=()
+  for engine in "$@"; do
+    versions+=("$engine=$(version "$engine")")
+    [ -n "${SEED_CONFIGS:-}" ] || configs+=("--prefixcache-config=$engine")
+    # the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
+    "$SEED_DIR/$engine/bin/python" -c \
+      "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
+  done
+  mkdir -p "$REPORTS"
+  while IFS='|' read -r engine mode flags; do
+    out="$REPORTS/$engine-$mode"
+    [ "${SEED_CHECKS:-1}" = 0 ] && continue
+    rm -rf "$out" && mkdir -p "$out"
+    echo "== $engine [$mode] $flags: targeted checks"
+    SEED_ENGINE="$engine" SEED_MODE="$mode" SEED_FLAGS="$flags" SEED_FINDINGS="$out/checks.jsonl" \
+      "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEs --runxfail \
+      "$ROOT/tests/test_adapters_seed.py" --junitxml="$out/checks.xml" | tail -n 5 || true
+  done < <(combos "$@")
+  echo "== the built-in suite over every combination (--prefixcache-matrix)"
+  local -a names=()
+  read -r -a names <<<"${SEED_CONFIGS:-}"  # no globbing: the names hold [...]
+  for name in "${names[@]}"; do configs+=("--prefixcache-config=$name"); done
+  local run="$REPORTS/run-${SEED_RUN:-$(IFS=+; echo "$*")}"  # a later run keeps this one
+  rm -rf "$run" && mkdir -p "$run/tap"
+  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE \
+    --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
+    --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+    --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true
+  "$PYTHON" "$ROOT/scripts/seed_findings.py" matrix "$REPORTS" "$run" "$MATRIX" "${versions[@]}"
+}
+
+case "$action" in
+  install) for name in "${engines[@]}"; do install "$name"; done ;;
+  verify) verify "${engines[@]}" ;;
+  all) for name in "${engines[@]}"; do install "$name"; done; verify "${engines[@]}" ;;
+  *) echo "usage: $0 install|verify|all [vllm-mlx|rapid-mlx]..." >&2; exit 2 ;;
+esac
 if [ "$action" != install ]; then
   [ -z "${SEED_CORPUS:-}" ] || "$PYTHON" "$ROOT/scripts/seed_findings.py" save "$REPORTS" "$SEED_CORPUS"
   "$PYTHON" "$ROOT/scripts/seed_findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"

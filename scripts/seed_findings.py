@@ -1,11 +1,16 @@
-"""The findings of one seed-engine mode, and the table of all of them (used by seed_engines.sh).
+"""The findings of the seed engines' flag combinations, and their table (used by
+seed_engines.sh); the row, checks and counterexample helpers are shared with the llama and vLLM
+findings modules.
 
-Each mode's directory (``$SEED_DIR/reports/<engine>-<mode>/``) holds what one run of
-``scripts/seed_engines.sh`` wrote there: ``suite.json`` (the plugin's JSON report of the
-built-in suite), ``tap.jsonl`` (per request, the reuse the API reported and the reuse the logit
-tap saw), ``checks.xml`` (JUnit XML of tests/test_adapters_seed.py) and ``checks.jsonl``.
+A run of ``scripts/seed_engines.sh verify ENGINE...`` leaves in ``$SEED_DIR/reports/``: a run
+directory ``run-<engines>/`` with ``suite.json`` (the plugin's JSON report of the matrix run of
+scripts/seed_matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
+request of a combination, the reuse the API reported and the reuse the logit tap saw) and the
+failures' saved streams; per combination, ``<engine>-<labels>/checks.xml`` (JUnit XML of
+tests/test_adapters_seed.py) and ``checks.jsonl``.
 
-    python scripts/seed_findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
+    python scripts/seed_findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
+                                        writes REPORTS/<engine>-<labels>/row.json per combination
     python scripts/seed_findings.py table REPORTS                 prints the Markdown table
     python scripts/seed_findings.py save REPORTS CORPUS           copies each failure's shrunk
                                                                    counterexample into CORPUS
@@ -13,21 +18,31 @@ tap saw), ``checks.xml`` (JUnit XML of tests/test_adapters_seed.py) and ``checks
 
 from __future__ import annotations
 
-import importlib
 import json
-import os
-import re
-import shutil
+import shlex
 import sys
-import xml.etree.ElementTree as ET
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when it is loaded by path
+from findings_common import (  # the llama and vLLM findings modules use them from here
+    _entries,
+    _failures,
+    _prefill,
+    _short,
+    engine_main,
+    junit_outcomes,
+    mode_checks,
+    mode_flags,
+    save,
+    suite_row,
+)
+
+__all__ = ["engine_main", "mode_checks", "row", "save", "table"]
+
 TESTS = Path(__file__).resolve().parent.parent / "tests"
-FLAGS = {"simple": "default", "mllm": "`--mllm`", "cb": "`--continuous-batching`"}
-FLAGS["paged"] = "`--continuous-batching --use-paged-cache`"
-RAPID_FLAGS = {"simple": "default (batched)", "mllm": "`--mllm`", "paged": "`--use-paged-cache`"}
+#: The targeted check whose failures are claims disagreements (its own table column).
+CLAIMS_TEST = "test_claims_agree_with_the_tap"
 
 
 def known() -> dict[tuple[str, str, str], str]:
@@ -38,260 +53,115 @@ def known() -> dict[tuple[str, str, str], str]:
     return dict(test_adapters_seed.KNOWN)
 
 
-def junit_outcomes(path: Path, expected: Callable[[str], bool]) -> dict[str, str]:
-    """test name -> what happened, from JUnit XML of a ``--runxfail`` run: ``passed``,
-    ``skipped``, ``xpassed`` (passed although ``expected(name)`` says it fails),
-    ``xfailed: MESSAGE`` (failed as expected) or ``failed: MESSAGE`` (not expected).
-    The engine scripts' findings modules (llama_findings, vllm_findings) use it too."""
-    if not path.is_file():
-        return {}
-    out: dict[str, str] = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        name = case.get("name", "")
-        kinds = {child.tag: child for child in case}
-        bad = kinds.get("failure", kinds.get("error"))
-        if bad is not None:
-            message = " ".join((bad.get("message") or "").split())[:240]
-            out[name] = f"{'xfailed' if expected(name) else 'failed'}: {message}"
-        elif "skipped" in kinds:
-            out[name] = "skipped"
-        else:
-            out[name] = "xpassed" if expected(name) else "passed"
-    return out
-
-
 def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
     """``junit_outcomes`` against tests/test_adapters_seed.py's strict xfails."""
     reasons = known()
-    return junit_outcomes(path, lambda name: (engine, mode, name.split("[")[0]) in reasons)
-
-
-def mode_checks(path: Path, module: str, env: str, mode: str) -> dict[str, str]:
-    """``junit_outcomes`` against the strict xfails an engine script's test module declares
-    for ``mode`` (``module.KNOWN``, keyed by (mode, test name)); ``env`` names the mode to the
-    module, which reads it at import."""
-    os.environ.setdefault(env, mode)
-    sys.path.insert(0, str(TESTS))
-    known = importlib.import_module(module).KNOWN
-    reasons = {name for (m, name) in known if m == mode}
-    return junit_outcomes(path, lambda name: name in reasons)
-
-
-def engine_main(
-    argv: list[str],
-    *,
-    row: Callable[[Path, str, str, str], dict[str, Any]],
-    table: Callable[[Path], str],
-    prefix: str,
-    findings: list[str],
-    script: str,
-    usage: str,
-) -> int:
-    """The command line of an engine script's findings module: ``row DIR ENGINE VERSION MODE``
-    writes DIR/row.json; ``table REPORTS`` prints the table; ``save REPORTS CORPUS`` saves the
-    failures of the ``findings`` modes (``<prefix>-<mode>/row.json``; not the negative
-    controls, which are no findings about the engine)."""
-    if len(argv) == 5 and argv[0] == "row":
-        directory = Path(argv[1])
-        r = row(directory, *argv[2:5])
-        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
-        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
-        return 0
-    if len(argv) == 2 and argv[0] == "table":
-        print(table(Path(argv[1])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save":
-        for mode in findings:
-            pattern = f"{prefix}-{mode}/row.json"
-            for name in save(Path(argv[1]), Path(argv[2]), pattern, script):
-                print(f"saved {Path(argv[2]) / name}")
-        return 0
-    print(usage, file=sys.stderr)
-    return 2
-
-
-def tap_figures(path: Path) -> dict[str, Any]:
-    """Over the cached runs: prompt tokens, the reuse the API reported (None when it never
-    reports one), the reuse the tap saw, and the requests where the two disagree."""
-    rows = [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
-    warm = [r for r in rows if r["use_cache"]]
-    reports = any(r["api_cached_tokens"] is not None for r in warm)
-    # an API that reports cached_tokens at all but omits it on some replies (rapid-mlx omits
-    # prompt_tokens_details when nothing was reused) is read as reporting 0 there
-    api = [r["api_cached_tokens"] or 0 for r in warm] if reports else []
-    tap = [r["tap_reused_tokens"] or 0 for r in warm]
-    return {
-        "requests": len(warm),
-        "prompt_tokens": sum(r["prompt_tokens"] or 0 for r in warm),
-        "api_reused": sum(api) if reports else None,
-        "tap_reused": sum(tap),
-        "disagreeing_requests": sum(a != t for a, t in zip(api, tap)),
-        "api_over_tap": sum(max(0, a - t) for a, t in zip(api, tap)),
-        "api_under_tap": sum(max(0, t - a) for a, t in zip(api, tap)),
-        "cold_reused": sum(r["tap_reused_tokens"] or 0 for r in rows if not r["use_cache"]),
-    }
+    return junit_outcomes(
+        path,
+        lambda name: (
+            (engine, mode, name) in reasons or (engine, mode, name.split("[")[0]) in reasons
+        ),
+    )
 
 
 def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
+    """A mode's row from its directory's suite.json, tap.jsonl and checks.xml."""
     suite_path = directory / "suite.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
-    failures = [
-        {k: f.get(k) for k in ("check", "test", "summary", "stream_dir", "replay")}
-        for f in suite.get("failures", [])
-    ]
-    return {
-        "engine": engine,
-        "version": version,
-        "mode": mode,
-        "suite_ran": bool(suite),
-        "requests": suite.get("requests"),
-        "streams": suite.get("streams"),
-        "cache_hits": suite.get("cache_hits"),
-        "reused_tokens": suite.get("reused_tokens"),
-        "oracle_tokens": suite.get("oracle_tokens"),
-        "efficiency": suite.get("efficiency"),
-        "worst_diff": suite.get("worst_diff"),
-        "failures_by_check": suite.get("failures_by_check", {}),
-        "failures": failures,
-        "tap": tap_figures(directory / "tap.jsonl"),
-        "checks": checks(directory / "checks.xml", engine, mode),
-    }
+    outcomes = checks(directory / "checks.xml", engine, mode)
+    return suite_row(suite, directory, engine, version, mode, outcomes)
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+def matrix_rows(
+    reports: Path, run: Path, matrix: Path, versions: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per configuration of the matrix run in ``run`` (its suite.json, its tap/
+    logs), written to ``reports/<engine>-<labels>/row.json`` with the combination's flags and
+    its place in ``matrix``."""
+    from pytest_prefixcache.adapters.seed import slug as tap_name
+    from pytest_prefixcache.session.matrix_file import read_matrix
+
+    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    suite = json.loads((run / "suite.json").read_text())
+    rows = []
+    for config in suite.get("configs", []):
+        order, target = targets[config["name"]]
+        engine = str(target.args["engine"])
+        mode = config["name"].partition("[")[2].rstrip("]")
+        directory = reports / f"{engine}-{mode}"
+        directory.mkdir(parents=True, exist_ok=True)
+        tap = run / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
+        outcomes = checks(directory / "checks.xml", engine, mode)
+        r = suite_row(config, directory, engine, versions[engine], mode, outcomes, tap)
+        r.update(order=order, flags=shlex.join(target.flags))
+        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+        rows.append(r)
+    return rows
 
 
-def counterexample_name(r: dict[str, Any], f: dict[str, Any], taken: set[str]) -> str:
-    base = f"{r['engine']}-{r['mode']}-{slug(f['check'])}"
-    name, n = base, 2
-    while name in taken:
-        name, n = f"{base}-{n}", n + 1
-    taken.add(name)
-    return name
+def _is_claim(f: dict[str, Any]) -> bool:
+    return f["check"] == "claims" and "per-step logprobs" not in f["summary"]
 
 
-def save(
-    reports: Path,
-    corpus: Path,
-    pattern: str = "*/row.json",
-    script: str = "scripts/seed_engines.sh",
-) -> list[str]:
-    """Copy every failure's stream.json + PNGs to CORPUS/<engine>-<mode>-<check>[-n]/ with a
-    description naming the engine, version, mode, the ``script`` that found it and what went
-    wrong, for the rows ``pattern`` names under ``reports``; returns the names."""
-    saved: list[str] = []
-    taken: set[str] = set()
-    for path in sorted(reports.glob(pattern)):
-        r = json.loads(path.read_text())
-        by_dir: dict[str, str] = {}  # two tests can shrink to the same stream: save it once
-        for f in r["failures"]:
-            source = Path(f["stream_dir"] or "")
-            if not (source / "stream.json").is_file():
-                continue
-            if f["stream_dir"] in by_dir:
-                f["saved"] = by_dir[f["stream_dir"]]
-                continue
-            name = by_dir[f["stream_dir"]] = counterexample_name(r, f, taken)
-            target = corpus / name
-            kept = {}  # a hand-written "diagnosis" of an earlier save survives a new one
-            if target.exists():
-                old = json.loads((target / "stream.json").read_text())
-                kept = {k: old[k] for k in ("diagnosis",) if k in old}
-                shutil.rmtree(target)
-            shutil.copytree(source, target)
-            data = json.loads((target / "stream.json").read_text())
-            flag = mode_flags(r["engine"], r["mode"]).replace("`", "")
-            summary = re.sub(r"http://127\.0\.0\.1:\d+", "", f["summary"])  # ephemeral port
-            data["description"] = (
-                f"{r['engine']} {r['version']}, {flag}, found by {script}: {summary}"
-            )
-            data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
-            data.update(kept)
-            (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
-            f["saved"] = name
-            saved.append(name)
-        path.write_text(json.dumps(r, indent=1) + "\n")
-    return saved
+def _is_step(f: dict[str, Any]) -> bool:
+    return f["check"] == "claims" and "per-step logprobs" in f["summary"]
 
 
-def mode_flags(engine: str, mode: str) -> str:
-    return (RAPID_FLAGS if engine == "rapid-mlx" else FLAGS).get(mode, mode)
+def _claims(r: dict[str, Any], corpus_link: str) -> str:
+    text = _entries(r, corpus_link, _is_claim)
+    targeted = r["checks"].get(CLAIMS_TEST, "")
+    if targeted.startswith(("failed", "xfailed")):
+        outcome = targeted.split(":")[0]
+        text += ("<br>" if text else "") + f"targeted checks: `{CLAIMS_TEST}` {outcome}"
+    checked = r.get("claims_checked") or 0
+    return text or f"none ({checked:,} figures checked)"
 
 
-def _prefill(t: dict[str, Any]) -> str:
-    p = t["prompt_tokens"]
-    real = p - t["tap_reused"]
-    if t["api_reused"] is None:
-        return f"not reported / {real} of {p}"
-    text = f"{p - t['api_reused']} / {real} of {p}"
-    if t["disagreeing_requests"]:
-        text += f" ({t['disagreeing_requests']} of {t['requests']} replies disagree with the tap"
-        text += f": {t['api_over_tap']} tokens claimed reused were prefilled)"
-    return text
-
-
-def _short(summary: str) -> str:
-    text = summary.split(": ", 1)[-1]
-    text = re.sub(r"http://127\.0\.0\.1:\d+", "", text)
-    text = re.sub(r"run\(request \d+, use_cache=\w+\) raised EngineError: ", "", text)
-    return text[:120].rstrip() + ("..." if len(text) > 120 else "")
-
-
-def _failures(r: dict[str, Any], corpus_link: str) -> str:
-    parts: dict[str, list[str]] = {}  # one entry per distinct finding, with its counterexamples
-    for f in r["failures"]:
-        links = parts.setdefault(f"{f['check']}: {_short(f['summary'])}", [])
-        if f.get("saved"):
-            link = f"[{f['saved']}]({corpus_link}/{f['saved']}/stream.json)"
-            if link not in links:
-                links.append(link)
-    out = [f"{k} ({', '.join(v)})" if v else k for k, v in parts.items()]
-    text = "<br>".join(x.replace("|", "\\|") for x in out) or "none"
-    bad = {k: v for k, v in r["checks"].items() if v not in ("passed", "skipped")}
-    if bad:
-        text += "<br>targeted checks: " + "; ".join(
-            f"`{k}` {v.split(':')[0]}" for k, v in sorted(bad.items())
-        )
-    return text
-
-
-ORDER = {"simple": 0, "mllm": 1, "cb": 2, "paged": 3}
+def _steps(r: dict[str, Any], corpus_link: str) -> str:
+    text = _entries(r, corpus_link, _is_step)
+    if text:
+        return text
+    if not r.get("steps_aligned"):
+        return "n/a: the API returned no per-step logprobs"
+    return f"none ({r['steps_aligned']:,} steps aligned)"
 
 
 def _rows(reports: Path) -> list[dict[str, Any]]:
     rows = [json.loads(p.read_text()) for p in reports.glob("*/row.json")]
-    return sorted(rows, key=lambda r: (r["engine"] != "vllm-mlx", ORDER.get(r["mode"], 9)))
+    return sorted(rows, key=lambda r: (r["engine"] != "vllm-mlx", r.get("order", 0), r["mode"]))
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
     lines = [
-        "| engine, version | mode | requests | efficiency vs oracle | prefilled, reported / "
-        "really (tap) | worst diff | failures |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| engine, version | flags | requests | efficiency vs oracle | prefilled, reported / "
+        "really (tap) | worst diff | claims disagreements | per-step misalignments | "
+        "other failures |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in _rows(reports):
+        flags = mode_flags(r["engine"], r["mode"], r.get("flags"))
+        head = f"| {r['engine']} {r['version']} | {flags} |"
         if not r["suite_ran"]:
-            lines.append(f"| {r['engine']} {r['version']} | {mode_flags(r['engine'], r['mode'])} "
-                         "| the suite did not run | | | | |")  # fmt: skip
+            why = r.get("engine_error") or "the suite did not run"
+            lines.append(f"{head} {_short(str(why))} | | | | | | |")
             continue
         eff = r["efficiency"]
         eff_text = "n/a" if eff is None else f"{100 * eff:.1f}%"
-        eff_text += f" ({r['reused_tokens']} of {r['oracle_tokens']})"
+        eff_text += f" ({r['reused_tokens']:,} of {r['oracle_tokens']:,})"
+        other = _failures(r, corpus_link, lambda check: check in ("claims", CLAIMS_TEST))
         lines.append(
-            f"| {r['engine']} {r['version']} | {mode_flags(r['engine'], r['mode'])} | "
-            f"{r['requests']} ({r['cache_hits']} hits) | {eff_text} | {_prefill(r['tap'])} | "
-            f"{r['worst_diff']:g} | {_failures(r, corpus_link)} |"
+            f"{head} {r['requests']} ({r['cache_hits']} hits) | {eff_text} | "
+            f"{_prefill(r['tap'])} | {r['worst_diff']:g} | {_claims(r, corpus_link)} | "
+            f"{_steps(r, corpus_link)} | {other} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 5 and argv[0] == "row":
-        directory = Path(argv[1])
-        r = row(directory, *argv[2:5])
-        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
-        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
+    if len(argv) >= 4 and argv[0] == "matrix":
+        versions = dict(v.split("=", 1) for v in argv[4:])
+        for r in matrix_rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), versions):
+            print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
         return 0
     if len(argv) == 2 and argv[0] == "table":
         print(table(Path(argv[1])))

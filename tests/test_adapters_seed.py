@@ -1,9 +1,10 @@
 """Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
 
 Skipped unless scripts/seed_engines.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
-SEED_MODE (simple, mllm, cb, paged), SEED_PYTHON (the engine venv's python) and SEED_CLI (the
-CLI function, MODULE:FUNC). The server runs that CLI under the tap; the uncached baseline is a
-second server started with --disable-prefix-cache. Every comparison uses the tap's
+SEED_FLAGS (the serve flags of one combination of scripts/seed_matrix.toml), SEED_MODE (its
+labels, e.g. ``cb,text,paged,whole,full``: the key of the known findings) and SEED_DIR (the
+engines' environments). The servers are ``adapters.seed.seed_server``'s: the engine under the
+tap with those flags, and a cache-less cold server. Every comparison uses the tap's
 full-vocabulary log-softmax, exact (MLX on CPU).
 """
 
@@ -16,61 +17,21 @@ from collections.abc import Iterator
 import pytest
 from adapter_support import SYSTEM, assistant, img, record_finding, req, user, worst_diff
 
-from pytest_prefixcache.adapters.chat import FIXTURES
 from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.seed import seed_server
+from pytest_prefixcache.checks.claims import claim_problems
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
-MODE = os.environ.get("SEED_MODE", "simple")
+FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
+MODE = os.environ.get("SEED_MODE", "")
 pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
 
-FLAGS = {
-    "simple": [],
-    "mllm": ["--mllm"],
-    "cb": ["--continuous-batching"],
-    "paged": ["--continuous-batching", "--use-paged-cache"],
-}
-if ENGINE == "rapid-mlx":  # only a batched engine: no --continuous-batching flag
-    FLAGS.update(cb=[], paged=["--use-paged-cache"])
-#: The endpoint that empties the prefix cache. rapid-mlx 0.16.10's DELETE /v1/cache ("Clear
-#: all caches") clears only mlx-vlm's multimodal caches: it answers 200 with {"error": "Cache
-#: clear not available (mlx_vlm not loaded)"} and a repeat still reuses 88 of 89 tokens after
-#: it (the tap); its POST /v1/cache/clear empties the prefix cache (then 0 of 89).
-RESET = ("/v1/cache/clear", "POST") if ENGINE == "rapid-mlx" else ("/v1/cache", "DELETE")
-MODEL = FIXTURES / ("tiny-qwen2-vl" if MODE == "mllm" else "tiny-llama")
-IMAGES = MODE == "mllm"
+IMAGES = "--mllm" in FLAGS
+CLAIMS_TEST = "test_claims_agree_with_the_tap"
 A, B = img(1), img(2)
 TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
 TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
 IMAGE = req(SYSTEM, user(A, "What is in this image?"))
-
-
-def commands() -> tuple[str, str]:
-    """The cached and the uncached server command lines."""
-    python = os.environ.get("SEED_PYTHON", "python")
-    cli = os.environ.get("SEED_CLI", "vllm_mlx.cli:main")
-    argv = [python, "-m", "pytest_prefixcache.tap", cli, "serve", str(MODEL)]
-    argv += ["--host", "127.0.0.1", "--port", "{port}"]
-    # the baseline keeps the engine's mode but no cache (rapid-mlx refuses a paged store
-    # without the prefix cache)
-    cold = [f for f in FLAGS[MODE] if f != "--use-paged-cache"]
-    return shlex.join([*argv, *FLAGS[MODE]]), shlex.join([*argv, *cold, "--disable-prefix-cache"])
-
-
-def exports() -> str:
-    """Shell exports configuring ``presets:from_env`` for the same servers."""
-    cmd, cold = commands()
-    env = {
-        "PREFIXCACHE_SERVER_CMD": cmd,
-        "PREFIXCACHE_COLD": "server",
-        "PREFIXCACHE_COLD_CMD": cold,
-        "PREFIXCACHE_TAP_SERVER": "1",
-        "PREFIXCACHE_MODEL": str(MODEL),
-        "PREFIXCACHE_TEXT_ONLY": "0" if IMAGES else "1",
-        "PREFIXCACHE_RESET_PATH": RESET[0],
-        "PREFIXCACHE_RESET_METHOD": RESET[1],
-        "PREFIXCACHE_RENDER": f"{'vlm' if IMAGES else 'text'}:{MODEL}",
-    }
-    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
 MROPE_STALE = (
@@ -80,44 +41,92 @@ MROPE_STALE = (
     "cache, and the API answers 503 'Request cancelled by model replacement'"
 )
 NO_REUSE = "an identical repeat prefills the whole prompt again (the tap saw 0 tokens reused)"
-#: Findings seen on the tiny fixtures (engine, mode, test) -> reason; XPASS once fixed. Each
-#: failed as stated in the clean run of scripts/seed_engines.sh at commit 9d98657 (its
-#: checks run under --runxfail), and no other check failed there.
+#: vllm-mlx 0.6.0's memory-aware store: scheduler.py drops an "exact" or "supersequence" match
+#: (its entries cover the whole key, and re-feeding the last token would duplicate it)
+DROPPED = f"{NO_REUSE}: the memory-aware store's exact match is dropped and prefilled"
+#: ... while the legacy store's exact match is a plain "hit": the last token is fed again
+LAST_TOKEN_TWICE = (
+    "vllm-mlx 0.6.0 --continuous-batching --no-memory-aware-cache: an exact repeat feeds the "
+    "last prompt token again on top of a cache entry that already holds it (scheduler.py drops "
+    "such entries only for the memory-aware store's 'exact' matches; the legacy store's are "
+    "'hit'): the tap saw the first decode at KV offset 90 for an 89-token prompt, and the "
+    "cached answer differs from the cold one"
+)
+SWAPPED = (
+    "vllm-mlx 0.6.0 --continuous-batching --mllm: after a request with images [A, B], the same "
+    "request with [B, A] answers differently from a cold server (other greedy tokens) while 0 "
+    "prompt tokens were reused: the MLLM batch generator's pixel cache keys a request's images "
+    "by their sorted hashes (vision_embedding_cache.compute_images_hash), so [B, A] gets the "
+    "pixel values of [A, B]"
+)
+OVERCLAIM = (
+    "rapid-mlx 0.16.10: on an exact repeat every source (usage.prompt_tokens_details."
+    "cached_tokens, /v1/status cache.tokens_saved, the prefix_cache_tokens_saved_total metric, "
+    "the '[schedule] ... N cached' log line) says the whole prompt (89 of 89) while the tap saw "
+    "the last token prefilled again (88 reused)"
+)
+VM, RM = "vllm-mlx 0.6.0", "rapid-mlx 0.16.10"
+#: Findings seen on the tiny fixtures: (engine, combination labels, test name) -> reason; a test
+#: name with a parameter id names that case alone. XPASS(strict) once fixed. Each failed as
+#: stated in the targeted checks of the run in README.md (--runxfail), and no other check did.
 KNOWN = {
-    ("vllm-mlx", "simple", "test_repeat_reuses"): f"vllm-mlx 0.6.0 simple engine: {NO_REUSE}",
-    ("vllm-mlx", "cb", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --continuous-batching: {NO_REUSE}",
-    ("vllm-mlx", "mllm", "test_repeat_reuses"): f"vllm-mlx 0.6.0 --mllm, text: {NO_REUSE}",
-    ("rapid-mlx", "mllm", "test_repeat_reuses"): f"rapid-mlx 0.16.10 --mllm, text: {NO_REUSE}",
-    ("rapid-mlx", "simple", "test_api_agrees_with_the_tap"): "rapid-mlx 0.16.10: on an exact "
-    "repeat usage.prompt_tokens_details.cached_tokens is the whole prompt (89 of 89) while the "
-    "tap saw the last token prefilled again (88 reused)",
-    ("rapid-mlx", "mllm", "test_text_stream"): MROPE_STALE,
-    ("rapid-mlx", "mllm", "test_api_agrees_with_the_tap"): MROPE_STALE,
+    ("vllm-mlx", "simple,text,memory,whole,full", "test_repeat_reuses"): f"{VM} simple engine: "
+    f"{NO_REUSE} (its non-streaming path keeps no prompt cache)",
+    ("vllm-mlx", "simple,mllm,memory,whole,full", "test_repeat_reuses"): f"{VM} --mllm, text: "
+    f"{NO_REUSE}",
+    **{
+        ("vllm-mlx", mode, "test_repeat_reuses"): f"{VM} {flags}: {DROPPED}"
+        for mode, flags in [
+            ("cb,text,memory,whole,full", "--continuous-batching"),
+            ("cb,text,memory,whole,q8", "--continuous-batching --kv-cache-quantization"),
+            ("cb,text,memory,chunked,full", "--continuous-batching --chunked-prefill-tokens 32"),
+            ("cb,mllm,memory,whole,full", "--continuous-batching --mllm, text"),
+            ("cb,mllm,memory,chunked,full", "--continuous-batching --mllm, text"),
+        ]
+    },
+    **{
+        ("vllm-mlx", f"cb,text,legacy,{prefill},full", test): LAST_TOKEN_TWICE
+        for prefill in ("whole", "chunked")
+        for test in ("test_repeat_reuses", "test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("vllm-mlx", f"cb,mllm,memory,{prefill},full", "test_image_streams[swapped-order]"): SWAPPED
+        for prefill in ("whole", "chunked")
+    },
+    **{
+        ("rapid-mlx", f"text,{store},{kv},auto", test): OVERCLAIM
+        for store, kv in [
+            ("memory", "bf16"),
+            ("memory", "int8"),
+            ("hash", "bf16"),
+            ("legacy", "bf16"),
+        ]
+        for test in ("test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("rapid-mlx", f"mllm,memory,bf16,{media}", test): MROPE_STALE
+        for media in ("auto", "off")
+        for test in ("test_text_stream", "test_api_agrees_with_the_tap", CLAIMS_TEST)
+    },
+    **{
+        ("rapid-mlx", f"mllm,memory,bf16,{media}", "test_repeat_reuses"): f"{RM} --mllm, text: "
+        f"{NO_REUSE}"
+        for media in ("auto", "off")
+    },
 }
 
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
-    reason = KNOWN.get((ENGINE, MODE, request.node.originalname))
+    name, base = request.node.name, request.node.originalname
+    reason = KNOWN.get((ENGINE, MODE, name)) or KNOWN.get((ENGINE, MODE, base))
     if reason:  # strict: a fix shows as XPASS(strict)
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[OpenAIEngine]:
-    cmd, cold = commands()
-    with OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cold,
-        model=str(MODEL),
-        supports_images=IMAGES,
-        tap=True,
-        reset_path=RESET[0],
-        reset_method=RESET[1],
-        start_timeout=300,
-        timeout=300,
-    ) as e:
+    with seed_server(ENGINE, FLAGS) as e:
         yield e
 
 
@@ -160,6 +169,16 @@ def test_api_agrees_with_the_tap(engine: OpenAIEngine) -> None:
     check(engine, TEXT)
     check(engine, TEXT_NEXT)
     assert engine.tap_disagreements == []
+
+
+def test_claims_agree_with_the_tap(engine: OpenAIEngine) -> None:
+    """Every declared claim source (stats, metrics, log, cached_tokens) on a repeat and a next
+    turn equals what the model computed; so do the API's per-step logprobs, where it has any."""
+    problems = []
+    for request in (TEXT, TEXT, TEXT_NEXT):
+        out = engine.run(request, use_cache=True)
+        problems += [p.headline for p in claim_problems(out)]
+    assert problems == []
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")

@@ -304,6 +304,24 @@ def test_a_broken_claim_fails_naming_source_numbers_and_step(
     assert info.value.check == "claims"
 
 
+def test_an_optional_stats_field_that_is_absent_claims_nothing() -> None:
+    """A cache-less baseline whose stats have no such field (the seed engines' cold servers
+    answer ``null``) says nothing; without ``optional`` the same source is an error."""
+    absent = StatsDelta("/v1/cache/stats", "engine_cache.hits", "hits", optional=True)
+    with stub_engine(sources=(absent, SOURCES[2])) as engine:
+        out = engine.run(TEXT, use_cache=True)
+        assert out.claims is not None
+        [silent, hits] = out.claims.reuse
+        assert (silent.value, silent.raw) == (None, "no engine_cache.hits: {'hits': 0, "
+                                              "'misses': 1, 'tokens_saved': 0}")  # fmt: skip
+        assert hits.value == 0  # the present field still claims
+    with (
+        stub_engine(sources=(StatsDelta("/v1/cache/stats", "engine_cache.hits"),)) as engine,
+        pytest.raises(EngineError, match=r"no number at engine_cache\.hits"),
+    ):
+        engine.run(TEXT, use_cache=True)
+
+
 def test_sources_from_json_as_from_env_reads_them() -> None:
     text = (
         '[{"api": "timings.cache_n"}, {"stats": "/v1/cache/stats", "field": "hits"},'

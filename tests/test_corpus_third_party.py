@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
@@ -44,7 +45,8 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     stream, meta = load_stream(path)
     engine, version, mode, check = (meta.get(k) for k in ("engine", "version", "mode", "check"))
     assert engine in ENGINES and version and mode and check, meta
-    assert path.parent.name.startswith(f"{engine}-{mode}-"), (path.parent.name, meta)
+    # a matrix combination's labels ("cb,mllm,...") are named with dashes
+    assert path.parent.name.startswith(f"{engine}-{re.sub('[^a-z0-9]+', '-', mode)}-"), meta
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
     options = VerifyOptions(failures_dir=tmp_path)
@@ -66,8 +68,8 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
         ), "no request of this stream is subject to the positive control"
     elif check == "render stability":  # the expectation that failed is in the file
         assert meta.get("expect_same_prompt") or meta.get("expect_extends"), meta
-    else:
-        assert check == "fault", check
+    else:  # the engine's answer (fault, equivalence) or its claims (claims) were wrong there
+        assert check in ("fault", "equivalence", "claims"), check
 
 
 def _findings() -> ModuleType:
@@ -87,14 +89,17 @@ def test_the_seed_script_saves_each_distinct_counterexample_once_with_a_descript
     failures = save_stream(stream, tmp_path / "run" / ".prefixcache" / "failures" / "abc")
     summary = "reuse bound: cached_tokens=21 exceeds the maximum valid reuse of 0 tokens"
     failure = {"check": "reuse bound", "summary": summary, "stream_dir": str(failures.parent)}
-    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "simple"}
+    # a matrix combination's row: its labels name the counterexample, its flags describe it
+    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "text,paged"}
+    row["flags"] = "--use-paged-cache"
     row["failures"] = [dict(failure, test="streams"), dict(failure, test="state machine")]
     (tmp_path / "run" / "row.json").write_text(json.dumps(row))
-    assert _findings().save(tmp_path, tmp_path / "corpus") == ["rapid-mlx-simple-reuse-bound"]
-    saved, meta = load_stream(tmp_path / "corpus" / "rapid-mlx-simple-reuse-bound")
+    name = "rapid-mlx-text-paged-reuse-bound"
+    assert _findings().save(tmp_path, tmp_path / "corpus") == [name]
+    saved, meta = load_stream(tmp_path / "corpus" / name)
     assert saved == tuple(stream)
-    assert meta["description"].startswith("rapid-mlx 0.16.10, default (batched), found by")
+    assert meta["description"].startswith("rapid-mlx 0.16.10, --use-paged-cache, found by")
     assert meta["description"].endswith(summary) and meta["check"] == "reuse bound"
     assert [
         f["saved"] for f in json.loads((tmp_path / "run" / "row.json").read_text())["failures"]
-    ] == ["rapid-mlx-simple-reuse-bound"] * 2
+    ] == [name] * 2

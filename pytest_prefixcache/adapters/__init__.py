@@ -9,8 +9,11 @@ is built, so importing this package costs nothing:
 - :mod:`.openai`: any OpenAI-compatible HTTP server, started from a command line or reached at
   a URL, with a cold baseline by restart, cache reset, a cache-less server or a salt, the
   logit tap (:mod:`.tapped`) and local rendering of token ids (:mod:`.render`).
-- :mod:`.presets`: ready HTTP setups (reference server, mlx_lm.server, mlx_vlm.server) and
-  ``from_env`` (configured by ``PREFIXCACHE_*`` variables; used by scripts/seed_engines.sh).
+- :mod:`.presets`: ready HTTP setups (reference server, mlx_lm.server, mlx_vlm.server, vLLM,
+  llama-server) and ``from_env`` (configured by ``PREFIXCACHE_*`` variables).
+- :mod:`.seed`: the seed engines (vllm-mlx, rapid-mlx) with any serve flags under the logit
+  tap, with their claim sources: ``seed_server(engine, flags)``, a matrix engine factory (used
+  by scripts/seed_engines.sh and scripts/seed_matrix.toml).
 
 Every adapter has a zero-argument factory, so it can be named on the command line, e.g.
 ``--prefixcache-engine=pytest_prefixcache.adapters.mlx_lm:tiny_llama``. Adapters say

@@ -3,7 +3,8 @@
 - :class:`ApiField`: a dotted path into the reply (``usage.prompt_tokens_details.cached_tokens``,
   llama-server's ``timings.cache_n``); absent means the API said nothing.
 - :class:`StatsDelta`: a JSON stats endpoint read before and after the request; the claim is
-  the change of one dotted field (``/v1/cache/stats`` ``hits``).
+  the change of one dotted field (``/v1/cache/stats`` ``hits``); ``optional``: a server that
+  has no such field (a cache-less baseline whose stats say ``null``) claims nothing.
 - :class:`MetricDelta`: a Prometheus counter (``/metrics``), summed over its samples whose
   labels contain ``labels``, before and after.
 - :class:`LogPattern`: a regular expression over the lines the server logged during the
@@ -65,6 +66,8 @@ class StatsDelta:
     field: str
     unit: ClaimUnit = "hits"
     method: str = "GET"
+    optional: bool = False
+    """An absent field says nothing (else it is an error naming the reply)."""
 
     @property
     def name(self) -> str:
@@ -128,8 +131,9 @@ def sources_from_json(text: str) -> list[Source]:
     """Claim sources from JSON (``PREFIXCACHE_CLAIMS``): a list of objects, each with one kind
     key (``api``, ``stats``, ``metric``, ``log``, ``header``) whose value is the path, metric,
     pattern or header name, and the class's other fields (``field``, ``unit``, ``labels``,
-    ``method``, ``path``). Example: ``[{"api": "usage.prompt_tokens_details.cached_tokens"},
-    {"stats": "/v1/cache/stats", "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
+    ``method``, ``path``, ``optional``). Example:
+    ``[{"api": "usage.prompt_tokens_details.cached_tokens"}, {"stats": "/v1/cache/stats",
+    "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
     try:
         items = json.loads(text)
         if not isinstance(items, list):

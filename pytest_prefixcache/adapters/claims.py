@@ -133,8 +133,9 @@ class ClaimWatch:
                 pending.before[s] = (path, _size(path))
         return pending
 
-    def _read(self, base: str, s: StatsDelta | MetricDelta) -> tuple[float, str]:
-        """(figure, raw text) of a stats or metrics source now."""
+    def _read(self, base: str, s: StatsDelta | MetricDelta) -> tuple[float | None, str]:
+        """(figure, raw text) of a stats or metrics source now; None: an optional field is
+        absent."""
         method = s.method if isinstance(s, StatsDelta) else "GET"
         try:
             status, body = http_json(method, base + s.path, timeout=self.timeout)
@@ -146,6 +147,8 @@ class ClaimWatch:
             text = body if isinstance(body, str) else str(body)
             return metric_sum(text, s.metric, s.labels), text
         value = number(dotted(body, s.field))
+        if value is None and s.optional:
+            return None, str(body)
         if value is None:
             raise EngineError(f"claim source {s.name}: no number at {s.field}: {str(body)[:300]}")
         return float(value), str(body)
@@ -201,6 +204,8 @@ class Pending:
         before = self.before[s]
         after, raw_after = self.watch._read(self.base, s)
         what = s.field if isinstance(s, StatsDelta) else s.name
+        if before is None or after is None:
+            return Claim(s.name, s.unit, None, f"no {what}: {excerpt(raw_after, s)}")
         raw = f"{what} {before:g} -> {after:g}; after: {excerpt(raw_after, s)}"
         return Claim(s.name, s.unit, round(after - before), raw)
 

@@ -61,7 +61,8 @@ class OpenAIEngine:
             ``Request.namespace`` (vLLM: ``namespace_field="cache_salt"``); with neither,
             requests with a namespace are refused. Default: None.
         reset_paths: the cache-reset endpoints, ``"METHOD /path"`` each. Default:
-            ``reset_method reset_path`` (``POST /v1/cache/reset``).
+            ``reset_method reset_path`` (``POST /v1/cache/reset``). ``reset_tolerated``: the
+            ``error`` texts a reset reply may carry and still count as a reset. Default: none.
         health_path: the readiness endpoint. Default: ``"/health"``.
         supports_images: whether to send image requests. Default: ``True``.
         extra_body: fields added to every request body (they win over the adapter's own).
@@ -109,6 +110,7 @@ class OpenAIEngine:
         reset_path: str = "/v1/cache/reset",
         reset_method: str = "POST",
         reset_paths: Sequence[str] | str | None = None,
+        reset_tolerated: Sequence[str] = (),
         health_path: str = "/health",
         supports_images: bool = True,
         extra_body: Mapping[str, Any] | None = None,
@@ -146,6 +148,7 @@ class OpenAIEngine:
         self.supports_namespaces = namespace_header is not None or namespace_field is not None
         try:
             self.resets = endpoints(reset_paths or f"{reset_method} {reset_path}")
+            self.reset_tolerated = tuple(reset_tolerated)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.supports_images = supports_images
@@ -238,7 +241,13 @@ class OpenAIEngine:
         if proc is not None and id(proc) in self._clean:
             return  # started and not used since: nothing to empty
         base = proc.url if proc is not None else str(server)
-        if not reset_caches(base, self.resets, self.timeout, can_restart=proc is not None):
+        if not reset_caches(
+            base,
+            self.resets,
+            self.timeout,
+            can_restart=proc is not None,
+            tolerated=self.reset_tolerated,
+        ):
             assert proc is not None
             self._start(proc)
 

@@ -1,0 +1,212 @@
+"""The seed engines, vllm-mlx 0.6.0 and its fork rapid-mlx 0.16.10, behind the HTTP adapter
+under the logit tap, with any of their serve flags (``seed_server``; a matrix ``engine``
+config passes its flag combination as ``flags``).
+
+The server runs the engine's CLI in its own virtual environment (``python``, default
+``$SEED_DIR/<engine>/bin/python``; ``scripts/seed_engines.sh install`` makes them) on the tiny
+fixtures: tiny-qwen2-vl with ``--mllm``, else tiny-llama. The cold baseline is a second server
+with the same flags minus those that only configure the prefix cache (:data:`CACHE_ONLY`), plus
+``--disable-prefix-cache``, reset before every uncached run (vllm-mlx's simple engine ignores
+that flag). Every request is checked against the engine's own claims of reuse
+(:func:`claim_sources`: stats endpoints, Prometheus counters, log lines, the API's
+``cached_tokens``) and, where the API returns logprobs (rapid-mlx), every decode step's
+distribution against the tap's (``decode_steps`` tokens per request).
+
+What the engines' sources say about each flag (read in the installed packages) is in README.md,
+"The seed engines"; facts about installing them are in ../shared/NOTES.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+from .chat import FIXTURES
+from .claims import ClaimWatch, sources_from_json
+from .openai import OpenAIEngine
+from .render import TextRenderer, VlmRenderer
+
+__all__ = [
+    "CACHE_ONLY",
+    "ENGINES",
+    "claim_specs",
+    "commands",
+    "from_env",
+    "model_dir",
+    "seed_server",
+    "slug",
+]
+
+#: engine -> (CLI function, cache resets "METHOD /path"). rapid-mlx 0.16.10's DELETE /v1/cache
+#: clears only mlx-vlm's multimodal caches (with a text model it answers 200 with {"error":
+#: MLX_VLM} and keeps the prefix cache); POST /v1/cache/clear empties the prefix cache.
+#: vllm-mlx 0.6.0's DELETE /v1/cache clears every engine cache (prefix store, system-prompt KV,
+#: the MLLM cache: its reply's ``engine_cache``), then answers the same error because mlx-vlm
+#: 0.7.10 has no ``clear_multimodal_kv_cache`` (its DELETE /v1/cache/prefix leaves the simple
+#: engine's MLLM cache). That error is tolerated; the tap catches a reset that leaves reuse
+#: behind (an uncached run that reuses is a fault).
+MLX_VLM = "Cache clear not available (mlx_vlm not loaded)"
+ENGINES = {
+    "vllm-mlx": ("vllm_mlx.cli:main", "DELETE /v1/cache"),
+    "rapid-mlx": ("rapid_mlx.cli:main", "POST /v1/cache/clear, DELETE /v1/cache"),
+}
+#: Flags that only configure the prefix cache, with their number of values: the cold server
+#: drops them (rapid-mlx refuses --use-paged-cache without the prefix cache).
+CACHE_ONLY = {
+    "--use-paged-cache": 0,
+    "--paged-cache-block-size": 1,
+    "--no-memory-aware-cache": 0,
+    "--prefix-cache-index": 1,
+    "--kv-cache-quantization": 0,
+    "--kv-cache-min-quantize-tokens": 1,
+    "--mllm-media-prefix-cache": 1,
+}
+#: The counters behind vllm-mlx 0.6.0's /v1/cache/stats ``engine_cache``, by engine path.
+_VLLM_STATS = {
+    "simple": "engine_cache.system_kv_cache.counters",  # the non-streaming path never looks
+    "simple-mllm": "engine_cache.mllm_cache",
+    "batched": "engine_cache",  # memory-aware, legacy and paged stores alike
+    "batched-mllm": "engine_cache.prefix_cache",
+}
+
+
+def split_flags(flags: Sequence[str]) -> list[str]:
+    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
+    return [word for flag in flags for word in shlex.split(flag)]
+
+
+def slug(engine: str, flags: Sequence[str]) -> str:
+    """A file name for one combination: ``vllm-mlx--continuous-batching--use-paged-cache``."""
+    return "--".join([engine, *(w.lstrip("-") for w in split_flags(flags))]) or engine
+
+
+def model_dir(flags: Sequence[str]) -> Path:
+    return FIXTURES / ("tiny-qwen2-vl" if "--mllm" in split_flags(flags) else "tiny-llama")
+
+
+def default_python(engine: str) -> str:
+    root = os.environ.get("SEED_DIR") or str(FIXTURES.parent / ".seed-engines")
+    return str(Path(root) / engine / "bin" / "python")
+
+
+def commands(engine: str, flags: Sequence[str], python: str) -> tuple[list[str], list[str]]:
+    """The cached and the cold server's command lines (the tap launcher, with ``{port}``)."""
+    if engine not in ENGINES:
+        raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
+    words = split_flags(flags)
+    argv = [python, "-m", "pytest_prefixcache.tap", ENGINES[engine][0], "serve"]
+    argv += [str(model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
+    cold: list[str] = []
+    skip = 0
+    for word in words:
+        if skip:
+            skip -= 1
+        elif word in CACHE_ONLY:
+            skip = CACHE_ONLY[word]
+        else:
+            cold.append(word)
+    if engine == "vllm-mlx":  # its /metrics answers 404 unless asked for
+        argv.append("--enable-metrics")
+    return [*argv, *words], [*argv, *cold, "--disable-prefix-cache"]
+
+
+def claim_specs(engine: str, flags: Sequence[str]) -> list[dict[str, Any]]:
+    """Where the engine reports reuse with these flags, as ``PREFIXCACHE_CLAIMS`` JSON objects
+    (see :func:`.claims.sources_from_json`). Stats fields are optional: the cold server's stats
+    have none (``null``). A ``misses`` counter is declared only where every request looks the
+    cache up (else a request that never looked would read as a claimed hit); the
+    ``[schedule] ... N cached`` log line only on the text schedulers (the MLLM schedulers write
+    none, and no line reads as a claim of 0)."""
+    words = split_flags(flags)
+    mllm = "--mllm" in words
+    if engine == "rapid-mlx":  # one engine path: batched
+        specs: list[dict[str, Any]] = [{"api": "usage.prompt_tokens_details.cached_tokens"}]
+        status = "cache"
+        specs += [{"metric": "rapid_mlx_prefix_cache_tokens_saved_total", "unit": "tokens"}]
+        specs += [{"metric": "rapid_mlx_prefix_cache_hits_total", "unit": "hits"}]
+        stats_path = "/v1/status"
+        looks_every_time = not mllm
+        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached" if not mllm else ""
+    else:
+        batched = "--continuous-batching" in words
+        status = _VLLM_STATS[("batched" if batched else "simple") + ("-mllm" if mllm else "")]
+        specs = [{"metric": "vllm_mlx_cache_tokens_saved", "unit": "tokens"}]
+        stats_path = "/v1/cache/stats"
+        looks_every_time = batched and not mllm
+        log = r"\[schedule\].*tokens_to_prefill=\d+, (\d+) cached" if looks_every_time else ""
+    stats = [("hits", "hits")]  # the system-prompt KV counters count no tokens
+    stats += [] if status.endswith("counters") else [("tokens_saved", "tokens")]
+    stats += [("misses", "misses")] if looks_every_time else []
+    for field, unit in stats:
+        specs.append({"stats": stats_path, "field": f"{status}.{field}", "unit": unit})
+        specs[-1]["optional"] = True
+    if log:
+        specs.append({"log": log, "unit": "tokens"})
+    return specs
+
+
+def seed_server(
+    engine: str = "vllm-mlx",
+    flags: Sequence[str] = (),
+    *,
+    python: str | None = None,
+    decode_steps: int = 8,
+    top_logprobs: int = 10,
+    start_timeout: float = 300.0,
+    audit: bool = True,
+) -> OpenAIEngine:
+    """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
+    with a cache-less cold server, its claim sources and per-step alignment on
+    (``decode_steps`` tokens asked for under the tap). ``$SEED_TAP_LOGS``: a directory that
+    gets a JSON-lines file of the API's and the tap's reuse per request, ``<slug>.jsonl`` for
+    each combination (:func:`slug`)."""
+    python = python or default_python(engine)
+    if not Path(python).is_file():
+        raise EngineError(
+            f"no {engine} environment at {python}: run 'scripts/seed_engines.sh install "
+            f"{engine}' (SEED_DIR names where)"
+        )
+    cmd, cold = commands(engine, flags, python)
+    logs = os.environ.get("SEED_TAP_LOGS")
+    tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
+    model = model_dir(flags)
+    root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
+    images = model.name == "tiny-qwen2-vl"
+    return OpenAIEngine(
+        cmd,
+        cold="reset",  # the cache-less server, reset before every run all the same: the
+        cold_cmd=cold,  # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
+        model=str(model),
+        top_logprobs=top_logprobs,
+        reset_paths=ENGINES[engine][1],
+        reset_tolerated=(MLX_VLM,),
+        supports_images=images,
+        render=VlmRenderer(model) if images else TextRenderer(model),
+        tap=True,
+        vocab=model,
+        # rapid-mlx leaves rapid-mlx-videos-* directories in the temp directory: in HOME
+        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
+        start_timeout=start_timeout,
+        timeout=300.0,
+        tap_log=tap_log,
+        audit=audit,
+        claims=ClaimWatch(
+            sources_from_json(json.dumps(claim_specs(engine, flags))), decode_steps=decode_steps
+        ),
+    )
+
+
+def from_env() -> OpenAIEngine:
+    """``seed_server`` configured by ``SEED_ENGINE`` and ``SEED_FLAGS`` (a command-line string),
+    for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
+    ``scripts/seed_matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit."""
+    engine = os.environ.get("SEED_ENGINE", "")
+    if not engine:
+        raise EngineError("set SEED_ENGINE (vllm-mlx or rapid-mlx) and SEED_FLAGS")
+    audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
+    return seed_server(engine, shlex.split(os.environ.get("SEED_FLAGS", "")), audit=audit)

@@ -1,0 +1,91 @@
+"""The seed-engine preset without the engines: the command lines, the cold baseline's flags,
+the declared claim sources per engine path, and the reset that tolerates vllm-mlx's error.
+(The engines themselves run only under scripts/seed_engines.sh.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_prefixcache.adapters.resets import refusal
+from pytest_prefixcache.adapters.seed import (
+    MLX_VLM,
+    claim_specs,
+    commands,
+    model_dir,
+    seed_server,
+    slug,
+    split_flags,
+)
+from pytest_prefixcache.errors import EngineError
+
+
+def test_a_matrix_alternative_may_carry_a_value() -> None:
+    flags = ["--continuous-batching", "--chunked-prefill-tokens 32", ""]
+    assert split_flags(flags) == ["--continuous-batching", "--chunked-prefill-tokens", "32"]
+
+
+def test_the_cold_server_keeps_the_engine_path_and_drops_the_cache_store() -> None:
+    flags = ["--continuous-batching", "--use-paged-cache", "--paged-cache-block-size 16"]
+    cached, cold = commands("vllm-mlx", [*flags, "--chunked-prefill-tokens 32"], "/venv/python")
+    assert cached[:5] == ["/venv/python", "-m", "pytest_prefixcache.tap", "vllm_mlx.cli:main",
+                          "serve"]  # fmt: skip
+    assert cached[-5:] == ["--use-paged-cache", "--paged-cache-block-size", "16",
+                           "--chunked-prefill-tokens", "32"]  # fmt: skip
+    assert "--enable-metrics" in cached and "--enable-metrics" in cold
+    assert cold[-4:] == ["--continuous-batching", "--chunked-prefill-tokens", "32",
+                         "--disable-prefix-cache"]  # fmt: skip
+    assert "16" not in cold  # the block size went with its flag
+    rapid, rapid_cold = commands("rapid-mlx", ["--prefix-cache-index hash", "--mllm"], "p")
+    assert rapid_cold[-2:] == ["--mllm", "--disable-prefix-cache"] and "hash" in rapid
+    assert "--enable-metrics" not in rapid  # rapid-mlx serves /metrics unasked, refuses the flag
+
+
+def test_each_combination_has_its_own_file_name() -> None:
+    assert slug("vllm-mlx", ["--continuous-batching", "--chunked-prefill-tokens 32"]) == (
+        "vllm-mlx--continuous-batching--chunked-prefill-tokens--32"
+    )
+    assert slug("rapid-mlx", []) == "rapid-mlx"
+
+
+def test_mllm_serves_the_vision_model() -> None:
+    assert model_dir(["--mllm"]).name == "tiny-qwen2-vl"
+    assert model_dir(["--continuous-batching"]).name == "tiny-llama"
+
+
+def stats_fields(specs: list[dict[str, object]]) -> list[tuple[object, object]]:
+    return [(s["field"], s["unit"]) for s in specs if "stats" in s]
+
+
+def test_claim_sources_follow_the_engine_path() -> None:
+    batched = claim_specs("vllm-mlx", ["--continuous-batching"])
+    assert stats_fields(batched) == [("engine_cache.hits", "hits"),
+        ("engine_cache.tokens_saved", "tokens"), ("engine_cache.misses", "misses")]  # fmt: skip
+    assert all(s.get("optional") for s in batched if "stats" in s)
+    assert any("log" in s for s in batched)
+    # the simple engine's non-streaming path never looks its caches up: no misses counter,
+    # no log line
+    simple = claim_specs("vllm-mlx", [])
+    assert stats_fields(simple) == [("engine_cache.system_kv_cache.counters.hits", "hits")]
+    assert not any("log" in s for s in simple)
+    mllm = claim_specs("vllm-mlx", ["--continuous-batching", "--mllm"])
+    assert stats_fields(mllm)[0] == ("engine_cache.prefix_cache.hits", "hits")
+    assert len(stats_fields(mllm)) == 2  # image requests skip the text prefix cache
+    assert not any("log" in s for s in mllm)  # the MLLM scheduler logs no [schedule] line
+    assert not any("log" in s for s in claim_specs("rapid-mlx", ["--mllm"]))
+    rapid = claim_specs("rapid-mlx", [])
+    assert rapid[0] == {"api": "usage.prompt_tokens_details.cached_tokens"}
+    assert ("cache.misses", "misses") in stats_fields(rapid)
+
+
+def test_a_missing_engine_environment_is_named() -> None:
+    with pytest.raises(EngineError, match=r"no vllm-mlx environment at /nowhere/python"):
+        seed_server("vllm-mlx", python="/nowhere/python")
+    with pytest.raises(EngineError, match=r"seed engine 'sglang' is not one of"):
+        commands("sglang", [], "p")
+
+
+def test_a_tolerated_reset_error_is_a_reset_and_others_are_not() -> None:
+    reply = {"status": "cleared", "engine_cache": {"memory_aware_cache": True}, "error": MLX_VLM}
+    assert refusal(200, reply, (MLX_VLM,)) is None
+    assert refusal(200, reply) == f"answered 200 with an error: {reply}"  # the default refuses
+    assert refusal(200, {**reply, "error": "disk full"}, (MLX_VLM,)) is not None
