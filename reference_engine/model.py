@@ -132,36 +132,49 @@ class LoadedModel:
 
         Chunking bounds the attention scores held at once (n x chunk instead of n x n), which
         also makes a long prefill faster; on MLX CPU a split prefill is bit-identical to a
-        one-shot one (``benchmarks/chunked_prefill.py``). ``meanwhile`` runs while MLX computes
-        the first chunk, ``at_last_chunk`` while it computes the last one (after
+        one-shot one (``benchmarks/chunked_prefill.py``). Only the last position's logits are
+        needed, so the last position runs as a step of its own (as mlx-lm's ``generate_step``
+        does): every other position only feeds the cache, and MLX, evaluating the cache
+        alone, then leaves out the last layer's attention and MLP for them (on the tiny
+        fixture that is half the attention). ``meanwhile`` runs while MLX computes the first
+        chunk, ``at_last_chunk`` while it computes the last one and the last position (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
         the cache then are the chunk's results).
         """
         lm = self.model.language_model
         n = len(token_ids)
-        logits = None
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            out = lm(
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+
+        def step(s: int, e: int) -> Any:
+            return lm(
                 mx.array([list(token_ids[s:e])]),
                 inputs_embeds=embeds[None, s:e],
                 cache=cache,
                 position_ids=position_ids[:, :, s:e],
             )
-            state = [c.state for c in cache]
+
+        logits = None
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            if e < n:
+                step(s, e)  # its logits are never evaluated
+                targets: list[Any] = [c.state for c in cache]
+            else:
+                if e - s > 1:
+                    step(s, n - 1)
+                logits = step(n - 1, n).logits[0, -1].astype(mx.float32)
+                targets = [[c.state for c in cache], logits]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None
             if any(work):
-                mx.async_eval(state)
+                mx.async_eval(targets)
                 for fn in work:
                     if fn is not None:
                         fn()
-            mx.eval(state)
-            logits = out.logits[0, -1].astype(mx.float32)
-        if logits is None:
-            raise ValueError("forward() needs at least one token")
-        mx.eval(logits)
+            mx.eval(targets)
+        assert logits is not None
         return logits
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:

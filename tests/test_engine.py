@@ -303,6 +303,36 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     assert out.merges == ((16, 16), (18, 18))
 
 
+@pytest.mark.parametrize("n", [1, 2, 256, 257, 300])
+def test_forward_runs_the_last_position_alone(engine: Engine, monkeypatch, n: int) -> None:
+    """Only the last position's logits are needed: ``forward`` runs it as a step of its own,
+    after chunks of the other positions (whose logits, and last layer's attention and MLP, MLX
+    then never computes), and gets the logits and KV rows of one call over the whole prompt."""
+    model = engine.model
+    lm = model.model.language_model
+    ids = [int(t) for t in np.random.default_rng(n).integers(10, 400, size=n)]
+    pos = mx.array(np.broadcast_to(np.arange(n, dtype=np.int32), (3, 1, n)).copy())
+    embeds = model.embed(ids)
+    whole = model.make_cache(n)
+    out = lm(mx.array([ids]), inputs_embeds=embeds[None], cache=whole, position_ids=pos)
+    expected = np.array(out.logits[0, -1].astype(mx.float32))
+    steps: list[int] = []
+    call = type(lm).__call__
+
+    def counted(self, inputs, **kwargs):
+        steps.append(int(inputs.shape[1]))
+        return call(self, inputs, **kwargs)
+
+    monkeypatch.setattr(type(lm), "__call__", counted)
+    cache = model.make_cache(n)
+    logits = model.forward(ids, embeds, cache, pos, chunk=256)
+    assert steps == [min(256, n - 1 - s) for s in range(0, n - 1, 256)] + [1]
+    assert np.array_equal(np.array(logits), expected)
+    for a, b in zip(whole, cache, strict=True):
+        assert np.array_equal(np.array(a.keys[..., :n, :]), np.array(b.keys[..., :n, :]))
+        assert np.array_equal(np.array(a.values[..., :n, :]), np.array(b.values[..., :n, :]))
+
+
 def test_concurrent_requests_equal_their_serial_cold_results(engine: Engine) -> None:
     """Four threads send interleaved requests that share prefixes and images; every result
     equals its cold result, and afterwards no block is still referenced."""
