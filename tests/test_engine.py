@@ -277,7 +277,10 @@ def test_uncached_run_neither_reads_nor_writes(engine: Engine) -> None:
 
 def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     """The engine computes the real model: its uncached logits, at the prompt's end and at
-    every decode step, equal mlx-vlm's own one-shot forward over the processor's inputs."""
+    every decode step, equal mlx-vlm's own one-shot forward over the processor's inputs, on
+    the model as ``mlx_vlm.load`` gives it (the engine's has its linear layers transposed)."""
+    from mlx_vlm import load
+
     from reference_engine.render import to_chat_messages
 
     r = req(SYSTEM, user("Look", I1, "and", img(5, 96, 48), "now"), max_new_tokens=4)
@@ -287,8 +290,9 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     inputs = proc(text=[text], images=[i.to_pil() for i in r.images], return_tensors="mlx")
     assert tuple(int(t) for t in np.array(inputs["input_ids"][0])) == out.token_ids
     full = mx.array([list(out.token_ids) + list(out.tokens[:-1])])
+    untouched, _ = load(str(engine.model.path))  # load_model transposes the linear layers
     native = (
-        engine.model.model(
+        untouched(
             full, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
         )
         .logits[0]
@@ -331,6 +335,27 @@ def test_forward_runs_the_last_position_alone(engine: Engine, monkeypatch, n: in
     for a, b in zip(whole, cache, strict=True):
         assert np.array_equal(np.array(a.keys[..., :n, :]), np.array(b.keys[..., :n, :]))
         assert np.array_equal(np.array(a.values[..., :n, :]), np.array(b.values[..., :n, :]))
+
+
+def test_transposed_linears_equal_the_originals_bit_for_bit() -> None:
+    """Every linear layer of the fixture's language model, weight stored transposed, gives
+    the original layer's output bit for bit, with and without a bias, for 1 to 256 rows."""
+    import mlx.nn as nn
+    from mlx_vlm import load
+
+    from reference_engine.model import TransposedLinear, transpose_linears
+
+    model, _ = load(str(default_model_path()))
+    lm = model.language_model
+    linears = [m for _, m in lm.named_modules() if type(m) is nn.Linear]
+    assert len(linears) == 2 * 7 + 1 and any("bias" in m for m in linears)
+    for layer in linears:
+        fast = TransposedLinear(layer)
+        for rows in (1, 2, 17, 256):
+            x = mx.random.normal((1, rows, layer.weight.shape[1]), key=mx.random.key(rows))
+            assert np.array_equal(np.array(layer(x)), np.array(fast(x)))
+    assert transpose_linears(lm) == len(linears)
+    assert not any(type(m) is nn.Linear for _, m in lm.named_modules())
 
 
 def test_concurrent_requests_equal_their_serial_cold_results(engine: Engine) -> None:
