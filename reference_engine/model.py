@@ -17,23 +17,17 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
 
+from .cpu import kv_cache_class, transpose_linears
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
 from .positions import mrope_positions
 
-__all__ = [
-    "LoadedModel",
-    "TransposedLinear",
-    "default_model_path",
-    "load_model",
-    "transpose_linears",
-]
+__all__ = ["LoadedModel", "default_model_path", "load_model"]
 
 
 class LoadedModel:
@@ -113,10 +107,10 @@ class LoadedModel:
         """An empty KV cache; with ``capacity``, its first write allocates room for that many
         positions at once (instead of growing 256 positions at a time, copying every row
         each time it grows). KVCache has no API for that: its growth ``step`` is a class
-        attribute, set here per instance."""
-        from mlx_vlm.models.cache import KVCache
-
-        cache = [KVCache() for _ in range(self.num_layers)]
+        attribute, set here per instance. On CPU, mlx-vlm's KVCache handing attention its
+        keys transposed (``cpu.py``)."""
+        kv_cache = kv_cache_class(transposed=mx.default_device() == mx.cpu)
+        cache = [kv_cache() for _ in range(self.num_layers)]
         if capacity > 0:
             for c in cache:
                 c.step = _round_up(capacity)
@@ -248,41 +242,6 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     if mx.default_device() == mx.cpu:
         transpose_linears(model.language_model)
     return LoadedModel(model, processor, p)
-
-
-class TransposedLinear(nn.Module):
-    """``nn.Linear`` with its weight stored transposed, (in, out) and contiguous.
-
-    ``nn.Linear`` computes ``x @ weight.T`` (``mx.addmm`` with a bias); MLX's CPU matmul
-    (the Linux wheels call the reference BLAS) runs that product in a slower loop order than
-    ``x @ weight_t`` with the weight already transposed (``benchmarks/text_warm.py``, README).
-    Both sum over the input dimension in the same order, so the results are bit-identical,
-    and so is adding the bias after the product to ``mx.addmm`` on CPU (``tests/test_engine.py``
-    checks both on the fixture's layers, and the engine against a model loaded untouched).
-    """
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.weight_t = mx.contiguous(linear.weight.T)
-        if "bias" in linear:
-            self.bias = linear.bias
-
-    def __call__(self, x: mx.array) -> mx.array:
-        y = x @ self.weight_t
-        return y + self["bias"] if "bias" in self else y
-
-
-def transpose_linears(module: nn.Module) -> int:
-    """Replace every ``nn.Linear`` (exactly; quantized layers stay) inside ``module`` by a
-    ``TransposedLinear``; return how many were replaced."""
-    replaced = 0
-    for _, parent in module.named_modules():
-        for name, child in list(parent.items()):
-            if type(child) is nn.Linear:
-                parent[name] = TransposedLinear(child)
-                replaced += 1
-    mx.eval(module.parameters())
-    return replaced
 
 
 def default_model_path() -> Path:

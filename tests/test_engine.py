@@ -311,13 +311,16 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
 def test_forward_runs_the_last_position_alone(engine: Engine, monkeypatch, n: int) -> None:
     """Only the last position's logits are needed: ``forward`` runs it as a step of its own,
     after chunks of the other positions (whose logits, and last layer's attention and MLP, MLX
-    then never computes), and gets the logits and KV rows of one call over the whole prompt."""
+    then never computes), and gets the logits and KV rows of one call over the whole prompt
+    into mlx-vlm's own KVCache (the engine's hands attention its keys transposed)."""
+    from reference_engine.cpu import kv_cache_class
+
     model = engine.model
     lm = model.model.language_model
     ids = [int(t) for t in np.random.default_rng(n).integers(10, 400, size=n)]
     pos = mx.array(np.broadcast_to(np.arange(n, dtype=np.int32), (3, 1, n)).copy())
     embeds = model.embed(ids)
-    whole = model.make_cache(n)
+    whole = [kv_cache_class(transposed=False)() for _ in range(model.num_layers)]  # mlx-vlm's
     out = lm(mx.array([ids]), inputs_embeds=embeds[None], cache=whole, position_ids=pos)
     expected = np.array(out.logits[0, -1].astype(mx.float32))
     steps: list[int] = []
@@ -343,7 +346,7 @@ def test_transposed_linears_equal_the_originals_bit_for_bit() -> None:
     import mlx.nn as nn
     from mlx_vlm import load
 
-    from reference_engine.model import TransposedLinear, transpose_linears
+    from reference_engine.cpu import TransposedLinear, transpose_linears
 
     model, _ = load(str(default_model_path()))
     lm = model.language_model
