@@ -191,8 +191,7 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("prompt_tokens", "cached_tokens", "oracle_max", "oracle_block_max", "cold_s", "warm_s")
-    keys += ("cold_cpu_s", "warm_cpu_s")
+    keys = ("prompt_tokens", "cached_tokens", "oracle_max", "oracle_block_max", *TIMES[:4])
     total = {k: sum(r[k] for r in rows) for k in keys}
     per_request_vs_oracle = [r["cached_tokens"] / r["oracle_max"] for r in rows if r["oracle_max"]]
     out: dict[str, Any] = {

@@ -51,7 +51,7 @@ def timed_mlx_lm(engine: Any, seconds: dict[str, float]) -> Callable[[], None]:
     to ``seconds``; returns a function to call after ``engine.reset()`` (a new cache)."""
     import importlib
 
-    gen = importlib.import_module("mlx_lm.generate")  # mlx_lm.generate is also a function
+    gen: Any = importlib.import_module("mlx_lm.generate")  # mlx_lm.generate is also a function
 
     def wrap(owner: Any, name: str, label: str) -> None:
         fn = getattr(owner, name)
@@ -107,7 +107,7 @@ def run(size: str, passes: int) -> dict[str, Any]:
     }
     switch = instrument(ref, steps["reference"])
     rewrap = timed_mlx_lm(lm, steps["mlx-lm"])
-    engines = {"reference": ref, "mlx-lm": lm}
+    engines: dict[str, Any] = {"reference": ref, "mlx-lm": lm}
     requests = next(w for w in workloads(size) if w.name == "agentic_loop").requests
     per_pass: list[dict[str, Any]] = []
     for p in range(passes):
