@@ -23,11 +23,16 @@ COLORS = {
 
 def write_charts(figures: dict[str, Any], out: Path) -> list[Path]:
     """Write reuse_<size>.png and ttft_<size>.png into ``out``; return their paths."""
+    import atexit
     import os
+    import shutil
     import tempfile
 
-    # matplotlib caches fonts under ~/.cache/matplotlib by default: keep it out of ~/.cache
-    os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="prefixcache-mpl-"))
+    # matplotlib caches fonts under ~/.cache/matplotlib by default: keep it out of ~/.cache,
+    # and out of the temp dir once the process ends
+    if "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = tempfile.mkdtemp(prefix="prefixcache-mpl-")
+        atexit.register(shutil.rmtree, os.environ["MPLCONFIGDIR"], ignore_errors=True)
     try:
         import matplotlib
 

@@ -14,17 +14,22 @@ physical limit of a prefix cache (``limits.py``: new images encoded and the suff
 over its prefix KV already in place) and, for comparison only, the suffix prefilled from an
 empty cache (suffix-only: not a valid computation, see ``limits.py``); the resident cache bytes
 after the request. ``--repeats`` replays each workload (cache reset first) and keeps the
-median time per request; the passes of the engines are interleaved (all engines are loaded at
-once), so that load from other jobs on a shared machine falls on every engine alike. Writes
-``results/side_by_side_<size>.json`` and, with ``--charts``, PNG charts (``charts.py``).
+median time per request. The engines are interleaved request by request (all are loaded at
+once; each request goes to every engine before the next one, the first engine rotating), so
+that load from other jobs on a shared machine falls on every engine alike; beside the wall
+times, each run's process CPU time (every thread), and per workload the reference's warm total
+over each peer's, pass by pass (``paired``). Writes ``results/side_by_side_<size>.json`` and,
+with ``--charts``, PNG charts (``charts.py``).
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -64,7 +69,9 @@ def model_path(size: str) -> Path:
         return default_model_path()
     from reference_engine.fixtures import build_qwen2_vl
 
-    return build_qwen2_vl(Path(tempfile.mkdtemp(prefix="prefixcache-bench-")), **LARGE)
+    tmp = tempfile.mkdtemp(prefix="prefixcache-bench-")
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # nothing left in the temp dir
+    return build_qwen2_vl(Path(tmp), **LARGE)
 
 
 def engines(path: Path) -> dict[str, tuple[Callable[[], Any], bool]]:
@@ -94,39 +101,76 @@ def resident_bytes(engine: Any) -> int | None:
     return None
 
 
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t0 = time.perf_counter()
+def timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``fn()``, its wall seconds and the process CPU seconds it took (every thread)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
-    return out, time.perf_counter() - t0
+    return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def measure(
+    engine: Any, req: Request, i: int, oracle: ReuseOracle, reference: bool
+) -> dict[str, Any]:
+    """One request: the uncached run, the limit (reference engine), the cached run; the
+    reuse against the oracle (which then learns the request). Times are wall seconds, and
+    the process CPU seconds (every thread) beside them."""
+    _, cold, cold_cpu = timed(lambda: engine.run(req, use_cache=False))
+    lim = limit(engine, req) if reference else None
+    out, warm, warm_cpu = timed(lambda: engine.run(req, use_cache=True))
+    ids, spans = tuple(out.token_ids), tuple(out.image_spans or ())
+    match = oracle.match(req.namespace, ids, spans)
+    oracle.add(i, req.namespace, ids, spans)
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "cached_tokens": out.cached_tokens,
+        "oracle_max": match.max_reuse,
+        "oracle_block_max": match.max_reuse // BLOCK * BLOCK,
+        "cold_s": cold,
+        "warm_s": warm,
+        "cold_cpu_s": cold_cpu,
+        "warm_cpu_s": warm_cpu,
+        "limit_s": None if lim is None else lim.limit_s,
+        "limit_embed_s": None if lim is None else lim.embed_s,
+        "suffix_only_s": None if lim is None else lim.suffix_only_s,
+        "limits_reuse_agrees": None if lim is None else lim.start == out.cached_tokens,
+        "resident_bytes": resident_bytes(engine),
+    }
+
+
+def interleaved_pass(
+    engines: dict[str, tuple[Any, bool]], workload: Workload, turn: int = 0
+) -> dict[str, list[dict[str, Any]]]:
+    """One pass of ``workload`` through every engine (name -> (engine, is the reference)),
+    caches reset first, request by request: each request goes to every engine before the
+    next one, the engine going first rotating per request (and with ``turn``, per pass), so
+    that load from other jobs on the machine falls on every engine alike."""
+    names = list(engines)
+    oracles = {n: ReuseOracle() for n in names}
+    rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    for engine, _ in engines.values():
+        engine.reset()
+    for i, req in enumerate(workload.requests):
+        k = (i + turn) % len(names)
+        for n in names[k:] + names[:k]:
+            engine, reference = engines[n]
+            rows[n].append(measure(engine, req, i, oracles[n], reference))
+    return rows
 
 
 def one_pass(engine: Any, workload: Workload, reference: bool) -> list[dict[str, Any]]:
-    engine.reset()
-    oracle = ReuseOracle()
-    rows = []
-    for i, req in enumerate(workload.requests):
-        _, cold = timed(lambda r=req: engine.run(r, use_cache=False))  # type: ignore[misc]
-        lim = limit(engine, req) if reference else None
-        out, warm = timed(lambda r=req: engine.run(r, use_cache=True))  # type: ignore[misc]
-        ids, spans = tuple(out.token_ids), tuple(out.image_spans or ())
-        match = oracle.match(req.namespace, ids, spans)
-        oracle.add(i, req.namespace, ids, spans)
-        rows.append(
-            {
-                "prompt_tokens": out.prompt_tokens,
-                "cached_tokens": out.cached_tokens,
-                "oracle_max": match.max_reuse,
-                "oracle_block_max": match.max_reuse // BLOCK * BLOCK,
-                "cold_s": cold,
-                "warm_s": warm,
-                "limit_s": None if lim is None else lim.limit_s,
-                "limit_embed_s": None if lim is None else lim.embed_s,
-                "suffix_only_s": None if lim is None else lim.suffix_only_s,
-                "limits_reuse_agrees": None if lim is None else lim.start == out.cached_tokens,
-                "resident_bytes": resident_bytes(engine),
-            }
-        )
-    return rows
+    """One pass of ``workload`` through one engine (see ``interleaved_pass``)."""
+    return interleaved_pass({"engine": (engine, reference)}, workload)["engine"]
+
+
+TIMES = (
+    "cold_s",
+    "warm_s",
+    "cold_cpu_s",
+    "warm_cpu_s",
+    "limit_s",
+    "limit_embed_s",
+    "suffix_only_s",
+)
 
 
 def median_rows(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -134,7 +178,7 @@ def median_rows(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     rows = []
     for per_pass in zip(*passes, strict=True):
         row = dict(per_pass[-1])
-        for k in ("cold_s", "warm_s", "limit_s", "limit_embed_s", "suffix_only_s"):
+        for k in TIMES:
             if row[k] is not None:
                 row[k] = statistics.median(p[k] for p in per_pass)
         row["cached_tokens_same_every_pass"] = len({p["cached_tokens"] for p in per_pass}) == 1
@@ -147,7 +191,7 @@ def ratio(a: float, b: float) -> float | None:
 
 
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = ("prompt_tokens", "cached_tokens", "oracle_max", "oracle_block_max", "cold_s", "warm_s")
+    keys = ("prompt_tokens", "cached_tokens", "oracle_max", "oracle_block_max", *TIMES[:4])
     total = {k: sum(r[k] for r in rows) for k in keys}
     per_request_vs_oracle = [r["cached_tokens"] / r["oracle_max"] for r in rows if r["oracle_max"]]
     out: dict[str, Any] = {
@@ -190,6 +234,7 @@ def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any
     path = model_path(size)
     loads = workloads(size)
     results: dict[str, Any] = {}
+    paired: dict[str, Any] = {}
     t_start = time.perf_counter()
     built = {}
     for name, (factory, multimodal) in engines(path).items():
@@ -197,13 +242,23 @@ def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any
             built[name] = (factory(), multimodal)
             warm_up(built[name][0], multimodal)
     for w in loads:
-        # passes interleaved across engines, so that load from other jobs on the machine
-        # falls on every engine alike
         servers = [n for n, (_, mm) in built.items() if mm == w.multimodal or n == "reference"]
         passes: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in servers}
-        for _ in range(repeats):
-            for name in servers:
-                passes[name].append(one_pass(built[name][0], w, name == "reference"))
+        for turn in range(repeats):
+            chosen = {n: (built[n][0], n == "reference") for n in servers}
+            for name, rows in interleaved_pass(chosen, w, turn).items():
+                passes[name].append(rows)
+        paired[w.name] = {
+            peer: {
+                f"reference_over_peer_{k}_per_pass": [
+                    sum(r[k] for r in ours) / sum(r[k] for r in theirs)
+                    for ours, theirs in zip(passes["reference"], passes[peer], strict=True)
+                ]
+                for k in ("warm_s", "warm_cpu_s")
+            }
+            for peer in servers
+            if peer != "reference" and "reference" in passes
+        }
         for name in servers:
             rows = median_rows(passes[name])
             results.setdefault(w.name, {})[name] = {"summary": summary(rows), "requests": rows}
@@ -228,6 +283,7 @@ def run(size: str, repeats: int, only: list[str] | None = None) -> dict[str, Any
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, MLX CPU",
         "wall_s": time.perf_counter() - t_start,
         "workloads": results,
+        "paired": paired,
     }
 
 
@@ -239,7 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS, help="Output directory")
     ap.add_argument("--charts", action="store_true", help="Also write PNG charts")
     args = ap.parse_args(argv)
+    load = os.getloadavg()
     figures = run(args.size, args.repeats, args.engine)
+    figures["load_before"], figures["load_after"] = load, os.getloadavg()  # 1, 5, 15 min
+    for name, peers in figures["paired"].items():
+        for peer, r in peers.items():
+            print(
+                f"{name} reference / {peer}, warm per pass: wall "
+                + ", ".join(f"{x:.3f}" for x in r["reference_over_peer_warm_s_per_pass"])
+                + "; cpu "
+                + ", ".join(f"{x:.3f}" for x in r["reference_over_peer_warm_cpu_s_per_pass"])
+            )
     figures["command"] = "python benchmarks/side_by_side.py " + " ".join(argv or sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"side_by_side_{args.size}.json"

@@ -22,6 +22,7 @@ import numpy as np
 from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
 
+from .cpu import kv_cache_class, transpose_linears
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
 from .positions import mrope_positions
@@ -106,10 +107,10 @@ class LoadedModel:
         """An empty KV cache; with ``capacity``, its first write allocates room for that many
         positions at once (instead of growing 256 positions at a time, copying every row
         each time it grows). KVCache has no API for that: its growth ``step`` is a class
-        attribute, set here per instance."""
-        from mlx_vlm.models.cache import KVCache
-
-        cache = [KVCache() for _ in range(self.num_layers)]
+        attribute, set here per instance. On CPU, mlx-vlm's KVCache handing attention its
+        keys transposed (``cpu.py``)."""
+        kv_cache = kv_cache_class(transposed=mx.default_device() == mx.cpu)
+        cache = [kv_cache() for _ in range(self.num_layers)]
         if capacity > 0:
             for c in cache:
                 c.step = _round_up(capacity)
@@ -132,36 +133,49 @@ class LoadedModel:
 
         Chunking bounds the attention scores held at once (n x chunk instead of n x n), which
         also makes a long prefill faster; on MLX CPU a split prefill is bit-identical to a
-        one-shot one (``benchmarks/chunked_prefill.py``). ``meanwhile`` runs while MLX computes
-        the first chunk, ``at_last_chunk`` while it computes the last one (after
+        one-shot one (``benchmarks/chunked_prefill.py``). Only the last position's logits are
+        needed, so the last position runs as a step of its own (as mlx-lm's ``generate_step``
+        does): every other position only feeds the cache, and MLX, evaluating the cache
+        alone, then leaves out the last layer's attention and MLP for them (on the tiny
+        fixture that is half the attention). ``meanwhile`` runs while MLX computes the first
+        chunk, ``at_last_chunk`` while it computes the last one and the last position (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
         the cache then are the chunk's results).
         """
         lm = self.model.language_model
         n = len(token_ids)
-        logits = None
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
-            out = lm(
+        if n == 0:
+            raise ValueError("forward() needs at least one token")
+
+        def step(s: int, e: int) -> Any:
+            return lm(
                 mx.array([list(token_ids[s:e])]),
                 inputs_embeds=embeds[None, s:e],
                 cache=cache,
                 position_ids=position_ids[:, :, s:e],
             )
-            state = [c.state for c in cache]
+
+        logits = None
+        for s in range(0, n, chunk):
+            e = min(n, s + chunk)
+            if e < n:
+                step(s, e)  # its logits are never evaluated
+                targets: list[Any] = [c.state for c in cache]
+            else:
+                if e - s > 1:
+                    step(s, n - 1)
+                logits = step(n - 1, n).logits[0, -1].astype(mx.float32)
+                targets = [[c.state for c in cache], logits]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None
             if any(work):
-                mx.async_eval(state)
+                mx.async_eval(targets)
                 for fn in work:
                     if fn is not None:
                         fn()
-            mx.eval(state)
-            logits = out.logits[0, -1].astype(mx.float32)
-        if logits is None:
-            raise ValueError("forward() needs at least one token")
-        mx.eval(logits)
+            mx.eval(targets)
+        assert logits is not None
         return logits
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
@@ -225,6 +239,8 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         raise EngineError(
             f"mlx_vlm could not load {str(p)!r}: {type(exc).__name__}: {exc}"
         ) from exc
+    if mx.default_device() == mx.cpu:
+        transpose_linears(model.language_model)
     return LoadedModel(model, processor, p)
 
 

@@ -87,6 +87,37 @@ def test_runner_on_two_tiny_requests(model: Any) -> None:
     assert {"warm_over_suffix", "warm_over_limit", "warm_slower_than_cold"} <= set(s)
 
 
+def test_engines_are_interleaved_request_by_request() -> None:
+    """Each request goes to every engine before the next one, the first engine rotating per
+    request and per pass, so that a slow spell on the machine falls on all of them."""
+    import side_by_side as sbs
+
+    from pytest_prefixcache import Outcome
+
+    calls: list[str] = []
+
+    class Recorder:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def reset(self) -> None:
+            calls.append(f"{self.name} reset")
+
+        def run(self, request: Any, *, use_cache: bool) -> Outcome:
+            i = loop.requests.index(request)
+            calls.append(f"{self.name}{i}{'w' if use_cache else 'c'}")
+            return Outcome(logits=None, prompt_tokens=3, cached_tokens=0, token_ids=(1, 2, 3))
+
+    loop = wl.workloads("tiny")[0]
+    loop = wl.Workload("loop3", loop.requests[:3], multimodal=False)
+    engines = {n: (Recorder(n), False) for n in "AB"}
+    rows = sbs.interleaved_pass(engines, loop, turn=1)
+    runs = "B0c B0w A0c A0w A1c A1w B1c B1w B2c B2w A2c A2w".split()
+    assert calls == ["A reset", "B reset", *runs]
+    assert [len(r) for r in rows.values()] == [3, 3]
+    assert all(r["warm_cpu_s"] >= 0 and r["cold_cpu_s"] >= 0 for r in rows["A"])
+
+
 def test_no_reuse_markdown_reads_the_committed_results(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -277,7 +277,10 @@ def test_uncached_run_neither_reads_nor_writes(engine: Engine) -> None:
 
 def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     """The engine computes the real model: its uncached logits, at the prompt's end and at
-    every decode step, equal mlx-vlm's own one-shot forward over the processor's inputs."""
+    every decode step, equal mlx-vlm's own one-shot forward over the processor's inputs, on
+    the model as ``mlx_vlm.load`` gives it (the engine's has its linear layers transposed)."""
+    from mlx_vlm import load
+
     from reference_engine.render import to_chat_messages
 
     r = req(SYSTEM, user("Look", I1, "and", img(5, 96, 48), "now"), max_new_tokens=4)
@@ -287,8 +290,9 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
     inputs = proc(text=[text], images=[i.to_pil() for i in r.images], return_tensors="mlx")
     assert tuple(int(t) for t in np.array(inputs["input_ids"][0])) == out.token_ids
     full = mx.array([list(out.token_ids) + list(out.tokens[:-1])])
+    untouched, _ = load(str(engine.model.path))  # load_model transposes the linear layers
     native = (
-        engine.model.model(
+        untouched(
             full, pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
         )
         .logits[0]
@@ -301,6 +305,60 @@ def test_cold_run_equals_the_models_own_forward(engine: Engine) -> None:
         diff = float(np.max(np.abs(expected - step)))
         assert diff == 0.0, f"step {i}: max |diff| vs native forward = {diff}"
     assert out.merges == ((16, 16), (18, 18))
+
+
+@pytest.mark.parametrize("n", [1, 2, 256, 257, 300])
+def test_forward_runs_the_last_position_alone(engine: Engine, monkeypatch, n: int) -> None:
+    """Only the last position's logits are needed: ``forward`` runs it as a step of its own,
+    after chunks of the other positions (whose logits, and last layer's attention and MLP, MLX
+    then never computes), and gets the logits and KV rows of one call over the whole prompt
+    into mlx-vlm's own KVCache (the engine's hands attention its keys transposed)."""
+    from reference_engine.cpu import kv_cache_class
+
+    model = engine.model
+    lm = model.model.language_model
+    ids = [int(t) for t in np.random.default_rng(n).integers(10, 400, size=n)]
+    pos = mx.array(np.broadcast_to(np.arange(n, dtype=np.int32), (3, 1, n)).copy())
+    embeds = model.embed(ids)
+    whole = [kv_cache_class(transposed=False)() for _ in range(model.num_layers)]  # mlx-vlm's
+    out = lm(mx.array([ids]), inputs_embeds=embeds[None], cache=whole, position_ids=pos)
+    expected = np.array(out.logits[0, -1].astype(mx.float32))
+    steps: list[int] = []
+    call = type(lm).__call__
+
+    def counted(self, inputs, **kwargs):
+        steps.append(int(inputs.shape[1]))
+        return call(self, inputs, **kwargs)
+
+    monkeypatch.setattr(type(lm), "__call__", counted)
+    cache = model.make_cache(n)
+    logits = model.forward(ids, embeds, cache, pos, chunk=256)
+    assert steps == [min(256, n - 1 - s) for s in range(0, n - 1, 256)] + [1]
+    assert np.array_equal(np.array(logits), expected)
+    for a, b in zip(whole, cache, strict=True):
+        assert np.array_equal(np.array(a.keys[..., :n, :]), np.array(b.keys[..., :n, :]))
+        assert np.array_equal(np.array(a.values[..., :n, :]), np.array(b.values[..., :n, :]))
+
+
+def test_transposed_linears_equal_the_originals_bit_for_bit() -> None:
+    """Every linear layer of the fixture's language model, weight stored transposed, gives
+    the original layer's output bit for bit, with and without a bias, for 1 to 256 rows."""
+    import mlx.nn as nn
+    from mlx_vlm import load
+
+    from reference_engine.cpu import TransposedLinear, transpose_linears
+
+    model, _ = load(str(default_model_path()))
+    lm = model.language_model
+    linears = [m for _, m in lm.named_modules() if type(m) is nn.Linear]
+    assert len(linears) == 2 * 7 + 1 and any("bias" in m for m in linears)
+    for layer in linears:
+        fast = TransposedLinear(layer)
+        for rows in (1, 2, 17, 256):
+            x = mx.random.normal((1, rows, layer.weight.shape[1]), key=mx.random.key(rows))
+            assert np.array_equal(np.array(layer(x)), np.array(fast(x)))
+    assert transpose_linears(lm) == len(linears)
+    assert not any(type(m) is nn.Linear for _, m in lm.named_modules())
 
 
 def test_concurrent_requests_equal_their_serial_cold_results(engine: Engine) -> None:
