@@ -50,7 +50,8 @@ def limit(engine: Any, request: Request) -> Limit:
     import mlx.core as mx
 
     model = engine.model
-    known = {img.digest: engine.vision.peek(img.digest) for img in request.images}
+    ns = request.namespace
+    known = {img.digest: engine.vision.peek(img.digest, ns) for img in request.images}
     fresh = {img.digest: engine.vision.prepare(img, use_cache=False) for img in request.images}
     rendered = engine.render(request, fresh)
     ids = rendered.token_ids

@@ -16,6 +16,7 @@ Each step is a method, so a mutant (``reference_engine.mutants``) can break exac
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -155,7 +156,10 @@ class Engine:
         ``template=False`` takes its text as the prompt, without the chat template."""
         with self._lock:
             prepared = {
-                img.digest: self.vision.prepare(img, use_cache=use_cache) for img in request.images
+                img.digest: self.vision.prepare(
+                    img, use_cache=use_cache, namespace=request.namespace
+                )
+                for img in request.images
             }
             rendered = self.render(request, prepared, use_cache=use_cache, template=template)
             keys = self.keys(rendered, request) if use_cache else []
@@ -180,7 +184,11 @@ class Engine:
             processor=self.model.processor,
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
-            encode=self.tokens.encode if use_cache and self.tokens is not None else None,
+            encode=(
+                functools.partial(self.tokens.encode, namespace=request.namespace)
+                if use_cache and self.tokens is not None
+                else None
+            ),
             template=template,
         )
 

@@ -10,7 +10,9 @@ strip neighbouring whitespace, match whole words only or match after normalisati
 engine then tokenises whole prompts.
 
 The engine tokenises piece by piece on cached runs only; uncached runs tokenise the whole
-prompt, so the plugin's cached-vs-uncached comparison also checks this shortcut.
+prompt, so the plugin's cached-vs-uncached comparison also checks this shortcut. Pieces are
+remembered per namespace, like the KV blocks: a piece another tenant sent is not a faster hit
+(a timing side channel the plugin's isolation audit measures).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class PieceTokenizer:
         self._added = added
         alternatives = sorted(added, key=len, reverse=True)  # longest first, as HF matches
         self._split = re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
-        self._pieces: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._pieces: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
         self._max = max_chars
         self._chars = 0
         self._lock = threading.Lock()
@@ -69,8 +71,9 @@ class PieceTokenizer:
         whole = self._tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.encode(text) == tuple(int(t) for t in whole)
 
-    def encode(self, text: str) -> tuple[int, ...]:
-        """The token ids of ``text`` (no special tokens added around it)."""
+    def encode(self, text: str, namespace: str = "") -> tuple[int, ...]:
+        """The token ids of ``text`` (no special tokens added around it); the pieces are
+        remembered for ``namespace`` only."""
         ids: list[int] = []
         for piece in self._split.split(text):
             if not piece:
@@ -79,24 +82,25 @@ class PieceTokenizer:
             if token is not None:
                 ids.append(token)
             else:
-                ids.extend(self._piece(piece))
+                ids.extend(self._piece(piece, namespace))
         return tuple(ids)
 
-    def _piece(self, piece: str) -> tuple[int, ...]:
+    def _piece(self, piece: str, namespace: str) -> tuple[int, ...]:
+        key = (namespace, piece)
         with self._lock:
-            found = self._pieces.get(piece)
+            found = self._pieces.get(key)
             if found is not None:
-                self._pieces.move_to_end(piece)
+                self._pieces.move_to_end(key)
                 self.hits += 1
                 return found
         ids = tuple(int(t) for t in self._tokenizer(piece, add_special_tokens=False)["input_ids"])
         with self._lock:
             self.misses += 1
-            if len(piece) <= self._max and piece not in self._pieces:
-                self._pieces[piece] = ids
+            if len(piece) <= self._max and key not in self._pieces:
+                self._pieces[key] = ids
                 self._chars += len(piece)
                 while self._chars > self._max:
-                    self._chars -= len(self._pieces.popitem(last=False)[0])
+                    self._chars -= len(self._pieces.popitem(last=False)[0][1])
         return ids
 
     def clear(self) -> None:

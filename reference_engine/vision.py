@@ -35,14 +35,15 @@ class Prepared:
 
 
 class VisionCache:
-    """A bounded LRU of Prepared images by digest."""
+    """A bounded LRU of Prepared images by namespace and digest (an image another tenant sent
+    is not a faster hit: the namespaces are kept apart as the KV blocks are)."""
 
     def __init__(self, model: Any, max_entries: int = 64) -> None:
         if max_entries < 0:
             raise ValueError(f"max_entries must be >= 0, got {max_entries}")
         self.model = model
         self.max_entries = max_entries
-        self._entries: OrderedDict[str, Prepared] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, str], Prepared] = OrderedDict()
         self._lock = threading.Lock()
         self.encoded = 0
         self.hits = 0
@@ -50,27 +51,29 @@ class VisionCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def prepare(self, image: Image, *, use_cache: bool = True) -> Prepared:
-        """The Prepared entry of ``image`` (from the cache when allowed, else fresh)."""
+    def prepare(self, image: Image, *, use_cache: bool = True, namespace: str = "") -> Prepared:
+        """The Prepared entry of ``image`` (from ``namespace``'s cache when allowed, else
+        fresh)."""
+        key = (namespace, image.digest)
         if use_cache:
             with self._lock:
-                entry = self._entries.get(image.digest)
+                entry = self._entries.get(key)
                 if entry is not None:
-                    self._entries.move_to_end(image.digest)
+                    self._entries.move_to_end(key)
                     return entry
         pixels, grid = self.model.preprocess(image.to_pil())
         entry = Prepared(pixels, grid, self.model.placeholder_count(grid))
         if use_cache and self.max_entries:
             with self._lock:
-                self._entries[image.digest] = entry
+                self._entries[key] = entry
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
         return entry
 
-    def peek(self, digest: str) -> Prepared | None:
+    def peek(self, digest: str, namespace: str = "") -> Prepared | None:
         """The cached entry of an image, without touching the LRU order or the counters."""
         with self._lock:
-            return self._entries.get(digest)
+            return self._entries.get((namespace, digest))
 
     def rows(self, image: Image, entry: Prepared, *, use_cache: bool = True) -> mx.array:
         """All embedding rows of ``image`` (prepared as ``entry``); runs the vision tower only

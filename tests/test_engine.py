@@ -256,6 +256,23 @@ def test_namespaces_never_share_blocks(engine: Engine) -> None:
     assert same.cached_tokens and same.cached_tokens > 0  # positive control
 
 
+def test_namespaces_share_no_image_encoding_and_no_remembered_piece(engine: Engine) -> None:
+    """Nor the caches beside the KV blocks: an image or a text another tenant sent must not be
+    a faster hit (the isolation audit measured the shared piece cache: KS p=0.0006)."""
+    engine.reset()
+    assert engine.tokens is not None
+    r = req(SYSTEM, user("A text only tenant A has sent so far.", I1))
+    engine.run(r, use_cache=True)
+    encoded, first = engine.stats.vision_encoded, engine.tokens.hits  # hits within one prompt
+    engine.run(Request(r.messages, namespace="tenant-b"), use_cache=True)
+    assert engine.stats.vision_encoded == encoded + 1  # tenant B's image is encoded again
+    assert engine.tokens.hits == 2 * first  # and its text tokenised again, as A's first was
+    engine.run(r, use_cache=True)  # positive control: tenant A's own repeat hits its pieces
+    assert engine.tokens.hits > 3 * first
+    engine.run(req(SYSTEM, user("Other words before the same image.", I1)), use_cache=True)
+    assert engine.stats.vision_encoded == encoded + 1 and engine.stats.vision_hits == 1
+
+
 def test_stats_and_reset(engine: Engine) -> None:
     engine.reset()
     r = req(SYSTEM, user("Count me.", I1))

@@ -157,7 +157,9 @@ class LyingHitCount(Engine):
     def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
         if not use_cache:
             return super().run(request, use_cache=False, template=template)
-        seen = {i.digest for i in request.images if self.vision.prepare(i).rows is not None}
+        ns = request.namespace
+        prepared = (self.vision.prepare(i, namespace=ns) for i in request.images)
+        seen = {i.digest for i, p in zip(request.images, prepared) if p.rows is not None}
         out = super().run(request, use_cache=True, template=template)
         if not out.image_spans or out.cached_tokens is None:
             return out
