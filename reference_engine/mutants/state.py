@@ -176,7 +176,7 @@ class MropeRestart(Engine):
         start: int,
         embeds: mx.array,
         cache: list[Any],
-        positions: mx.array,
+        positions: mx.array | None,
         **hooks: Any,
     ) -> mx.array:
         if start > 0:
