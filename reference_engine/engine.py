@@ -222,7 +222,8 @@ class Engine:
 
     def boundaries(self, rendered: Rendered) -> list[int]:
         """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""
-        return boundaries(rendered.token_ids, rendered.spans, self.model.turn_start_id)
+        m = self.model
+        return boundaries(rendered.token_ids, rendered.spans, m.turn_start_id, m.header_end_id)
 
     def snapshot_key(
         self, keys: Sequence[BlockKey], rendered: Rendered, request: Request, position: int
@@ -292,6 +293,8 @@ class Engine:
         hooks["at_last_chunk"] = store if use_cache else None
         hooks = _accepted(self.prefill, hooks)
         logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
+        if "at_cut" in hooks and self.boundaries(rendered)[-1:] == [len(ids)]:
+            hooks["at_cut"](len(ids) - start)  # the prompt ends a turn header
         if use_cache:
             if not stored:  # a prefill without the hooks, or one that never ran the model
                 store()

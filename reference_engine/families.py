@@ -89,6 +89,11 @@ class Family:
 
     turn_tokens: tuple[str, ...] = ()
 
+    def header_end_id(self) -> int | None:
+        """The token that ends a turn header (a newline, when it is one token), or None."""
+        ids = self.tokenizer.encode("\n", add_special_tokens=False)
+        return int(ids[0]) if len(ids) == 1 else None
+
     # -- images -------------------------------------------------------------------------
     def image_marker(self) -> str:
         """What the chat template writes for one image."""
@@ -188,7 +193,11 @@ class Gemma3(Family):
 
     def __init__(self, model: Any, processor: Any) -> None:
         super().__init__(model, processor)
-        self.tokens_per_image = int(getattr(model.config, "mm_tokens_per_image", 0) or 0)
+        config = model.config
+        per_image = getattr(config, "mm_tokens_per_image", None) or getattr(
+            config.text_config, "mm_tokens_per_image", None
+        )
+        self.tokens_per_image = int(per_image or 0)
         if self.tokens_per_image <= 0:
             raise EngineError("gemma3: the config has no mm_tokens_per_image")
         self.hidden_size = int(model.config.text_config.hidden_size)

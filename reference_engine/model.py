@@ -60,6 +60,8 @@ class LoadedModel:
         self.stateful_layers = tuple(i for i, k in enumerate(self.kinds) if k != FULL)
         #: The token that starts each turn of the chat template (a snapshot boundary).
         self.turn_start_id = self.family.turn_start_id()
+        #: The token that ends a turn header (the turn's content starts after it).
+        self.header_end_id = self.family.header_end_id()
         self.fingerprint = _fingerprint(path)
 
     @property

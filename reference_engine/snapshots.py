@@ -8,12 +8,17 @@ prompt's **boundaries** and, on a later request, resumes at the longest boundary
 the matched prefix whose snapshot it still holds.
 
 Boundaries (:func:`boundaries`) depend only on the prompt's content before them: the start of
-every turn (the template's turn-start token: where conversations diverge), both edges of every
-image span, and every multiple of :data:`GRID` positions (long messages). The engine cuts every
-prefill, cold or warm, at exactly these positions (``LoadedModel.forward(cuts=...)``): a warm
-run that resumes at boundary ``s`` then computes the same chunks from the same state as the
-cold run, so the two are bit-exact whatever the kernels do with a split (mlx-vlm's qwen3_5 is
-not split-invariant: NOTES.md).
+every turn (the template's turn-start token: where conversations diverge), the newline that ends
+each turn's header and the position after it (where the turn's content starts: a prompt that
+ends with the generation prompt ``<|im_start|>assistant\n`` ends exactly there, so the next turn
+of a growing chat resumes at the whole previous prompt), both edges of every image span, and
+every multiple of :data:`GRID` positions (long messages). The engine cuts every prefill, cold or
+warm, at exactly these positions (``LoadedModel.forward(cuts=...)``): a warm run that resumes
+at boundary ``s`` then computes the same chunks from the same state as the cold run, so the two
+are bit-exact whatever the kernels do with a split (mlx-vlm's qwen3_5 is not split-invariant:
+NOTES.md). The header's newline is a chunk of its own, as the last position of a prompt is
+(``forward`` runs it alone): so a snapshot at a prompt's end was computed exactly as a later
+prompt that continues it computes that position.
 
 A snapshot is keyed by the prefix it ends: the chained hash of the blocks before it plus the
 tokens and image extras of the partial block up to its position (the key a prompt cut there
@@ -39,20 +44,32 @@ __all__ = ["GRID", "Snapshot", "apply_snapshot", "boundaries", "snapshot_key", "
 
 #: Every multiple of this many positions is a boundary too (the default prefill chunk).
 GRID = 256
+#: A turn header (turn token, role, newline) is at most this many tokens.
+MAX_HEADER = 8
 
 
 def boundaries(
-    token_ids: Sequence[int], spans: Sequence[ImageSpan], turn_start_id: int | None
+    token_ids: Sequence[int],
+    spans: Sequence[ImageSpan],
+    turn_start_id: int | None,
+    header_end_id: int | None = None,
 ) -> list[int]:
-    """The prompt's boundaries in (0, len): turn starts, image-span edges, multiples of
-    ``GRID``; sorted."""
+    """The prompt's boundaries in (0, len]: turn starts, the newline ending each turn header
+    and the position after it, image-span edges, multiples of ``GRID``; sorted. ``len`` is one
+    only when the prompt ends with a turn header (the generation prompt)."""
     n = len(token_ids)
     found = set(range(GRID, n, GRID))
     if turn_start_id is not None:
-        found.update(i for i, t in enumerate(token_ids) if t == turn_start_id)
+        starts = [i for i, t in enumerate(token_ids) if t == turn_start_id]
+        found.update(starts)
+        for t in starts if header_end_id is not None else ():
+            for j in range(t + 1, min(n, t + MAX_HEADER + 1)):
+                if token_ids[j] == header_end_id:
+                    found.update((j, j + 1))
+                    break
     for start, end, _digest in spans:
         found.update((start, end))
-    return sorted(p for p in found if 0 < p < n)
+    return sorted(p for p in found if 0 < p <= n and (p < n or n - 1 in found))
 
 
 def snapshot_key(
