@@ -30,18 +30,21 @@ __all__ = [
 
 class _TrimsLastCache(Engine):
     """Keeps the last cached request's whole cache (prompt and generated tokens, as a
-    single-slot server does) and, on the next request, trims every layer back to the prefix
-    they share, as if every layer were trimmable."""
+    single-slot server does, one slot per namespace) and, on the next request of the same
+    namespace, trims every layer back to the prefix they share, as if every layer were
+    trimmable."""
 
-    _last: tuple[tuple[int, ...], list[Any]] | None = None
+    _last: dict[str, tuple[tuple[int, ...], list[Any]]]
+    _namespace = ""
 
     def resume_point(
         self, reuse: Reuse, rendered: Rendered, keys: Sequence[BlockKey], request: Request
     ) -> Reuse:
         self.pool.release(reuse.held)
-        if self._last is None:
+        last = self._slots().get(request.namespace)
+        if last is None:
             return Reuse()
-        ids, _cache = self._last
+        ids, _cache = last
         shared = 0
         limit = min(len(ids), len(rendered.token_ids) - 1)
         while shared < limit and ids[shared] == rendered.token_ids[shared]:
@@ -49,14 +52,19 @@ class _TrimsLastCache(Engine):
         return Reuse([], shared)
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
-        if reuse.tokens == 0 or self._last is None:
+        last = self._slots().pop(self._namespace, None) if reuse.tokens else None
+        if last is None:
             return super().restore(Reuse(), capacity)
-        ids, cache = self._last
+        ids, cache = last
         for kind, c in zip(self.model.kinds, cache):
             if kind != "recurrent":  # BUG: a ring is trimmed as if it were linear; a
                 c.trim(len(ids) - reuse.tokens)  # recurrent state is not rewound at all
-        self._last = None
         return cache
+
+    def _slots(self) -> dict[str, tuple[tuple[int, ...], list[Any]]]:
+        if not hasattr(self, "_last"):
+            self._last = {}
+        return self._last
 
     def decode(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
@@ -64,12 +72,17 @@ class _TrimsLastCache(Engine):
         tokens, steps = super().decode(logits, cache, prompt_len, delta, max_new)
         if self._serving_cached:
             # what the cache holds: the prompt and the generated tokens but the last
-            self._last = (self._ids + tokens[:-1], cache)
+            self._slots()[self._namespace] = (self._ids + tokens[:-1], cache)
         return tokens, steps
+
+    def reset(self) -> None:
+        super().reset()
+        self._slots().clear()
 
     def _serve(self, request: Request, rendered: Rendered, *args: Any, **kwargs: Any) -> Any:
         self._serving_cached = bool(args[-1] if args else kwargs.get("use_cache"))
         self._ids = rendered.token_ids
+        self._namespace = request.namespace
         return super()._serve(request, rendered, *args, **kwargs)
 
 
