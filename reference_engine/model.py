@@ -158,10 +158,11 @@ class LoadedModel:
         are sensitive to where a prefill is split do the same arithmetic on both; ``at_cut(e)``
         runs once the chunk ending at ``e`` is computed (the engine snapshots there).
 
-        Only the last position's logits are needed, so the last position runs as a step of
-        its own (as mlx-lm's ``generate_step`` does): every other position only feeds the
-        cache, and MLX, evaluating the cache alone, then leaves out the last layer's attention
-        and MLP for them. ``meanwhile`` runs while MLX computes the first chunk,
+        Only the last position's logits are needed, so without ``cuts`` the last position runs
+        as a step of its own (as mlx-lm's ``generate_step`` does): every other position only
+        feeds the cache, and MLX, evaluating the cache alone, then leaves out the last layer's
+        attention and MLP for them. With ``cuts`` the last chunk runs whole: where it ends is
+        then a boundary a longer prompt cuts at too. ``meanwhile`` runs while MLX computes the first chunk,
         ``at_last_chunk`` while it computes the last one and the last position (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
@@ -192,9 +193,10 @@ class LoadedModel:
                 step(s, e)  # its logits are never evaluated
                 targets: list[Any] = cache_arrays(cache)
             else:
-                if e - s > 1:
+                if e - s > 1 and cuts is None:
                     step(s, n - 1)
-                logits = step(n - 1, n).logits[0, -1].astype(mx.float32)
+                    s = n - 1
+                logits = step(s, n).logits[0, -1].astype(mx.float32)
                 targets = [cache_arrays(cache), logits]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None

@@ -8,17 +8,17 @@ prompt's **boundaries** and, on a later request, resumes at the longest boundary
 the matched prefix whose snapshot it still holds.
 
 Boundaries (:func:`boundaries`) depend only on the prompt's content before them: the start of
-every turn (the template's turn-start token: where conversations diverge), the newline that ends
-each turn's header and the position after it (where the turn's content starts: a prompt that
-ends with the generation prompt ``<|im_start|>assistant\n`` ends exactly there, so the next turn
-of a growing chat resumes at the whole previous prompt), both edges of every image span, and
-every multiple of :data:`GRID` positions (long messages). The engine cuts every prefill, cold or
-warm, at exactly these positions (``LoadedModel.forward(cuts=...)``): a warm run that resumes
-at boundary ``s`` then computes the same chunks from the same state as the cold run, so the two
-are bit-exact whatever the kernels do with a split (mlx-vlm's qwen3_5 is not split-invariant:
-NOTES.md). The header's newline is a chunk of its own, as the last position of a prompt is
-(``forward`` runs it alone): so a snapshot at a prompt's end was computed exactly as a later
-prompt that continues it computes that position.
+every turn (the template's turn-start token: where conversations diverge), the newline that
+ends each turn's header and the position after it (where the turn's content starts: a prompt
+that ends with the generation prompt ``<|im_start|>assistant\n`` ends exactly there, so the next
+turn of a growing chat resumes at the whole previous prompt, and an exact repeat at all of it
+but that newline), both edges of every image span, and every
+multiple of :data:`GRID` positions (long messages). The engine cuts every prefill, cold or warm,
+at exactly these positions (``LoadedModel.forward(cuts=...)``, whose last chunk then runs whole,
+to the prompt's end): a warm run that resumes at boundary ``s`` computes the same chunks from
+the same state as the cold run, so the two are bit-exact whatever the kernels do with a split
+(mlx-vlm's qwen3_5 is not split-invariant: NOTES.md), and a snapshot at a prompt's end was
+computed exactly as a later prompt that continues it computes that chunk.
 
 A snapshot is keyed by the prefix it ends: the chained hash of the blocks before it plus the
 tokens and image extras of the partial block up to its position (the key a prompt cut there
@@ -69,7 +69,7 @@ def boundaries(
                     break
     for start, end, _digest in spans:
         found.update((start, end))
-    return sorted(p for p in found if 0 < p <= n and (p < n or n - 1 in found))
+    return sorted(p for p in found if 0 < p <= n)
 
 
 def snapshot_key(
