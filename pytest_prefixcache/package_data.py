@@ -24,6 +24,7 @@ __all__ = [
     "CORPUS",
     "FIXTURES",
     "MODEL_ENV",
+    "engine_model",
     "fixture_model",
     "fixture_models",
     "is_vision_model",
@@ -127,3 +128,13 @@ def require_model(path: Path, *, vision: bool, who: str) -> Path:
         f"{who} needs {need}: {str(path)!r} {what}; the fixtures of that kind: "
         f"{', '.join(kinds) or 'none'}"
     )
+
+
+def engine_model(
+    model_dir: str | os.PathLike[str] | None, *, default: str, vision: bool, who: str
+) -> Path:
+    """The model an engine factory loads: ``model_dir`` when given (a fixture name or a
+    directory), else :func:`model_from_env` with the fixture ``default``; checked to be the
+    kind ``who`` runs (:func:`require_model`)."""
+    path = model_from_env(default) if model_dir is None else resolve_model(model_dir)
+    return require_model(path, vision=vision, who=who)

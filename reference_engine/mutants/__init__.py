@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Engine, default_model_path
+from .. import env_model_path
+from ..engine import Engine
 from ..model import LoadedModel
 from .accounting import (
     SMALL_BUDGET,
@@ -105,10 +106,11 @@ class Mutant:
         return "" if at < 0 else doc[at + len("Reproduces ") :].split(". ")[0].rstrip(".")
 
     def build(self, model: LoadedModel | None = None, **overrides: Any) -> Engine:
-        """The mutant on ``model`` (default: a fresh load of the default fixture)."""
+        """The mutant on ``model`` (default: a fresh load of the default engine's model,
+        ``PREFIXCACHE_MODEL`` or the tiny Qwen2-VL)."""
         opts = {**self.options, **overrides}
         if model is None:
-            return self.engine_class.from_pretrained(default_model_path(), **opts)
+            return self.engine_class.from_pretrained(env_model_path(), **opts)
         return self.engine_class(model, **opts)
 
     @property
