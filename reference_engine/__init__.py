@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pytest_prefixcache.package_data import model_from_env
+from pytest_prefixcache.package_data import model_from_env, require_model
 
 from .engine import DEFAULT_MAX_BYTES, Engine, EngineStats, default_model_path
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
@@ -31,5 +31,6 @@ def env_model_path() -> Path:
 
 def default_engine() -> Engine:
     """The reference engine on :func:`env_model_path` (the plugin's default engine): the tiny
-    Qwen2-VL unless ``PREFIXCACHE_MODEL`` names another model."""
-    return Engine.from_pretrained(env_model_path())
+    Qwen2-VL unless ``PREFIXCACHE_MODEL`` names another (vision-language) model."""
+    model = require_model(env_model_path(), vision=True, who="the reference engine")
+    return Engine.from_pretrained(model)
