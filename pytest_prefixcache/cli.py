@@ -41,6 +41,9 @@ ENGINE_OPTIONS: tuple[Option, ...] = (
      "an Engine instance or a zero-argument callable returning one (repeatable)"),
     ("--server-cmd", targets.named_server_cmd, "[NAME=]CMD",
      "an OpenAI-compatible server command with a {port} placeholder (repeatable)"),
+    ("--model", settings.model_dir, "NAME|DIR",
+     "the model every engine factory loads: a shipped fixture's name or a model directory "
+     "(exported as PREFIXCACHE_MODEL)"),
     ("--matrix", str, "FILE", "engine configurations in a TOML matrix file (see the README)"),
     ("--config", str, "NAME", "run only this configuration (repeatable)"),
     ("--server-body", settings.server_body, "JSON",

@@ -17,6 +17,7 @@ import pytest
 from .errors import PrefixCacheError
 from .output.report import FailureRecord, Report
 from .output.streams import load_stream
+from .package_data import MODEL_ENV
 from .session import settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
@@ -33,7 +34,7 @@ from .session.slots import (
     slot_of,
     slots_of,
 )
-from .session.sources import SERVER_SOURCE, engine_of
+from .session.sources import SERVER_SOURCE, engine_of, model_of
 from .session.stash import (
     DATABASE_KEY,
     PROGRESS_KEY,
@@ -50,6 +51,8 @@ pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.sess
 
 #: Why the suite's tests left out of this run were deselected (printed after collection).
 DESELECTED_KEY = pytest.StashKey[str]()
+#: PREFIXCACHE_MODEL as it was before this session exported its model (None: unset).
+MODEL_ENV_KEY = pytest.StashKey["str | None"]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
 
 
@@ -58,6 +61,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "prefixcache: a test of the built-in prefix-cache verification suite"
     )
     engine, source, targets = engine_of(config)
+    model, model_source = model_of(config)
+    if model is not None:  # every engine factory, server subprocess and fresh instance reads it
+        config.stash[MODEL_ENV_KEY] = os.environ.get(MODEL_ENV)
+        os.environ[MODEL_ENV] = model
     given_seed = config.getoption("prefixcache_seed")
     worker = xd.worker_input(config)
     if xd.SEED in worker:  # an xdist worker runs the controller's seed
@@ -77,6 +84,8 @@ def pytest_configure(config: pytest.Config) -> None:
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
+        model=model,
+        model_source=model_source,
         server_cmd=os.environ["PREFIXCACHE_SERVER_CMD"] if source == SERVER_SOURCE else None,
         server_body=config.getoption("prefixcache_server_body"),
         examples=config.getoption("prefixcache_examples"),
@@ -112,6 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[REPORT_KEY] = Report(
         seed=s.seed,
         engine=s.engine if s.server_cmd is None else f"{s.engine} serving {s.server_cmd}",
+        model=s.model,
         tolerance=_tolerance(s),
         shards=s.shards,
         allow_partial=s.allow_partial,
@@ -170,6 +180,12 @@ def _tolerance(s: settings.Settings) -> str:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if MODEL_ENV_KEY in config.stash:  # as it was: a session run in-process leaves no trace
+        previous = config.stash[MODEL_ENV_KEY]
+        if previous is None:
+            os.environ.pop(MODEL_ENV, None)
+        else:
+            os.environ[MODEL_ENV] = previous
     worker = config.stash.get(WORKER_KEY, None)
     if worker is not None:
         worker.close()
@@ -182,9 +198,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     s = settings_of(config)
     if not s.verify:
         return []
+    model = f"model {s.model} ({s.model_source}), " if s.model is not None else ""
     lines = matrix_header(config) or [
-        f"prefixcache: engine {s.engine} ({s.engine_source}), {s.examples} examples per "
-        f"property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s"
+        f"prefixcache: engine {s.engine} ({s.engine_source}), {model}{s.examples} examples "
+        f"per property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s"
     ]
     lines += [
         f"prefixcache: using {s.seed_command()}",

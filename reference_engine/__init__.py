@@ -6,11 +6,31 @@ against a cold run. Importing this package imports MLX.
 
 from __future__ import annotations
 
-from .engine import DEFAULT_MAX_BYTES, Engine, EngineStats, default_model_path
+from pathlib import Path
 
-__all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_engine", "default_model_path"]
+from pytest_prefixcache.package_data import model_from_env, require_model
+
+from .engine import DEFAULT_MAX_BYTES, Engine, EngineStats, default_model_path
+from .fixtures.qwen2_vl import QWEN2_VL_DIR
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "Engine",
+    "EngineStats",
+    "default_engine",
+    "default_model_path",
+    "env_model_path",
+]
+
+
+def env_model_path() -> Path:
+    """The model ``PREFIXCACHE_MODEL`` names (a fixture name or a directory; set by
+    ``--prefixcache-model``), else the tiny Qwen2-VL fixture."""
+    return model_from_env(QWEN2_VL_DIR)
 
 
 def default_engine() -> Engine:
-    """The reference engine on the tiny Qwen2-VL fixture (the plugin's default engine)."""
-    return Engine.from_pretrained(default_model_path())
+    """The reference engine on :func:`env_model_path` (the plugin's default engine): the tiny
+    Qwen2-VL unless ``PREFIXCACHE_MODEL`` names another (vision-language) model."""
+    model = require_model(env_model_path(), vision=True, who="the reference engine")
+    return Engine.from_pretrained(model)

@@ -45,13 +45,14 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 from pytest_prefixcache.errors import PrefixCacheError
+from pytest_prefixcache.package_data import resolve_model
 from pytest_prefixcache.types import Outcome
 
-from .engine import Engine, default_model_path
+from . import env_model_path
+from .engine import Engine
 from .openai_api import (
     ENDPOINTS,
     APIError,
@@ -268,7 +269,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         default=None,
-        help="Model directory (default: the repository's tiny Qwen2-VL fixture)",
+        metavar="DIR|NAME",
+        help="Model directory, or a shipped fixture's name (default: $PREFIXCACHE_MODEL, else "
+        "the tiny Qwen2-VL fixture)",
     )
     p.add_argument(
         "--served-model-name",
@@ -291,7 +294,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    path = Path(args.model or default_model_path())
+    try:
+        path = resolve_model(args.model) if args.model else env_model_path()
+    except PrefixCacheError as exc:
+        parser().error(str(exc))
     engine = Engine.from_pretrained(path, block_size=args.block_size)
     name = args.served_model_name or path.resolve().name
     server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)

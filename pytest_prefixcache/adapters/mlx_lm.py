@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EngineError
-from ..package_data import fixture_model
+from ..package_data import engine_model
 from ..types import Outcome, Request
 from .chat import add_generation_prompt, text_messages
 
@@ -144,6 +144,9 @@ class MlxLmEngine:
         )
 
 
-def tiny_llama() -> MlxLmEngine:
-    """The adapter on the shipped tiny Llama fixture (a zero-argument factory)."""
-    return MlxLmEngine.from_pretrained(fixture_model("tiny-llama"))
+def tiny_llama(model_dir: str | os.PathLike[str] | None = None) -> MlxLmEngine:
+    """The adapter on ``model_dir`` (a text model's directory or fixture name; default:
+    ``PREFIXCACHE_MODEL``, else the shipped tiny Llama fixture); a zero-argument factory. A
+    vision-language model is refused (this adapter is text only)."""
+    model = engine_model(model_dir, default="tiny-llama", vision=False, who="the mlx-lm adapter")
+    return MlxLmEngine.from_pretrained(model)

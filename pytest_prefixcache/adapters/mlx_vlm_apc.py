@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import EngineError
-from ..package_data import fixture_model
+from ..package_data import engine_model
 from ..types import Outcome, Request
 from .chat import add_generation_prompt, hf_messages
 from .render import placeholder_runs
@@ -201,11 +201,19 @@ class MlxVlmApcEngine:
         )
 
 
-def tiny_qwen2_vl() -> MlxVlmApcEngine:
-    """APC block mode on the shipped tiny Qwen2-VL fixture (a zero-argument factory)."""
-    return MlxVlmApcEngine.from_pretrained(fixture_model("tiny-qwen2-vl"), mode="block")
+def _model(model_dir: str | os.PathLike[str] | None) -> Path:
+    return engine_model(
+        model_dir, default="tiny-qwen2-vl", vision=True, who="the mlx-vlm APC adapter"
+    )
 
 
-def tiny_qwen2_vl_snapshot() -> MlxVlmApcEngine:
-    """APC exact-snapshot mode on the tiny Qwen2-VL fixture (a zero-argument factory)."""
-    return MlxVlmApcEngine.from_pretrained(fixture_model("tiny-qwen2-vl"), mode="snapshot")
+def tiny_qwen2_vl(model_dir: str | os.PathLike[str] | None = None) -> MlxVlmApcEngine:
+    """APC block mode on ``model_dir`` (a vision-language model's directory or fixture name;
+    default: ``PREFIXCACHE_MODEL``, else the shipped tiny Qwen2-VL); a zero-argument factory."""
+    return MlxVlmApcEngine.from_pretrained(_model(model_dir), mode="block")
+
+
+def tiny_qwen2_vl_snapshot(model_dir: str | os.PathLike[str] | None = None) -> MlxVlmApcEngine:
+    """APC exact-snapshot mode on ``model_dir`` (as :func:`tiny_qwen2_vl`); a zero-argument
+    factory."""
+    return MlxVlmApcEngine.from_pretrained(_model(model_dir), mode="snapshot")

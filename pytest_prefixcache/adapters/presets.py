@@ -2,6 +2,10 @@
 (``--prefixcache-engine=pytest_prefixcache.adapters.presets:reference_server``).
 
 Each starts its own servers on 127.0.0.1 and stops them at ``close()`` or interpreter exit.
+The zero-argument ones load ``model_dir`` when given, else the model ``PREFIXCACHE_MODEL``
+names (``--prefixcache-model``), else their tiny fixture; a model of the wrong kind (a
+vision-language model for a text-only server, or the reverse) is refused before any server
+starts.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
-from .chat import FIXTURES
+from ..package_data import engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
@@ -33,11 +37,18 @@ __all__ = [
 TAP = "{python} -m pytest_prefixcache.tap"
 
 
-def reference_server() -> OpenAIEngine:
-    """The reference engine's HTTP front end on the tiny Qwen2-VL; cold = a reset second
-    server; namespaces by ``x-prefixcache-namespace``; full logits, token ids and image spans
-    through the server's ``prefixcache`` reply extension."""
-    cmd = "{python} -m reference_engine.server --host 127.0.0.1 --port {port}"
+def reference_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+    """The reference engine's HTTP front end on ``model_dir`` (default: ``PREFIXCACHE_MODEL``,
+    else the tiny Qwen2-VL); cold = a reset second server; namespaces by
+    ``x-prefixcache-namespace``; full logits, token ids and image spans through the server's
+    ``prefixcache`` reply extension."""
+    model = engine_model(
+        model_dir, default="tiny-qwen2-vl", vision=True, who="the reference server"
+    )
+    cmd = (
+        f"{{python}} -m reference_engine.server --model {shlex.quote(str(model))} "
+        "--host 127.0.0.1 --port {port}"
+    )
     return OpenAIEngine(
         cmd,
         cold="reset",
@@ -47,11 +58,15 @@ def reference_server() -> OpenAIEngine:
     )
 
 
-def mlx_lm_server() -> OpenAIEngine:
-    """``mlx_lm.server`` on the tiny Llama under the logit tap; cold = a second server with
-    ``--prompt-cache-size 0``; token ids rendered locally. Text only; it has no namespaces."""
-    model = FIXTURES / "tiny-llama"
-    cmd = f"{TAP} mlx_lm.server:main --model {model} --host 127.0.0.1 --port {{port}}"
+def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+    """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
+    the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
+    0``; token ids rendered locally. Text only; it has no namespaces."""
+    model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
+    cmd = (
+        f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        "--port {port}"
+    )
     return OpenAIEngine(
         cmd,
         cold="server",
@@ -63,14 +78,17 @@ def mlx_lm_server() -> OpenAIEngine:
     )
 
 
-def mlx_vlm_server(*, claims: ClaimWatch | None = None) -> OpenAIEngine:
-    """``mlx_vlm.server`` with APC (disk tier off) on the tiny Qwen2-VL under the logit tap;
-    cold = a fresh ``x-apc-tenant`` salt on the same server; token ids and image spans
-    rendered locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
-    model = FIXTURES / "tiny-qwen2-vl"
+def mlx_vlm_server(
+    model_dir: str | os.PathLike[str] | None = None, *, claims: ClaimWatch | None = None
+) -> OpenAIEngine:
+    """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
+    default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
+    fresh ``x-apc-tenant`` salt on the same server; token ids and image spans rendered
+    locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
+    model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
-        f"{TAP} mlx_vlm.server.cli:main --model {model} --host 127.0.0.1 --port {{port}} "
-        "--top-logprobs-k 20"
+        f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        "--port {port} --top-logprobs-k 20"
     )
     return OpenAIEngine(
         cmd,
@@ -240,7 +258,8 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_NAMESPACE_HEADER`` and/or ``PREFIXCACHE_NAMESPACE_FIELD`` (vLLM:
     ``cache_salt``); ``PREFIXCACHE_EXTRA_BODY`` (a JSON object added to every request body);
     ``PREFIXCACHE_PROMPT_IDS`` (``reply`` or ``tokenize``) and ``PREFIXCACHE_IMAGE_TOKEN_ID``;
-    ``PREFIXCACHE_CHECK_LABELS=0``; ``PREFIXCACHE_MODEL``; ``PREFIXCACHE_TOP_LOGPROBS``
+    ``PREFIXCACHE_CHECK_LABELS=0``; ``PREFIXCACHE_MODEL`` (the ``model`` field sent: the
+    directory of ``--prefixcache-model``, or a served model's name); ``PREFIXCACHE_TOP_LOGPROBS``
     (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
     ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``;
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``

@@ -3,8 +3,10 @@ under the logit tap, with any of their serve flags (``seed_server``; a matrix ``
 config passes its flag combination as ``flags``).
 
 The server runs the engine's CLI in its own virtual environment (``python``, default
-``$SEED_DIR/<engine>/bin/python``; ``scripts/seed_engines.sh install`` makes them) on the tiny
-fixtures: tiny-qwen2-vl with ``--mllm``, else tiny-llama. The cold baseline is a second server
+``$SEED_DIR/<engine>/bin/python``; ``scripts/seed_engines.sh install`` makes them) on the model
+``PREFIXCACHE_MODEL`` names (``--prefixcache-model``), else the tiny fixtures: tiny-qwen2-vl
+with ``--mllm``, else tiny-llama (a vision-language model with ``--mllm``, a text one without:
+the other kind is refused). The cold baseline is a second server
 with the same flags minus those that only configure the prefix cache (:data:`CACHE_ONLY`), plus
 ``--disable-prefix-cache``, reset before every uncached run (vllm-mlx's simple engine ignores
 that flag). Every request is checked against the engine's own claims of reuse
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
-from .chat import FIXTURES
+from ..package_data import FIXTURES, engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
@@ -85,8 +87,17 @@ def slug(engine: str, flags: Sequence[str]) -> str:
     return "--".join([engine, *(w.lstrip("-") for w in split_flags(flags))]) or engine
 
 
-def model_dir(flags: Sequence[str]) -> Path:
-    return FIXTURES / ("tiny-qwen2-vl" if "--mllm" in split_flags(flags) else "tiny-llama")
+def model_dir(flags: Sequence[str], model: str | os.PathLike[str] | None = None) -> Path:
+    """The model the server loads: ``model`` (a fixture name or a directory), else
+    ``PREFIXCACHE_MODEL``, else tiny-qwen2-vl with ``--mllm`` and tiny-llama without; a
+    vision-language model with ``--mllm``, a text-only one without."""
+    mllm = "--mllm" in split_flags(flags)
+    who = "the seed engines " + ("with --mllm" if mllm else "without --mllm (text only)")
+    default = "tiny-qwen2-vl" if mllm else "tiny-llama"
+    return engine_model(model, default=default, vision=mllm, who=who)
+
+
+_model_for = model_dir  # seed_server's parameter of that name hides the function
 
 
 def default_python(engine: str) -> str:
@@ -94,13 +105,16 @@ def default_python(engine: str) -> str:
     return str(Path(root) / engine / "bin" / "python")
 
 
-def commands(engine: str, flags: Sequence[str], python: str) -> tuple[list[str], list[str]]:
-    """The cached and the cold server's command lines (the tap launcher, with ``{port}``)."""
+def commands(
+    engine: str, flags: Sequence[str], python: str, model: Path | None = None
+) -> tuple[list[str], list[str]]:
+    """The cached and the cold server's command lines (the tap launcher, with ``{port}``) on
+    ``model`` (default: :func:`model_dir`)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
     argv = [python, "-m", "pytest_prefixcache.tap", ENGINES[engine][0], "serve"]
-    argv += [str(model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
+    argv += [str(model or model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
     cold: list[str] = []
     skip = 0
     for word in words:
@@ -154,6 +168,7 @@ def seed_server(
     engine: str = "vllm-mlx",
     flags: Sequence[str] = (),
     *,
+    model_dir: str | os.PathLike[str] | None = None,
     python: str | None = None,
     decode_steps: int = 8,
     top_logprobs: int = 10,
@@ -162,21 +177,22 @@ def seed_server(
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
-    (``decode_steps`` tokens asked for under the tap). ``$SEED_TAP_LOGS``: a directory that
-    gets a JSON-lines file of the API's and the tap's reuse per request, ``<slug>.jsonl`` for
-    each combination (:func:`slug`)."""
+    (``decode_steps`` tokens asked for under the tap), on ``model_dir`` (default:
+    ``PREFIXCACHE_MODEL``, else the tiny fixture for ``flags``, see :func:`model_dir`).
+    ``$SEED_TAP_LOGS``: a directory that gets a JSON-lines file of the API's and the tap's
+    reuse per request, ``<slug>.jsonl`` for each combination (:func:`slug`)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
             f"no {engine} environment at {python}: run 'scripts/seed_engines.sh install "
             f"{engine}' (SEED_DIR names where)"
         )
-    cmd, cold = commands(engine, flags, python)
+    model = _model_for(flags, model_dir)
+    cmd, cold = commands(engine, flags, python, model)
     logs = os.environ.get("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
-    model = model_dir(flags)
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
-    images = model.name == "tiny-qwen2-vl"
+    images = "--mllm" in split_flags(flags)
     return OpenAIEngine(
         cmd,
         cold="reset",  # the cache-less server, reset before every run all the same: the

@@ -121,10 +121,11 @@ def _header(report: Report) -> str:
             f'<p class="note error">The engine could not be built: '
             f"{escape(report.engine_error)}</p>"
         )
+    model = f" on model {escape(report.model)}" if report.model else ""
     return (
         '<section class="card" id="summary"><div class="header"><div class="title">'
         f"<h1>pytest-prefixcache report</h1>"
-        f'<div class="engine">{escape(report.engine or "engine not recorded")}</div></div>'
+        f'<div class="engine">{escape(report.engine or "engine not recorded")}{model}</div></div>'
         f'<div id="verdict" class="verdict {tone}">{escape(text)}</div></div>'
         f'{error}<div class="stats">{"".join(stats)}</div></section>'
     )
@@ -145,7 +146,9 @@ def _configs(report: Report) -> str:
         cells = [
             f'<td class="name"><code>{escape(str(c.get("name", "")))}</code></td>',
             f'<td class="{tone}">{escape(word.upper())}</td>',
-            f"<td>{escape(str(c.get('engine', '')))}</td>",
+            f"<td>{escape(str(c.get('engine', '')))}"
+            + (f" on model {escape(str(c['model']))}" if c.get("model") else "")
+            + "</td>",
             f"<td>{int(c.get('requests', 0))}</td><td>{int(c.get('cache_hits', 0))}</td>",
             f"<td>{escape(fails)}</td>",
         ]

@@ -53,6 +53,9 @@ class Report:
     seed: int | None = None
     shards: int = 1
     engine: str = ""
+    model: str | None = None
+    """The model directory the engine factories were given (``--prefixcache-model``); None:
+    each engine's own."""
     tolerance: str = "exact"
     requests: int = 0
     cache_hits: int = 0
@@ -177,7 +180,9 @@ class Report:
             worst += f" ({self.worst_diff_where})"
         workers = f" on {self.workers} workers" if self.workers else ""
         out = [
-            f"engine: {self.engine or '?'}; tolerance: {self.tolerance}",
+            f"engine: {self.engine or '?'}; "
+            + (f"model: {self.model}; " if self.model else "")
+            + f"tolerance: {self.tolerance}",
             f"requests run: {self.requests} in {self.streams} stream(s){workers}, "
             f"{self.cache_hits} with cache hits",
             f"cache efficiency vs oracle: {eff_text}",
@@ -228,6 +233,7 @@ class Report:
             self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
+        self.model = self.model or other.model
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
         for check, n in other.findings.items():
@@ -245,6 +251,7 @@ class Report:
             "seed": self.seed,
             "shards": self.shards,
             "engine": self.engine,
+            "model": self.model,
             "tolerance": self.tolerance,
             "workers": self.workers,
             "streams": self.streams,

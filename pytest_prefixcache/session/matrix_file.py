@@ -3,7 +3,8 @@
 ::
 
     [defaults]                 # optional; per-config keys override these
-    timeout = 300              # any of: examples, timeout, atol, rtol, kl, server_body (table)
+    timeout = 300              # any of: examples, timeout, atol, rtol, kl, server_body (table),
+                               # model (a fixture name, or a directory relative to this file)
 
     [[config]]
     name = "reference"                      # required, unique, [A-Za-z0-9_.-]+
@@ -35,12 +36,14 @@ if sys.version_info >= (3, 11):
 else:  # pytest depends on tomli before 3.11
     import tomli as tomllib
 
+from ..errors import EngineError
+from ..package_data import resolve_model
 from .settings import _SPEC
 from .targets import NAME, SERVER_ENGINE, Target
 
 __all__ = ["MatrixError", "read_matrix"]
 
-OPTION_KEYS = ("examples", "timeout", "atol", "rtol", "kl", "server_body")
+OPTION_KEYS = ("examples", "timeout", "atol", "rtol", "kl", "server_body", "model")
 CONFIG_KEYS = ("name", "engine", "server_cmd", "args", "env", "flags", "exclude", *OPTION_KEYS)
 
 
@@ -73,7 +76,8 @@ def _number(where: _Where, key: str, value: Any) -> None:
 
 
 def _options(where: _Where, table: dict[str, Any]) -> dict[str, Any]:
-    """The option overrides of one table, validated (server_body as a JSON string)."""
+    """The option overrides of one table, validated (server_body as a JSON string, model as
+    an absolute directory)."""
     out: dict[str, Any] = {}
     for key in OPTION_KEYS:
         if key not in table:
@@ -83,6 +87,13 @@ def _options(where: _Where, table: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise where.error(key, f"{value!r} is not a table")
             out[key] = json.dumps(value)
+        elif key == "model":
+            if not isinstance(value, str):
+                raise where.error(key, f"{value!r} is not a string")
+            try:
+                out[key] = str(resolve_model(value, where.path.parent))
+            except EngineError as exc:
+                raise where.error(key, str(exc)) from None
         else:
             _number(where, key, value)
             out[key] = float(value) if key != "examples" else value

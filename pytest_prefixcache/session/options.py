@@ -32,6 +32,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "several configurations (named NAME, else after ATTR)",
     )
     add(
+        "--prefixcache-model",
+        type=settings.model_dir,
+        default=None,
+        metavar="NAME|DIR",
+        help="Model every engine factory loads: a shipped fixture's name (tiny-qwen2-vl, "
+        "tiny-llama, ...) or a model directory; exported as PREFIXCACHE_MODEL (default: ini "
+        "prefixcache_model, else $PREFIXCACHE_MODEL, else each engine's own fixture)",
+    )
+    add(
         "--prefixcache-matrix",
         default=None,
         metavar="FILE",
@@ -196,3 +205,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "requests that differ only in volatile bytes); by default they are reported",
     )
     parser.addini("prefixcache_engine", "Engine under test as MODULE:ATTR", default=None)
+    parser.addini(
+        "prefixcache_model",
+        "Model every engine factory loads: a fixture name or a directory (relative to the "
+        "ini file)",
+        default=None,
+    )

@@ -15,7 +15,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import EngineError
 from ..output.streams import FAILURES_DIR
+from ..package_data import FIXTURES, resolve_model
 from ..verify.worker import DEFAULT_TIMEOUT
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "database_spec",
     "engine_spec",
     "fraction",
+    "model_dir",
     "non_negative_float",
     "positive_float",
     "positive_int",
@@ -105,6 +108,15 @@ def engine_spec(value: str) -> str:
     return value
 
 
+def model_dir(value: str, base: Path | None = None) -> str:
+    """A fixture model's name or a model directory (relative to ``base``, default the working
+    directory), as an absolute path."""
+    try:
+        return str(resolve_model(value, base))
+    except EngineError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def database_spec(value: str) -> str:
     """``none``, ``redis://HOST:PORT[/DB]`` or a directory path."""
     v = value.strip()
@@ -147,6 +159,11 @@ class Settings:
     verify: bool = False
     engine: str = DEFAULT_ENGINE
     engine_source: str = "default"
+    model: str | None = None
+    """The model directory every engine factory loads (``PREFIXCACHE_MODEL``), absolute;
+    None: each engine's own default."""
+    model_source: str = "default"
+    """Where the model was named: ``option``, ``ini``, ``PREFIXCACHE_MODEL`` or ``matrix``."""
     server_cmd: str | None = None
     """The server command of ``--prefixcache-server-cmd`` (replays start the same one)."""
     server_body: str | None = None
@@ -219,6 +236,8 @@ class Settings:
             out.append(f"--prefixcache-engine={self.engine}")
         elif self.server_cmd is not None:
             out.append(f"--prefixcache-server-cmd={self.server_cmd}")
+        if self.model is not None and self.model_source != "matrix":
+            out.append(f"--prefixcache-model={self.model_name}")
         if self.server_body is not None and self.matrix is None:
             out.append(f"--prefixcache-server-body={self.server_body}")
         if self.atol:
@@ -236,6 +255,14 @@ class Settings:
         if self.timeout != DEFAULT_TIMEOUT:
             out.append(f"--prefixcache-timeout={self.timeout:g}")
         return out
+
+    @property
+    def model_name(self) -> str | None:
+        """The model as a flag names it: a shipped fixture by its name, else the directory."""
+        if self.model is None:
+            return None
+        path = Path(self.model)
+        return path.name if path.parent == FIXTURES else self.model
 
     def seed_command(self) -> str:
         """The options that regenerate this run's streams (shards included)."""

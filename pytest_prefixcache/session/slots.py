@@ -81,6 +81,8 @@ def _settings(base: Settings, t: Target) -> Settings:
         engine_source=t.source,
         server_cmd=t.command,
         server_body=o.get("server_body"),
+        model=o.get("model", base.model),
+        model_source="matrix" if "model" in o else base.model_source,
         examples=o.get("examples", base.examples),
         timeout=o.get("timeout", base.timeout),
         atol=o.get("atol", base.atol),
@@ -101,7 +103,7 @@ def make_slots(config: pytest.Config, targets: list[Target] | None) -> None:
     slots = {}
     for t in targets:
         s = _settings(base, t)
-        rep = Report(seed=s.seed, engine=t.describe(), shards=s.shards)
+        rep = Report(seed=s.seed, engine=t.describe(), model=s.model, shards=s.shards)
         rep.tolerance = _tolerance(s)
         rep.allow_partial = s.allow_partial
         slots[t.name] = Slot(t.name, s, rep, EngineWorker(f"prefixcache-{t.name}"), t)
@@ -185,8 +187,9 @@ def matrix_header(config: pytest.Config) -> list[str]:
     out = [f"prefixcache: {len(slots_of(config))} engine configurations, one after another:"]
     for name, slot in slots_of(config).items():
         s = slot.settings
+        model = f"model {s.model} ({s.model_source}); " if s.model is not None else ""
         out.append(
-            f"prefixcache: configuration {name}: {slot.report.engine}; {s.examples} examples, "
-            f"tolerance {slot.report.tolerance}, timeout {s.timeout:g} s"
+            f"prefixcache: configuration {name}: {slot.report.engine}; {model}{s.examples} "
+            f"examples, tolerance {slot.report.tolerance}, timeout {s.timeout:g} s"
         )
     return out

@@ -1,7 +1,9 @@
 """Which engine a session verifies: one (``--prefixcache-engine``, ``--prefixcache-server-cmd``,
 the ini key, or the default), or several configurations (a matrix: repeated flags and/or a
-matrix file, selected by ``--prefixcache-config``). The plugin and the ``prefixcache`` command
-resolve them here, so both refuse the same mistakes with the same words."""
+matrix file, selected by ``--prefixcache-config``), and which model its factories load
+(``--prefixcache-model``, the ini key, ``PREFIXCACHE_MODEL``). The plugin and the
+``prefixcache`` command resolve them here, so both refuse the same mistakes with the same
+words."""
 
 from __future__ import annotations
 
@@ -13,11 +15,20 @@ from pathlib import Path
 
 import pytest
 
+from ..errors import EngineError
+from ..package_data import MODEL_ENV, resolve_model
 from . import settings
 from .matrix_file import MatrixError, read_matrix
 from .targets import SERVER_ENGINE, Target, from_flags, select, unnamed
 
-__all__ = ["SERVER_SOURCE", "SourceError", "engine_of", "is_matrix_run", "resolve_targets"]
+__all__ = [
+    "SERVER_SOURCE",
+    "SourceError",
+    "engine_of",
+    "is_matrix_run",
+    "model_of",
+    "resolve_targets",
+]
 
 SERVER_SOURCE = "--prefixcache-server-cmd"
 
@@ -104,3 +115,31 @@ def engine_of(config: pytest.Config) -> tuple[str, str, list[Target] | None]:
             where = config.inipath or "the ini file"
             raise pytest.UsageError(f"prefixcache_engine in {where}: {exc}") from None
     return settings.DEFAULT_ENGINE, "default", None
+
+
+def model_of(config: pytest.Config) -> tuple[str | None, str]:
+    """The session's model directory (absolute) and where it was named: the option (resolved
+    against the invocation directory when it was parsed), the ini key (against the ini file's
+    directory), ``PREFIXCACHE_MODEL`` when it names a fixture or a directory, else
+    ``(None, "default")``: each engine loads its own. A variable that names neither is left
+    alone (a served model's name for ``presets.from_env``; an engine that needs a directory
+    says so when it is built)."""
+    given = config.getoption("prefixcache_model")
+    if given is not None:
+        return str(given), "option"
+    ini = config.getini("prefixcache_model")
+    if ini:
+        ini = str(ini).strip()
+        base = config.inipath.parent if config.inipath else config.rootpath
+        try:
+            return settings.model_dir(ini, base), "ini"
+        except argparse.ArgumentTypeError as exc:
+            where = config.inipath or "the ini file"
+            raise pytest.UsageError(f"prefixcache_model in {where}: {exc}") from None
+    env = os.environ.get(MODEL_ENV, "").strip()
+    if env:
+        try:
+            return str(resolve_model(env, config.invocation_params.dir)), MODEL_ENV
+        except EngineError:
+            pass
+    return None, "default"

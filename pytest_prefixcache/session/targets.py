@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..package_data import MODEL_ENV
 from .settings import engine_spec, server_cmd
 
 __all__ = [
@@ -56,7 +57,8 @@ class Target:
     """This combination's flags (None: the configuration has no flag product)."""
     env: dict[str, str] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
-    """examples, timeout, atol, rtol, kl, server_body (a JSON string) for this one."""
+    """examples, timeout, atol, rtol, kl, server_body (a JSON string), model (an absolute
+    directory, exported as PREFIXCACHE_MODEL) for this one."""
     matrix: Path | None = None
 
     @property
@@ -78,6 +80,8 @@ class Target:
     def environment(self) -> dict[str, str]:
         """Variables set while this configuration's engine is built and run."""
         env = dict(self.env)
+        if "model" in self.overrides:
+            env[MODEL_ENV] = self.overrides["model"]
         if self.command is not None:
             env["PREFIXCACHE_SERVER_CMD"] = self.command
             body = self.overrides.get("server_body")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_prefixcache.package_data import fixture_model
+from pytest_prefixcache.package_data import model_from_env
 
 from ..engine import Engine
 from ..fixtures.qwen2_vl import QWEN2_VL_DIR
@@ -124,10 +124,11 @@ class Mutant:
         return "" if at < 0 else doc[at + len("Reproduces ") :].split(". ")[0].rstrip(".")
 
     def build(self, model: LoadedModel | None = None, **overrides: Any) -> Engine:
-        """The mutant on ``model`` (default: a fresh load of its fixture, :attr:`model`)."""
+        """The mutant on ``model`` (default: a fresh load of the model ``PREFIXCACHE_MODEL``
+        names, set by ``--prefixcache-model``, else of its own fixture, :attr:`model`)."""
         opts = {**self.options, **overrides}
         if model is None:
-            return self.engine_class.from_pretrained(fixture_model(self.model), **opts)
+            return self.engine_class.from_pretrained(model_from_env(self.model), **opts)
         return self.engine_class(model, **opts)
 
     @property
