@@ -162,8 +162,8 @@ class LoadedModel:
         as a step of its own (as mlx-lm's ``generate_step`` does): every other position only
         feeds the cache, and MLX, evaluating the cache alone, then leaves out the last layer's
         attention and MLP for them. With ``cuts`` the last chunk runs whole: where it ends is
-        then a boundary a longer prompt cuts at too. ``meanwhile`` runs while MLX computes the first chunk,
-        ``at_last_chunk`` while it computes the last one and the last position (after
+        then a boundary a longer prompt cuts at too. ``meanwhile`` runs while MLX computes the
+        first chunk, ``at_last_chunk`` while it computes the last one and the last position (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
         the cache then are the chunk's results).
