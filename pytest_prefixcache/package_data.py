@@ -46,7 +46,8 @@ MODEL_ENV = "PREFIXCACHE_MODEL"
 
 
 def fixture_model(name: str) -> Path:
-    """The shipped tiny model directory ``name`` (``tiny-qwen2-vl``, ``tiny-llama``); raise
+    """The shipped tiny model directory ``name`` (``tiny-qwen2-vl``, ``tiny-llama``,
+    ``tiny-qwen3.5-vl``, ``tiny-qwen3.5``, ``tiny-gemma3``, ``tiny-gemma3-text``); raise
     PrefixCacheError naming the path when it is missing (a broken install or checkout)."""
     path = FIXTURES / name
     if not (path / "config.json").is_file():

@@ -22,6 +22,15 @@ from reference_engine.fixtures.tokenizer import SPECIAL_TOKENS, vocab_size  # no
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 QWEN2_VL = FIXTURES / fixtures.QWEN2_VL_DIR
 LLAMA = FIXTURES / fixtures.LLAMA_DIR
+#: Every directory ``python -m reference_engine.fixtures`` writes.
+ALL_DIRS = (
+    fixtures.QWEN2_VL_DIR,
+    fixtures.LLAMA_DIR,
+    fixtures.QWEN3_5_VL_DIR,
+    fixtures.QWEN3_5_DIR,
+    fixtures.GEMMA3_DIR,
+    fixtures.GEMMA3_TEXT_DIR,
+)
 IMAGE_PAD = "<|image_pad|>"
 
 
@@ -74,7 +83,8 @@ def test_builder_reproduces_the_committed_fixtures(
 ) -> None:
     assert fixtures.main(["--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    for name in (fixtures.QWEN2_VL_DIR, fixtures.LLAMA_DIR):
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(ALL_DIRS)
+    for name in ALL_DIRS:
         assert str(tmp_path / name) in printed
         committed, built = files_of(FIXTURES / name), files_of(tmp_path / name)
         assert sorted(built) == sorted(committed), f"{name}: the builder writes other files"
@@ -83,6 +93,15 @@ def test_builder_reproduces_the_committed_fixtures(
             f"{name}: {differing} differ from a fresh build; "
             "regenerate with: python -m reference_engine.fixtures"
         )
+
+
+def test_two_builds_are_byte_identical(tmp_path: Path) -> None:
+    """The builder run twice (in one process: the trainers and generators carry no state over)
+    writes the same bytes."""
+    first, second = fixtures.build_all(tmp_path / "a"), fixtures.build_all(tmp_path / "b")
+    assert [p.name for p in first] == [p.name for p in second] == list(ALL_DIRS)
+    for a, b in zip(first, second):
+        assert files_of(a) == files_of(b), f"{a.name}: two builds differ"
 
 
 @pytest.mark.parametrize("directory", [QWEN2_VL, LLAMA], ids=lambda path: path.name)
