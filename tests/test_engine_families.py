@@ -136,3 +136,18 @@ def test_the_template_image_marker_expands_per_family(family: LoadedModel) -> No
     assert [e - s for s, e, _ in spans] == [16, 16]  # a 64x64 image on both fixtures
     ids = out.token_ids or ()
     assert all(ids[s - 1] != family.image_token_id != ids[e] for s, e, _ in spans)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", *FAMILIES])
+def test_the_engine_renders_what_mlx_vlms_processor_renders(name: str) -> None:
+    """The engine's token ids and image spans equal those of mlx-vlm's own processor (what
+    mlx_vlm.server feeds its model; the HTTP adapter's ``VlmRenderer``), on every family:
+    Gemma's ``<start_of_image>`` expanded around its soft tokens, its ``image_token_index``."""
+    from pytest_prefixcache.adapters.render import VlmRenderer
+
+    renderer = VlmRenderer(fixture_model(name))
+    engine = Engine.from_pretrained(fixture_model(name))
+    for r in conversation():
+        ids, spans = renderer(r)
+        out = engine.run(r, use_cache=False)
+        assert (tuple(ids), tuple(spans)) == (out.token_ids, out.image_spans)

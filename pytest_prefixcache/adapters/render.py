@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import EngineError
 from ..types import Image, Request
 from .chat import add_generation_prompt, hf_messages, text_messages
 
@@ -77,7 +78,13 @@ class VlmRenderer:
         image_processor = load_image_processor(path)
         if image_processor is not None:
             self.processor.image_processor = image_processor
-        self.image_token_id = int(config["image_token_id"])
+        # Gemma's config names it image_token_index
+        token = config.get("image_token_id", config.get("image_token_index"))
+        if token is None:
+            raise EngineError(
+                f"{str(path)!r}: config.json names no image_token_id or image_token_index"
+            )
+        self.image_token_id = int(token)
         self.add_special = should_add_special_tokens(config["model_type"], self.processor)
 
     def __call__(self, request: Request) -> tuple[list[int], Spans]:
