@@ -93,6 +93,10 @@ class OpenAIEngine:
         claims: the claim sources read around every request (see :mod:`.claims`); with
             ``tap``, their figures and the API's per-step logprobs are compared with what the
             model computed (the claims check). Default: None.
+        warm_start: the server fills its own cache while it starts (rapid-mlx 0.16.10 sends a
+            whole request through its prefix cache to warm up hybrid and sliding-window
+            models), so a server just started is reset too before its first stream.
+            Default: ``False`` (a server just started has nothing to empty).
     """
 
     def __init__(
@@ -129,6 +133,7 @@ class OpenAIEngine:
         audit: bool = True,
         claims: ClaimWatch | None = None,
         fork: bool | None = None,
+        warm_start: bool = False,
     ) -> None:
         check_baseline(
             cmd=cmd,
@@ -165,6 +170,7 @@ class OpenAIEngine:
         self.render_mismatches: list[str] = []
         self._readers: dict[int, Any] = {}
         self._clean: set[int] = set()  # servers started and not sent a request since
+        self.warm_start = warm_start
         self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
         self._env = dict(env or {})
         self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
@@ -194,7 +200,8 @@ class OpenAIEngine:
 
     def _start(self, proc: ServerProcess) -> ServerProcess:
         proc.start()
-        self._clean.add(id(proc))
+        if not self.warm_start:
+            self._clean.add(id(proc))
         return proc
 
     def fresh_instance(self) -> OpenAIEngine:
