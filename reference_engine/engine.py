@@ -3,7 +3,8 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading positions' KV rows come from the pool:
 
-    render (render.py, tokens.py) -> block keys (blocks.py, hashed as the lookup needs them)
+    render (render.py, tokens.py: token ids, image spans, message starts)
+    -> block keys (blocks.py, hashed as the lookup needs them)
     -> lookup (pool.py, ``BlockPool.reuse``: token granularity, at least one token computed)
     -> restore the reused rows into a buffer sized for the whole prompt (kv.py, ``KVStore``)
     -> embeddings of the suffix (vision.py: rows only for uncached placeholders, sliced
@@ -72,6 +73,12 @@ class Engine:
     #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
     #: caches do (the bug-zoo mutants of a match ending inside an image need that).
     partial_blocks = True
+
+    @property
+    def reuse_reference(self) -> str:
+        """The design the plugin judges this cache by: ``"token"``, or ``"block"`` (blocks of
+        ``block_size``) for whole blocks only; a block size alone is not a declaration."""
+        return "token" if self.partial_blocks else "block"
 
     def __init__(
         self,
@@ -249,6 +256,7 @@ class Engine:
             token_ids=ids,
             image_spans=rendered.spans,
             merges=tuple(merges),
+            message_starts=rendered.message_starts,
         )
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
