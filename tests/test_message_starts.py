@@ -86,3 +86,14 @@ def test_a_start_that_is_not_a_token_boundary_ends_the_list() -> None:
     merged = (ord("a"), ord("b"), 999, ord("e"), ord("f"))  # "cd" is one token
     assert message_starts(merged, "abcdef", [0, 3, 4], encode) == (0,)
     assert message_starts((), "", [0], encode) == ()
+
+
+def test_the_reference_engine_declares_token_and_a_whole_blocks_subclass_block(
+    model: Any,
+) -> None:
+    from pytest_prefixcache import CacheDesign
+    from reference_engine.mutants.merge import PartialImageMerge
+
+    # it keeps blocks of 16 but reuses to the token: its block size is no declaration
+    assert CacheDesign.of(Engine(model)) == CacheDesign()
+    assert CacheDesign.of(PartialImageMerge(model, block_size=8)) == CacheDesign("block", 8)

@@ -246,3 +246,20 @@ def test_protocol_refuses_bad_message_starts(starts: tuple[int, ...], problem: s
     assert [p.headline for p in fault_problems(o, req)] == [problem]
     ok = Outcome(logits=np.zeros(4, np.float32), token_ids=tuple(range(12)), message_starts=(0, 11))
     assert fault_problems(ok, req) == []
+
+
+def test_every_failure_message_names_the_references_once() -> None:
+    from pytest_prefixcache.checks.problem import Problem
+    from pytest_prefixcache.verify.messages import Context, format_failure
+
+    cached = Outcome(logits=np.zeros(4, np.float32), cached_tokens=0, prompt_tokens=200)
+    m = match(130, 120)
+    plain = Problem("equivalence", "logits differ")
+    text = format_failure(plain, Context((NEXT,), 0, cached, m))
+    line = "  reuse references: token oracle 130, snapshot-aware 120 at request 0; judged " \
+        "against the snapshot-aware reference"  # fmt: skip
+    assert text.splitlines().count(line) == 1
+    [p] = control_problems(NEXT, PREV, MISS, m)
+    assert format_failure(p, Context((PREV, NEXT), 1, cached, m)).splitlines().count(line) == 1
+    bare = Match(2, 2, 0)  # built by hand: no other reference
+    assert "reuse references" not in format_failure(plain, Context((NEXT,), 0, cached, bare))
