@@ -6,11 +6,15 @@ leading positions' KV rows come from the pool:
     render (render.py, tokens.py: token ids, image spans, message starts)
     -> block keys (blocks.py, hashed as the lookup needs them)
     -> lookup (pool.py, ``BlockPool.reuse``: token granularity, at least one token computed)
-    -> restore the reused rows into a buffer sized for the whole prompt (kv.py, ``KVStore``)
-    -> embeddings of the suffix (vision.py: rows only for uncached placeholders, sliced
-    exactly) -> prefill the suffix with the full prompt's position ids (model.py; the other
-    keys hashed meanwhile) -> store the new blocks and the prompt's partial tail (kv.py: one
-    copy of their rows, a window per block) -> release -> greedy decode (model.py)
+    -> choose the resume point per layer kind (snapshots.py: on a model with sliding-window
+    or recurrent layers, the longest boundary not beyond the match whose snapshot is stored)
+    -> restore the reused rows into a buffer sized for the whole prompt (kv.py, ``KVStore``),
+    and the snapshot's states -> embeddings of the suffix (vision.py: rows only for uncached
+    placeholders, sliced exactly) -> prefill the suffix with the full prompt's position ids
+    (model.py; the other keys hashed meanwhile; cut at the prompt's boundaries on a model with
+    non-trimmable layers, snapshotting each one passed) -> store the new blocks and the
+    prompt's partial tail (kv.py: one copy of the full-attention layers' rows, a window per
+    block) -> release -> greedy decode (model.py)
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -35,6 +39,7 @@ from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
+from .snapshots import apply_snapshot, boundaries, snapshot_key, take_snapshot
 from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache, merge_rows
 
@@ -58,6 +63,8 @@ class EngineStats:
     resident_blocks: int
     vision_encoded: int
     vision_hits: int
+    snapshots_stored: int = 0
+    snapshot_hits: int = 0
 
 
 class Engine:
@@ -100,6 +107,8 @@ class Engine:
         self._requests = 0
         self._hit_tokens = 0
         self._prompt_tokens = 0
+        self._snapshots_stored = 0
+        self._snapshot_hits = 0
 
     @classmethod
     def from_pretrained(
@@ -132,6 +141,8 @@ class Engine:
             resident_blocks=len(self.pool),
             vision_encoded=self.vision.encoded,
             vision_hits=self.vision.hits,
+            snapshots_stored=self._snapshots_stored,
+            snapshot_hits=self._snapshot_hits,
         )
 
     @property
@@ -156,6 +167,7 @@ class Engine:
             if self.tokens is not None:
                 self.tokens.clear()
             self._requests = self._hit_tokens = self._prompt_tokens = 0
+            self._snapshots_stored = self._snapshot_hits = 0
 
     # -- the request path -------------------------------------------------------------------
     def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
@@ -171,10 +183,12 @@ class Engine:
             rendered = self.render(request, prepared, use_cache=use_cache, template=template)
             keys = self.keys(rendered, request) if use_cache else []
             reuse = self.lookup(keys, len(rendered.token_ids)) if use_cache else Reuse()
+            if use_cache and self.model.stateful_layers:
+                reuse = self.resume_point(reuse, rendered, keys, request)
             try:
                 return self._serve(request, rendered, prepared, keys, reuse, use_cache)
             finally:
-                self.pool.release(reuse.blocks)
+                self.pool.release(reuse.held)
                 self.kv.compact()
 
     def render(
@@ -197,6 +211,8 @@ class Engine:
                 else None
             ),
             template=template,
+            marker=self.model.family.image_marker(),
+            expand=self.model.family.expand_image,
         )
 
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
@@ -210,6 +226,44 @@ class Engine:
         return self.pool.reuse(
             keys, prompt_len, block_size=self.block_size, partial=self.partial_blocks
         )
+
+    def boundaries(self, rendered: Rendered) -> list[int]:
+        """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""
+        m = self.model
+        return boundaries(rendered.token_ids, rendered.spans, m.turn_start_id, m.header_end_id)
+
+    def snapshot_key(
+        self, keys: Sequence[BlockKey], rendered: Rendered, request: Request, position: int
+    ) -> BlockKey:
+        """The pool key of this prompt's snapshot at ``position``."""
+        root = namespace_root(self.model.fingerprint, request.namespace)
+        return snapshot_key(
+            keys,
+            rendered.token_ids,
+            rendered.spans,
+            position,
+            block_size=self.block_size,
+            root=root,
+        )
+
+    def resume_point(
+        self, reuse: Reuse, rendered: Rendered, keys: Sequence[BlockKey], request: Request
+    ) -> Reuse:
+        """Where a model with non-trimmable layers resumes: the longest boundary not beyond
+        the reused prefix whose snapshot is stored; the blocks past it released."""
+        snapshot = None
+        for position in reversed(self.boundaries(rendered)):
+            if position > reuse.tokens:
+                continue
+            snapshot = self.pool.acquire(self.snapshot_key(keys, rendered, request, position))
+            if snapshot is not None:
+                break
+        start = 0 if snapshot is None else snapshot.payload.position
+        kept = [b for b in reuse.blocks if b.key.index * self.block_size < start]
+        self.pool.release(reuse.blocks[len(kept) :])
+        if snapshot is not None:
+            self._snapshot_hits += 1
+        return Reuse(kept, start, snapshot)
 
     def _serve(
         self,
@@ -227,22 +281,31 @@ class Engine:
         grids = [prepared[img.digest].grid for img in rendered.images]
         positions, delta = self.model.positions(ids, grids)
         stored = False
+        hooks: dict[str, Any] = {}
+        if self.model.stateful_layers:  # cut at every boundary, cold or warm
+            hooks["cuts"] = [b - start for b in self.boundaries(rendered) if b > start]
+            if use_cache:
+
+                def at_cut(e: int) -> None:
+                    self.snapshot(cache, keys, rendered, request, start + e)
+
+                hooks["at_cut"] = at_cut
 
         def store() -> None:  # while MLX computes the last chunk: it reads that chunk's rows
             nonlocal stored
             stored = True
             self.store(cache, keys, start // self.block_size)
 
-        hooks = {
-            "meanwhile": getattr(keys, "complete", None),  # a KeyChain: hash the rest
-            "at_last_chunk": store if use_cache else None,
-        }
-        hooks = hooks if _takes_hooks(self.prefill) else {}
+        hooks["meanwhile"] = getattr(keys, "complete", None)  # a KeyChain: hash the rest
+        hooks["at_last_chunk"] = store if use_cache else None
+        hooks = _accepted(self.prefill, hooks)
         logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
+        if "at_cut" in hooks and self.boundaries(rendered)[-1:] == [len(ids)]:
+            hooks["at_cut"](len(ids) - start)  # the prompt ends a turn header
         if use_cache:
             if not stored:  # a prefill without the hooks, or one that never ran the model
                 store()
-            self.pool.touch(reuse.blocks)
+            self.pool.touch(reuse.held)
             self._requests += 1
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
@@ -261,8 +324,30 @@ class Engine:
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         """A fresh KV cache holding copies of the reused rows, in chain order, with room for
-        ``capacity`` positions (prompt and decode)."""
-        return self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
+        ``capacity`` positions (prompt and decode), and copies of the snapshot's states."""
+        cache = self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
+        if reuse.snapshot is not None:
+            apply_snapshot(reuse.snapshot.payload, cache)
+        return cache
+
+    def snapshot(
+        self,
+        cache: list[Any],
+        keys: Sequence[BlockKey],
+        rendered: Rendered,
+        request: Request,
+        position: int,
+    ) -> None:
+        """Store a snapshot of the non-trimmable layers after ``position`` prompt positions
+        (called by the prefill at each boundary it passes), counted in the pool's budget."""
+        snap = take_snapshot(cache, self.model.stateful_layers, position)
+        key = self.snapshot_key(keys, rendered, request, position)
+        entry = self.pool.insert(key, snap, snap.nbytes)
+        if entry is not None:
+            if entry.payload is snap:
+                self._snapshots_stored += 1
+            self.pool.touch([entry])
+            self.pool.release([entry])
 
     def prefill(
         self,
@@ -270,22 +355,28 @@ class Engine:
         start: int,
         embeds: mx.array,
         cache: list[Any],
-        positions: mx.array,
+        positions: mx.array | None,
         *,
+        cuts: Sequence[int] | None = None,
+        at_cut: Callable[[int], object] | None = None,
         meanwhile: Callable[[], object] | None = None,
         at_last_chunk: Callable[[], object] | None = None,
     ) -> mx.array:
         """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
         ids (M-RoPE continues across the cached prefix); return the last position's logits.
-        ``meanwhile`` runs while MLX computes the first chunk (the engine hashes the keys the
-        lookup did not need), ``at_last_chunk`` while it computes the last one (the engine
-        stores the new blocks). An override may leave both out of its signature: the engine
-        then stores after it returns."""
+        ``cuts`` (relative to ``start``) are where chunks end on a model with non-trimmable
+        layers, ``at_cut`` runs after each (the engine snapshots there). ``meanwhile`` runs
+        while MLX computes the first chunk (the engine hashes the keys the lookup did not
+        need), ``at_last_chunk`` while it computes the last one (the engine stores the new
+        blocks). An override may leave any of them out of its signature: the engine then
+        stores after it returns."""
         return self.model.forward(
             ids[start:],
             embeds,
             cache,
-            positions[:, :, start:],
+            None if positions is None else positions[:, :, start:],
+            cuts=cuts,
+            at_cut=at_cut,
             meanwhile=meanwhile,
             at_last_chunk=at_last_chunk,
         )
@@ -306,7 +397,8 @@ class Engine:
         todo = list(keys[first:])
         if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
             todo.pop()
-        self.kv.store(self.pool, cache, todo, block_size=self.block_size)
+        full = [cache[i] for i in self.model.full_layers]  # the others live in snapshots
+        self.kv.store(self.pool, full, todo, block_size=self.block_size)
 
     def decode(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
@@ -315,9 +407,14 @@ class Engine:
         return self.model.greedy(logits, cache, prompt_len, delta, max_new)
 
 
-def _takes_hooks(prefill: Callable[..., mx.array]) -> bool:
-    """Whether ``prefill`` takes ``meanwhile`` and ``at_last_chunk`` (an override written
-    without them is called without them)."""
+def _accepted(prefill: Callable[..., mx.array], hooks: dict[str, Any]) -> dict[str, Any]:
+    """The hooks ``prefill`` takes: an override written without ``meanwhile`` and
+    ``at_last_chunk`` is called without them (and stores after it returns); ``cuts`` and
+    ``at_cut`` are passed where it takes them."""
     params = inspect.signature(prefill).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return hooks
     names = {p.name for p in params}
-    return {"meanwhile", "at_last_chunk"} <= names or any(p.kind is p.VAR_KEYWORD for p in params)
+    if not {"meanwhile", "at_last_chunk"} <= names:
+        names -= {"meanwhile", "at_last_chunk"}
+    return {k: v for k, v in hooks.items() if k in names}

@@ -1,10 +1,11 @@
 """Loading an mlx-vlm model directory, and the forward passes the engine needs.
 
-Everything model-specific lives here: the engine above only sees token ids, embedding rows,
-position ids and KV rows. Supported: the Qwen2-VL family as implemented by mlx-vlm (M-RoPE
-position ids computed once over the whole prompt, so a suffix prefilled after a cached prefix
-gets exactly the position ids the full prompt gets: ``positions.mrope_positions`` for
-Qwen2-VL, the model's own ``get_rope_index`` otherwise).
+Everything model-specific lives here and in ``families.py``: the engine above only sees token
+ids, embedding rows, position ids, KV rows and the state snapshots of layers that cannot be
+trimmed. Families: Qwen2-VL / Qwen2.5-VL (full attention), Qwen3.5 (hybrid: recurrent layers
+and full attention) and Gemma 3 (sliding-window layers and global ones), as mlx-vlm implements
+them. ``kinds`` says what each layer's cache is (``families.layer_kinds``); only the ``full``
+layers' KV rows are stored in blocks, the others are restored from snapshots (``snapshots.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
 
 from .cpu import kv_cache_class, transpose_linears
+from .families import FULL, Family, family_for, layer_kinds
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
-from .positions import mrope_positions
 
-__all__ = ["LoadedModel", "default_model_path", "load_model"]
+__all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model"]
 
 
 class LoadedModel:
@@ -38,15 +39,29 @@ class LoadedModel:
         self.processor = processor
         self.path = path
         config = model.config
-        self.image_token_id = int(config.image_token_id)
-        self.merge_size = int(config.vision_config.spatial_merge_size)
+        self.family: Family = family_for(model, processor, str(path))
+        self.image_token_id = self.family.image_token_id
         self.model_type = str(getattr(config, "model_type", ""))
         eos = getattr(config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(getattr(config, "text_config", None), "eos_token_id", None)
         self.eos_token_ids = frozenset(
             [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
         )
         lm = model.language_model
         self.num_layers = len(lm.model.layers)
+        #: The kind of each layer's cache (``families.FULL``, ``WINDOW``, ``RECURRENT``).
+        self.kinds = layer_kinds(lm.make_cache()) if hasattr(lm, "make_cache") else ()
+        if not self.kinds:
+            self.kinds = (FULL,) * self.num_layers
+        #: Indices of the layers whose KV rows are stored in blocks.
+        self.full_layers = tuple(i for i, k in enumerate(self.kinds) if k == FULL)
+        #: Indices of the layers restored from snapshots only (windows, recurrent states).
+        self.stateful_layers = tuple(i for i, k in enumerate(self.kinds) if k != FULL)
+        #: The token that starts each turn of the chat template (a snapshot boundary).
+        self.turn_start_id = self.family.turn_start_id()
+        #: The token that ends a turn header (the turn's content starts after it).
+        self.header_end_id = self.family.header_end_id()
         self.fingerprint = _fingerprint(path)
 
     @property
@@ -55,23 +70,15 @@ class LoadedModel:
 
     # -- images ---------------------------------------------------------------------------
     def preprocess(self, pil_image: Any) -> tuple[mx.array, tuple[int, int, int]]:
-        """Pixel patches and (t, h, w) patch grid for one image, by the model's processor."""
-        out = self.processor.image_processor(images=[pil_image])
-        pixels = mx.array(np.asarray(out["pixel_values"]))
-        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
-        return pixels, (grid[0], grid[1], grid[2])
+        """Pixel values and the patch grid (or the family's stand-in) for one image."""
+        return self.family.preprocess(pil_image)
 
     def placeholder_count(self, grid: tuple[int, int, int]) -> int:
-        t, h, w = grid
-        return (t * h * w) // (self.merge_size**2)
+        return self.family.placeholder_count(grid)
 
     def vision_rows(self, pixels: mx.array, grid: tuple[int, int, int]) -> mx.array:
         """The embedding rows of one image: (placeholder_count(grid), hidden)."""
-        tower = self.model.vision_tower
-        dtype = tower.patch_embed.proj.weight.dtype
-        rows = tower(pixels.astype(dtype), mx.array([list(grid)]), output_hidden_states=False)
-        mx.eval(rows)
-        return rows
+        return self.family.vision_rows(pixels, grid)
 
     # -- text -----------------------------------------------------------------------------
     def embed(self, token_ids: Sequence[int]) -> mx.array:
@@ -80,40 +87,49 @@ class LoadedModel:
 
     def positions(
         self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
-    ) -> tuple[mx.array, int]:
-        """M-RoPE position ids of the whole prompt, shape (3, 1, L), and the rope delta
-        (Qwen2-VL: ``positions.mrope_positions``; other models: their ``get_rope_index``)."""
-        if grids and self.model_type == "qwen2_vl":
-            pos, delta = mrope_positions(
-                token_ids, grids, image_token_id=self.image_token_id, merge_size=self.merge_size
-            )
-            return mx.array(pos)[:, None, :], delta
-        return self.rope_index(token_ids, grids)
+    ) -> tuple[Any, int]:
+        """Position ids of the whole prompt ((3, 1, L) M-RoPE ids, or None where the model
+        counts positions from its cache) and the rope delta."""
+        return self.family.positions(token_ids, grids)
 
     def rope_index(
         self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
-    ) -> tuple[mx.array, int]:
-        """``positions`` by the model's own ``get_rope_index`` (mlx-vlm)."""
-        ids = mx.array([list(token_ids)])
-        lm = self.model.language_model
-        if grids:
-            pos, delta = lm.get_rope_index(ids, mx.array([list(g) for g in grids]))
-            return pos.astype(mx.int32), int(np.asarray(delta).reshape(-1)[0])
-        n = len(token_ids)
-        return mx.broadcast_to(mx.arange(n, dtype=mx.int32)[None, None, :], (3, 1, n)), 0
+    ) -> tuple[Any, int]:
+        """``positions`` by the model's own ``get_rope_index`` (mlx-vlm's Qwen VLMs)."""
+        rope_index = getattr(self.family, "rope_index", None)
+        if rope_index is None:
+            raise EngineError(f"{self.model_type} has no M-RoPE position ids")
+        return rope_index(token_ids, grids)  # type: ignore[no-any-return]
 
     # -- KV -------------------------------------------------------------------------------
+    @property
+    def cpu_layout(self) -> bool:
+        """Whether the CPU rewrites of ``cpu.py`` apply: measured bit-identical on the
+        full-attention Qwen VLMs; the other families run mlx-vlm's own modules and caches."""
+        return (
+            mx.default_device() == mx.cpu
+            and not self.stateful_layers
+            and self.model_type in ("qwen2_vl", "qwen2_5_vl")
+        )
+
     def make_cache(self, capacity: int = 0) -> list[Any]:
-        """An empty KV cache; with ``capacity``, its first write allocates room for that many
+        """An empty cache, one entry per layer of the kind the model makes; with
+        ``capacity``, the first write of a full-attention layer allocates room for that many
         positions at once (instead of growing 256 positions at a time, copying every row
         each time it grows). KVCache has no API for that: its growth ``step`` is a class
-        attribute, set here per instance. On CPU, mlx-vlm's KVCache handing attention its
-        keys transposed (``cpu.py``)."""
-        kv_cache = kv_cache_class(transposed=mx.default_device() == mx.cpu)
-        cache = [kv_cache() for _ in range(self.num_layers)]
+        attribute, set here per instance. On CPU, the full-attention Qwen VLMs get the
+        KVCache that hands attention its keys transposed (``cpu.py``)."""
+        if self.cpu_layout:
+            kv_cache = kv_cache_class(transposed=True)
+            cache = [kv_cache() for _ in range(self.num_layers)]
+        elif not self.stateful_layers and self.model_type in ("qwen2_vl", "qwen2_5_vl"):
+            kv_cache = kv_cache_class(transposed=False)
+            cache = [kv_cache() for _ in range(self.num_layers)]
+        else:
+            cache = list(self.model.language_model.make_cache())
         if capacity > 0:
-            for c in cache:
-                c.step = _round_up(capacity)
+            for i in self.full_layers:
+                cache[i].step = _round_up(capacity)
         return cache
 
     def forward(
@@ -121,24 +137,32 @@ class LoadedModel:
         token_ids: Sequence[int],
         embeds: mx.array,
         cache: list[Any],
-        position_ids: mx.array,
+        position_ids: mx.array | None,
         *,
         chunk: int = 256,
+        cuts: Sequence[int] | None = None,
+        at_cut: Callable[[int], object] | None = None,
         meanwhile: Callable[[], object] | None = None,
         at_last_chunk: Callable[[], object] | None = None,
     ) -> mx.array:
         """Run the language model over ``embeds`` (n, hidden) for ``token_ids`` on top of
-        ``cache``, ``chunk`` positions at a time; return the float32 logits of the last
-        position, shape (vocab,). The cache advances by n.
+        ``cache``; return the float32 logits of the last position, shape (vocab,). The cache
+        advances by n.
 
-        Chunking bounds the attention scores held at once (n x chunk instead of n x n), which
-        also makes a long prefill faster; on MLX CPU a split prefill is bit-identical to a
-        one-shot one (``benchmarks/chunked_prefill.py``). Only the last position's logits are
-        needed, so the last position runs as a step of its own (as mlx-lm's ``generate_step``
-        does): every other position only feeds the cache, and MLX, evaluating the cache
-        alone, then leaves out the last layer's attention and MLP for them (on the tiny
-        fixture that is half the attention). ``meanwhile`` runs while MLX computes the first
-        chunk, ``at_last_chunk`` while it computes the last one and the last position (after
+        Where chunks end: by default every ``chunk`` positions from the first (chunking bounds
+        the attention scores held at once, n x chunk instead of n x n, which also makes a long
+        prefill faster; on MLX CPU a split prefill of a full-attention model is bit-identical
+        to a one-shot one, ``benchmarks/chunked_prefill.py``). With ``cuts`` (positions in
+        (0, n), relative to the first), exactly there instead: the engine passes the same
+        absolute cut points on a cold run and on a warm one, so that the layers whose kernels
+        are sensitive to where a prefill is split do the same arithmetic on both; ``at_cut(e)``
+        runs once the chunk ending at ``e`` is computed (the engine snapshots there).
+
+        Only the last position's logits are needed, so the last position runs as a step of
+        its own (as mlx-lm's ``generate_step`` does): every other position only feeds the
+        cache, and MLX, evaluating the cache alone, then leaves out the last layer's attention
+        and MLP for them. ``meanwhile`` runs while MLX computes the first chunk,
+        ``at_last_chunk`` while it computes the last one and the last position (after
         ``meanwhile`` if there is only one): Python work that either leaves MLX alone or
         builds on the cache as the launched chunk leaves it (MLX is lazy: arrays read from
         the cache then are the chunk's results).
@@ -149,24 +173,29 @@ class LoadedModel:
             raise ValueError("forward() needs at least one token")
 
         def step(s: int, e: int) -> Any:
+            extra = {} if position_ids is None else {"position_ids": position_ids[:, :, s:e]}
             return lm(
                 mx.array([list(token_ids[s:e])]),
                 inputs_embeds=embeds[None, s:e],
                 cache=cache,
-                position_ids=position_ids[:, :, s:e],
+                **extra,
             )
 
+        if cuts is None:
+            ends = [min(n, s + chunk) for s in range(0, n, chunk)]
+        else:
+            ends = sorted({e for e in cuts if 0 < e < n} | {n})
         logits = None
-        for s in range(0, n, chunk):
-            e = min(n, s + chunk)
+        s = 0
+        for e in ends:
             if e < n:
                 step(s, e)  # its logits are never evaluated
-                targets: list[Any] = [c.state for c in cache]
+                targets: list[Any] = cache_arrays(cache)
             else:
                 if e - s > 1:
                     step(s, n - 1)
                 logits = step(n - 1, n).logits[0, -1].astype(mx.float32)
-                targets = [[c.state for c in cache], logits]
+                targets = [cache_arrays(cache), logits]
             work = [meanwhile, at_last_chunk if e == n else None]
             meanwhile = None
             if any(work):
@@ -175,15 +204,24 @@ class LoadedModel:
                     if fn is not None:
                         fn()
             mx.eval(targets)
+            if e < n and at_cut is not None and cuts is not None:
+                at_cut(e)
+            s = e
         assert logits is not None
         return logits
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
-        """A fresh cache holding the first ``tokens`` KV rows of the given blocks' windows in
-        order, copied once into a buffer with room for ``capacity`` positions, so that
-        appending the suffix and decoding write in place."""
+        """A fresh cache whose full-attention layers hold the first ``tokens`` KV rows of the
+        given blocks' windows in order, copied once into a buffer with room for ``capacity``
+        positions, so that appending the suffix and decoding write in place. The other layers
+        are left empty: their state comes from a snapshot (``snapshots.py``)."""
         room = _round_up(max(capacity, tokens)) - tokens
-        return restore_windows(self.make_cache, blocks, tokens, capacity, room)
+        if not self.stateful_layers:
+            return restore_windows(self.make_cache, blocks, tokens, capacity, room)
+        cache = self.make_cache(capacity)
+        full = [cache[i] for i in self.full_layers]
+        restore_windows(lambda _capacity: full, blocks, tokens, capacity, room)
+        return cache
 
     def greedy(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
@@ -198,9 +236,20 @@ class LoadedModel:
             tokens.append(token)
             if token in self.eos_token_ids or i == max_new - 1:
                 break
-            pos = mx.full((3, 1, 1), prompt_len + i + delta, dtype=mx.int32)
+            pos = self.family.step_positions(prompt_len + i + delta)
             steps.append(np.array(self.forward([token], self.embed([token]), cache, pos)))
         return tuple(tokens), steps
+
+
+def cache_arrays(cache: Sequence[Any]) -> list[mx.array]:
+    """Every array of every layer's state (to evaluate; recurrent states may hold None)."""
+    out: list[mx.array] = []
+    for c in cache:
+        state = c.state
+        for a in state if isinstance(state, (list, tuple)) else (state,):
+            if isinstance(a, mx.array):
+                out.append(a)
+    return out
 
 
 def _round_up(n: int, step: int = 256) -> int:
@@ -226,10 +275,11 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         config = json.loads((p / "config.json").read_text())
     except (OSError, ValueError) as exc:
         raise EngineError(f"model directory {str(p)!r}: config.json is unreadable: {exc}") from exc
-    if "image_token_id" not in config or "vision_config" not in config:
+    has_image_token = "image_token_id" in config or "image_token_index" in config
+    if not has_image_token or "vision_config" not in config:
         raise EngineError(
             f"model directory {str(p)!r} is not a vision-language model mlx-vlm can run "
-            f"(config.json has no image_token_id or vision_config)"
+            f"(config.json has no image_token_id/image_token_index or no vision_config)"
         )
     from mlx_vlm import load
 
@@ -239,9 +289,10 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
         raise EngineError(
             f"mlx_vlm could not load {str(p)!r}: {type(exc).__name__}: {exc}"
         ) from exc
-    if mx.default_device() == mx.cpu:
+    loaded = LoadedModel(model, processor, p)
+    if loaded.cpu_layout:
         transpose_linears(model.language_model)
-    return LoadedModel(model, processor, p)
+    return loaded
 
 
 def default_model_path() -> Path:

@@ -51,6 +51,13 @@ class Reuse:
 
     blocks: list[Block] = field(default_factory=list)
     tokens: int = 0
+    snapshot: Block | None = None
+    """The snapshot the non-trimmable layers resume from (``snapshots.py``), if any."""
+
+    @property
+    def held(self) -> list[Block]:
+        """Everything this reuse references: its blocks and its snapshot."""
+        return [*self.blocks, *([self.snapshot] if self.snapshot is not None else [])]
 
 
 @dataclass
@@ -130,6 +137,15 @@ class BlockPool:
         """Acquire the longest chain of stored blocks matching ``keys`` from the first one."""
         with self._lock:
             return self._acquire(self._chain(keys))
+
+    def acquire(self, key: BlockKey) -> Block | None:
+        """Acquire the entry stored under exactly ``key`` (a snapshot), confirmed against its
+        parent, tokens and extras; None when there is none."""
+        with self._lock:
+            entry = self._blocks.get(key.digest)
+            if entry is None or not entry.matches(key):
+                return None
+            return self._acquire([entry])[0]
 
     def lookup_partial(self, wanted: BlockKey) -> tuple[Block, int] | None:
         """Acquire the stored child of ``wanted.parent`` at ``wanted.index`` whose leading rows

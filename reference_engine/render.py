@@ -104,13 +104,19 @@ def render(
     normalize: bool = True,
     encode: Callable[[str], Sequence[int]] | None = None,
     template: bool = True,
+    marker: str | None = None,
+    expand: Callable[[int], str] | None = None,
 ) -> Rendered:
     """Token ids and image spans of ``request``; ``placeholder_count`` sizes each image;
     ``normalize`` removes volatile header lines from system prompts; ``encode`` tokenises the
     text (default: the tokenizer, on the whole text); ``template=False`` takes the messages'
-    text as it is, without the chat template (a plain completion prompt)."""
+    text as it is, without the chat template (a plain completion prompt). ``marker`` is what
+    the template writes for one image (default: the image token itself) and ``expand(n)`` the
+    text it becomes for an image of n placeholders (default: n image tokens); Gemma writes
+    ``<start_of_image>`` and expands it around its soft tokens."""
     tokenizer = getattr(processor, "tokenizer", processor)
     pad = tokenizer.convert_ids_to_tokens(image_token_id)
+    marker = pad if marker is None else marker
     add_generation_prompt = request.messages[-1].role != "assistant"
     template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
     if template:
@@ -124,15 +130,16 @@ def render(
         text = "".join(texts)
         starts = list(itertools.accumulate(len(t) for t in texts[:-1]))
     images = request.images
-    if text.count(pad) != len(images):
+    if text.count(marker) != len(images):
         raise EngineError(
-            f"the chat template rendered {text.count(pad)} image tokens {pad!r} for "
+            f"the chat template rendered {text.count(marker)} image markers {marker!r} for "
             f"{len(images)} images"
         )
-    pieces = text.split(pad)
+    pieces = text.split(marker)
     expanded = [pieces[0]]
     for image, piece in zip(images, pieces[1:]):
-        expanded.append(pad * placeholder_count(image))
+        count = placeholder_count(image)
+        expanded.append(pad * count if expand is None else expand(count))
         expanded.append(piece)
     if encode is None:
         encode_many = lambda ts: tokenizer(ts, add_special_tokens=False)["input_ids"]  # noqa: E731

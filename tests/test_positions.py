@@ -70,7 +70,7 @@ def test_the_engine_uses_the_numpy_positions_for_qwen2_vl(
     from test_engine import img, req, user
 
     from reference_engine import Engine
-    from reference_engine import model as model_mod
+    from reference_engine import families as model_mod
 
     assert model.model_type == "qwen2_vl"
     prompts: list[tuple[int, ...]] = []

@@ -55,7 +55,7 @@ def apply_tap(
     """``out`` with the tap's logits, step logits, greedy tokens and really reused count,
     and the list of API figures the tap contradicts. Waits up to ``wait`` seconds for the
     ``expected`` steps to be written."""
-    from ..tap import decode_steps, find_prompt_call, prefill_start
+    from ..tap import decode_steps, find_prompt_call, missing_reason, prefill_start
 
     if out.prompt_tokens is None:
         raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")
@@ -71,8 +71,9 @@ def apply_tap(
             if len(steps) >= expected:
                 break
         time.sleep(0.02)
-    if not steps or i is None:
-        raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}")
+    if i is None:
+        why = missing_reason(records, out.prompt_tokens, getattr(reader, "installed", None))
+        raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}: {why}")
     reused = prefill_start(records, i)
     logits = [np.asarray(r.logprobs, dtype=np.float32) for r in steps]
     real_tokens = tuple(int(np.argmax(lp)) for lp in logits)

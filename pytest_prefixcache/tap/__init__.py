@@ -5,6 +5,9 @@ model classes of mlx-lm and mlx-vlm, then runs ``FUNC`` with ``sys.argv = [MODUL
 in the same process. Every forward call appends one :class:`TapRecord` to the JSON-lines file
 named by ``$PREFIXCACHE_TAP``: the number of input positions, the KV offset after the call and
 the full-vocabulary log-softmax of the last row. The wrapper never raises into the server.
+``$PREFIXCACHE_TAP_TARGETS`` (comma-separated ``module:Class``) replaces the default list of
+wrapped classes (:data:`.wrap.DEFAULT_TARGETS`); each process's first line names the classes it
+wrapped, so that a request with no matching record can say why (:func:`missing_reason`).
 
 This module (the reader) needs numpy only; :mod:`.wrap` imports MLX when it installs.
 """
@@ -19,10 +22,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ENV", "TapReader", "TapRecord", "find_prompt_call", "parse_record"]
+__all__ = [
+    "ENV",
+    "TARGETS_ENV",
+    "TapReader",
+    "TapRecord",
+    "find_prompt_call",
+    "missing_reason",
+    "parse_record",
+]
 
 #: Environment variable naming the records file.
 ENV = "PREFIXCACHE_TAP"
+#: Environment variable replacing the wrapped classes (comma-separated ``module:Class``).
+TARGETS_ENV = "PREFIXCACHE_TAP_TARGETS"
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +67,8 @@ class TapReader:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         self._pos = 0
+        #: The classes the tapped process wrapped (its header line), None before it is read.
+        self.installed: list[str] | None = None
 
     def read_new(self) -> list[TapRecord]:
         """Every complete record written since the last call."""
@@ -65,7 +80,13 @@ class TapReader:
             return []
         end = data.rfind(b"\n") + 1  # a partly written last line waits for the next read
         self._pos += end
-        return [parse_record(line) for line in data[:end].decode().splitlines() if line]
+        records = []
+        for line in data[:end].decode().splitlines():
+            if line.startswith('{"installed"'):
+                self.installed = list(json.loads(line)["installed"])
+            elif line:
+                records.append(parse_record(line))
+        return records
 
 
 def find_prompt_call(records: Sequence[TapRecord], prompt_tokens: int) -> int | None:
@@ -95,3 +116,36 @@ def decode_steps(records: Sequence[TapRecord], index: int, count: int) -> list[T
         if r.n_inputs == 1 and r.offset == out[-1].offset + 1:
             out.append(r)
     return out
+
+
+def missing_reason(
+    records: Sequence[TapRecord], prompt_tokens: int, installed: Sequence[str] | None
+) -> str:
+    """Why no record ends at ``prompt_tokens``: no call recorded (and which classes were
+    wrapped), no KV offset readable, or the offsets that were seen instead."""
+    hint = f"set ${TARGETS_ENV}=module:Class to the server's language-model class"
+    if not records:
+        if installed is None:
+            return (
+                f"the tap recorded nothing, not even the list of wrapped classes: is the server "
+                f"started under 'python -m pytest_prefixcache.tap' with ${ENV} set?"
+            )
+        wrapped = ", ".join(installed) or "nothing"
+        return (
+            f"the tap recorded no forward call: none of the wrapped classes ran (wrapped: "
+            f"{wrapped}); {hint}"
+        )
+    classes = sorted({r.cls for r in records})
+    if all(r.offset < 0 for r in records):
+        return (
+            f"the tap recorded {len(records)} call(s) of {', '.join(classes)} but could read no "
+            "KV offset: none of the model's layer caches has an 'offset' attribute"
+        )
+    seen = sorted({r.offset for r in records if r.offset >= 0})
+    shown = ", ".join(map(str, seen[-8:])) + (" ..." if len(seen) > 8 else "")
+    return (
+        f"the tap recorded {len(records)} call(s) of {', '.join(classes)} with KV offsets "
+        f"{shown}, none equal to the prompt length {prompt_tokens} the server reported "
+        "(a second model in the process, or a server that counts prompt tokens differently "
+        f"from its cache); {hint} if the wrong class is tapped"
+    )

@@ -10,7 +10,7 @@ import importlib
 import os
 import sys
 
-from . import ENV
+from . import ENV, TARGETS_ENV
 from .wrap import DEFAULT_TARGETS, install
 
 
@@ -21,8 +21,13 @@ def main(argv: list[str]) -> int:
     if not os.environ.get(ENV):
         print(f"error: set ${ENV} to the file the tap records go to", file=sys.stderr)
         return 2
-    targets = os.environ.get("PREFIXCACHE_TAP_TARGETS")
-    wrapped = install(targets=targets.split(",") if targets else DEFAULT_TARGETS)
+    targets = os.environ.get(TARGETS_ENV)
+    chosen = [t.strip() for t in targets.split(",") if t.strip()] if targets else DEFAULT_TARGETS
+    bad = [t for t in chosen if ":" not in t]
+    if bad:
+        print(f"error: ${TARGETS_ENV}: {bad[0]!r} is not module:Class", file=sys.stderr)
+        return 2
+    wrapped = install(targets=chosen)
     print(f"prefixcache tap: wrapped {', '.join(wrapped) or 'nothing'}", file=sys.stderr)
     module, _, func = argv[0].partition(":")
     sys.argv = [module, *argv[1:]]

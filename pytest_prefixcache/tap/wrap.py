@@ -15,14 +15,29 @@ from . import ENV
 
 __all__ = ["DEFAULT_TARGETS", "install"]
 
-#: ``module:Class`` of the language models wrapped by default (skipped when not importable).
+#: ``module:Class`` of the language models wrapped by default (skipped when not importable):
+#: for each family the innermost class whose call returns the logits (mlx-lm's ``qwen3_5.Model``
+#: and ``gemma3.Model`` only hand their input to these). Subclasses (``qwen3_5_moe``) inherit the
+#: wrapped call. ``$PREFIXCACHE_TAP_TARGETS`` replaces the list.
 DEFAULT_TARGETS = (
     "mlx_lm.models.llama:Model",
     "mlx_lm.models.qwen2:Model",
     "mlx_lm.models.qwen3:Model",
+    "mlx_lm.models.qwen3_5:TextModel",
+    "mlx_lm.models.qwen3_next:Model",
+    "mlx_lm.models.gemma3_text:Model",
+    "mlx_lm.models.gemma4_text:Model",
     "mlx_vlm.models.qwen2_vl.language:LanguageModel",
     "mlx_vlm.models.qwen2_5_vl.language:LanguageModel",
+    "mlx_vlm.models.qwen3_5.language:LanguageModel",
+    "mlx_vlm.models.qwen3_5_moe.language:LanguageModel",
+    "mlx_vlm.models.gemma3.language:LanguageModel",
+    "mlx_vlm.models.gemma4.language:LanguageModel",
 )
+
+#: Per thread: how many tapped calls are running. Only the outermost is recorded, so a target
+#: list naming both a wrapper and the class it calls still gives one record per forward call.
+_depth = threading.local()
 
 
 class _Sink:
@@ -30,6 +45,12 @@ class _Sink:
         self.path = path
         self.lock = threading.Lock()
         self.seq = 0
+
+    def header(self, wrapped: Sequence[str]) -> None:
+        """The first line a process writes: which classes it wrapped (the reader names them
+        when no call was recorded)."""
+        with self.lock, open(self.path, "a") as f:
+            f.write(json.dumps({"installed": list(wrapped), "pid": os.getpid()}) + "\n")
 
     def write(self, cls: str, n: int, batch: int, offset: int, lp: bytes) -> None:
         with self.lock:
@@ -48,17 +69,22 @@ class _Sink:
 
 
 def _offset(cache: Any, n: int) -> int:
+    """The KV offset after the call, from the first layer cache that has one: on a hybrid,
+    layer 0 holds a recurrent state (``ArraysCache``, no offset); a rotating window's
+    ``offset`` counts every position seen, not the ring's size. -1 when no layer has one."""
     if not cache:
         return n
-    off = getattr(cache[0], "offset", None)
-    if off is None:
-        return -1
-    try:
-        return int(off)
-    except TypeError:  # a batch cache: one offset per row
-        import numpy as np
+    for layer in cache:
+        off = getattr(layer, "offset", None)
+        if off is None:
+            continue
+        try:
+            return int(off)
+        except TypeError:  # a batch cache: one offset per row
+            import numpy as np
 
-        return int(np.asarray(off).max())
+            return int(np.asarray(off).max())
+    return -1
 
 
 def _wrap(cls: type, sink: _Sink) -> None:
@@ -69,7 +95,14 @@ def _wrap(cls: type, sink: _Sink) -> None:
     name = f"{cls.__module__}.{cls.__qualname__}"
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, *args, **kwargs)
+        depth = getattr(_depth, "n", 0)
+        _depth.n = depth + 1
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            _depth.n = depth
+        if depth:  # called from inside another tapped call: that one records
+            return out
         try:
             import mlx.core as mx
             import numpy as np
@@ -109,4 +142,5 @@ def install(path: str | None = None, targets: Sequence[str] = DEFAULT_TARGETS) -
             continue
         _wrap(cls, sink)
         done.append(target)
+    sink.header(done)
     return done

@@ -5,7 +5,7 @@ The keys are right; the KV rows stored, restored or computed under them are not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,8 +176,8 @@ class MropeRestart(Engine):
         start: int,
         embeds: mx.array,
         cache: list[Any],
-        positions: mx.array,
-        **hooks: Callable[[], object] | None,
+        positions: mx.array | None,
+        **hooks: Any,
     ) -> mx.array:
         if start > 0:
             # BUG: positions continue from the cache offset, ignoring the rope delta.
