@@ -83,8 +83,12 @@ class Engine:
 
     @property
     def reuse_reference(self) -> str:
-        """The design the plugin judges this cache by: ``"token"``, or ``"block"`` (blocks of
-        ``block_size``) for whole blocks only; a block size alone is not a declaration."""
+        """The design the plugin judges this cache by: ``"snapshot"`` on a model with
+        non-trimmable layers (it resumes only where it snapshotted), else ``"token"``, or
+        ``"block"`` for whole blocks only (``partial_blocks = False``, blocks of
+        ``block_size``); a block size alone is not a declaration."""
+        if self.model.stateful_layers:
+            return "snapshot"
         return "token" if self.partial_blocks else "block"
 
     def __init__(

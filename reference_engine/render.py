@@ -147,7 +147,7 @@ def render(
         encode_many = lambda ts: [encode(t) for t in ts]  # noqa: E731
     full = "".join(expanded)
     token_ids = tuple(int(t) for t in encode_many([full])[0])
-    grown = _expanded_offsets(starts, pieces, [len(p) for p in expanded[1::2]], len(pad))
+    grown = _expanded_offsets(starts, pieces, [len(p) for p in expanded[1::2]], len(marker))
     runs = find_spans(token_ids, image_token_id)
     if len(runs) != len(images):
         raise EngineError(

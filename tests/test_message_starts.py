@@ -4,6 +4,7 @@ one is an ``<|im_start|>``; a start the template or the tokenizer cannot tell is
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -97,3 +98,6 @@ def test_the_reference_engine_declares_token_and_a_whole_blocks_subclass_block(
     # it keeps blocks of 16 but reuses to the token: its block size is no declaration
     assert CacheDesign.of(Engine(model)) == CacheDesign()
     assert CacheDesign.of(PartialImageMerge(model, block_size=8)) == CacheDesign("block", 8)
+    # on a model with non-trimmable layers (recurrent, sliding window) it resumes at snapshots
+    hybrid = SimpleNamespace(model=SimpleNamespace(stateful_layers=(0, 1, 2)), partial_blocks=True)
+    assert Engine.reuse_reference.fget(hybrid) == "snapshot"  # type: ignore[attr-defined]
