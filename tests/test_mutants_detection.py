@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,9 +52,9 @@ def _cases() -> list[object]:
 
 
 @pytest.mark.parametrize("name", _cases())
-def test_mutant_is_detected_by_its_expected_check(model: LoadedModel, name: str) -> None:
+def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> None:
     mutant = MUTANTS[name]
-    engine = mutant.build(model)
+    engine = mutant.build(models(mutant.model))
     if name in CORPUS_ONLY:
         failed = detect_in_corpus(engine, mutant.verify)
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
@@ -69,25 +70,27 @@ def test_unmodified_engine_passes_the_corpus(model: LoadedModel) -> None:
     assert detect_in_corpus(Engine(model), OPT_IN) == []
 
 
-#: Every configuration a mutant runs with (engine options, opt-in checks): the unmodified
-#: engine must pass each. (A token-granular cache is slower than no cache on this tiny model,
-#: so the speedup check is only on where its mutant runs.)
-CONFIGS = sorted(
-    {(tuple(sorted(m.options.items())), tuple(sorted(m.verify.items()))) for m in MUTANTS.values()}
+#: Every configuration a mutant runs with (its fixture, engine options, opt-in checks): the
+#: unmodified engine must pass each. (A token-granular cache is slower than no cache on this
+#: tiny model, so the speedup check is only on where its mutant runs.)
+Config = tuple[str, tuple[tuple[str, int], ...], tuple[tuple[str, float], ...]]
+CONFIGS: list[Config] = sorted(
+    {
+        (m.model, tuple(sorted(m.options.items())), tuple(sorted(m.verify.items())))
+        for m in MUTANTS.values()
+    }
 )
 
 
-def _config_id(config: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, float], ...]]) -> str:
-    return "-".join(f"{k}={v:g}" for part in config for k, v in part) or "default"
+def _config_id(config: Config) -> str:
+    settings = "-".join(f"{k}={v:g}" for part in config[1:] for k, v in part)
+    return f"{config[0]}-{settings or 'default'}"
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
-def test_unmodified_engine_passes_the_same_run(
-    model: LoadedModel,
-    config: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, float], ...]],
-) -> None:
-    options, verify = config
-    engine = Engine(model, **dict(options))
+def test_unmodified_engine_passes_the_same_run(models: Any, config: Config) -> None:
+    fixture, options, verify = config
+    engine = Engine(models(fixture), **dict(options))
     row = detect(
         engine,
         name="reference",
@@ -102,11 +105,12 @@ def test_unmodified_engine_passes_the_same_run(
 
 @pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
 def test_saved_counterexample_still_fails_and_the_engine_passes(
-    model: LoadedModel, path: Path, tmp_path: Path
+    models: Any, path: Path, tmp_path: Path
 ) -> None:
     stream, meta = load_stream(path)
     name = json.loads(path.read_text())["mutant"]
     mutant = MUTANTS[name]
+    model = models(mutant.model)
     options = VerifyOptions(failures_dir=tmp_path, **mutant.verify)  # type: ignore[arg-type]
     with pytest.raises(VerificationFailure) as info:
         Verifier(mutant.build(model), options=options).run(stream)

@@ -7,7 +7,7 @@ from plugin_support import run_suite, with_fakes
 
 pytest_plugins = ["pytester"]
 
-# The property test the README shows (kept in sync by hand).
+# The property test docs/adapters.md shows (tests/test_docs.py checks that it does).
 README_TEST = """
 from hypothesis import given, settings
 from pytest_prefixcache import Message, Request

@@ -1,5 +1,5 @@
 """benchmarks/memory.py: a short run under a small max_bytes evicts, stays within the budget
-and keeps RSS flat after its warm-up (the full run's figure is in the README); the same run
+and keeps RSS flat after its warm-up (the full run's figure is in docs/benchmarks.md); the same run
 with a leak fails."""
 
 from __future__ import annotations

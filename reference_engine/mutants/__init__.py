@@ -18,7 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine import Engine, default_model_path
+from pytest_prefixcache.package_data import fixture_model
+
+from ..engine import Engine
+from ..fixtures.qwen2_vl import QWEN2_VL_DIR
 from ..model import LoadedModel
 from .accounting import (
     SMALL_BUDGET,
@@ -36,6 +39,14 @@ from .keys import (
     UnchainedBlocks,
     WeakImageHash,
 )
+from .layers import (
+    LayersOutOfStep,
+    RecurrentTrimmed,
+    RingTrimmedAfterWrap,
+    SlotNotReset,
+    SnapshotIncludesOutput,
+    SnapshotOffByOne,
+)
 from .merge import PartialImageCrash, PartialImageMerge
 from .prompts import HistoryRerendered, VolatileHeaderKept
 from .state import (
@@ -47,6 +58,10 @@ from .state import (
 )
 
 __all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
+
+#: The fixtures the layer mutants need (``reference_engine.fixtures``).
+QWEN3_5_VL = "tiny-qwen3.5-vl"
+GEMMA3 = "tiny-gemma3"
 
 #: The checks ``--prefixcache-verify`` runs (the ``check`` of its failures). A mutant whose
 #: expected check is not one of these needs an observation the protocol does not carry yet.
@@ -79,6 +94,9 @@ class Mutant:
         options: keyword arguments for the engine (e.g. ``block_size``).
         verify: ``VerifyOptions`` fields the check needs (opt-in checks such as
             ``min_speedup``); see :attr:`flags` for the command-line equivalent.
+        model: the fixture it is built on by default: one of the family whose layers it
+            breaks (a sliding-window or recurrent mutant has nothing to break on a
+            full-attention model).
     """
 
     name: str
@@ -88,6 +106,7 @@ class Mutant:
     engine_class: type[Engine]
     options: dict[str, Any] = field(default_factory=dict)
     verify: dict[str, float | bool] = field(default_factory=dict)
+    model: str = QWEN2_VL_DIR
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -105,15 +124,15 @@ class Mutant:
         return "" if at < 0 else doc[at + len("Reproduces ") :].split(". ")[0].rstrip(".")
 
     def build(self, model: LoadedModel | None = None, **overrides: Any) -> Engine:
-        """The mutant on ``model`` (default: a fresh load of the default fixture)."""
+        """The mutant on ``model`` (default: a fresh load of its fixture, :attr:`model`)."""
         opts = {**self.options, **overrides}
         if model is None:
-            return self.engine_class.from_pretrained(default_model_path(), **opts)
+            return self.engine_class.from_pretrained(fixture_model(self.model), **opts)
         return self.engine_class(model, **opts)
 
     @property
     def factory(self) -> Callable[[], Engine]:
-        """A zero-argument callable returning the mutant on the default fixture."""
+        """A zero-argument callable returning the mutant on its fixture."""
 
         def build() -> Engine:
             return self.build()
@@ -155,6 +174,18 @@ _ALL = (
            "render hygiene", HistoryRerendered, verify={"strict_render": True}),
     Mutant("mrope_restart", 15, "suffix positions continue from the cache offset without "
            "the rope delta", "equivalence", MropeRestart),
+    Mutant("ring_trimmed_after_wrap", 16, "a wrapped sliding-window ring trimmed back as if "
+           "it were linear", "equivalence", RingTrimmedAfterWrap, model=GEMMA3),
+    Mutant("layers_out_of_step", 16, "full-attention layers resume at the match, sliding "
+           "windows at the snapshot before it", "equivalence", LayersOutOfStep, model=GEMMA3),
+    Mutant("recurrent_trimmed", 17, "a recurrent state 'trimmed' to the shared prefix "
+           "without rewinding", "equivalence", RecurrentTrimmed, model=QWEN3_5_VL),
+    Mutant("snapshot_includes_output", 17, "the prompt-end snapshot taken after decoding, "
+           "keyed by the prompt", "equivalence", SnapshotIncludesOutput, model=QWEN3_5_VL),
+    Mutant("snapshot_off_by_one", 17, "the state after position p stored as the state "
+           "after p - 1", "equivalence", SnapshotOffByOne, model=QWEN3_5_VL),
+    Mutant("slot_not_reset", 17, "a recurrent state slot handed to the next request "
+           "without reset", "equivalence", SlotNotReset, model=QWEN3_5_VL),
     Mutant("zero_byte_accounting", 20, "blocks counted as 0 bytes: budget never enforced",
            "memory budget", ZeroByteAccounting),
     Mutant("evicts_in_use", 20, "in-use blocks evicted; their memory reused while still "

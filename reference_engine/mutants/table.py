@@ -174,17 +174,30 @@ def detection_table(
     reference: bool = True,
     model: LoadedModel | None = None,
 ) -> list[Detection]:
-    """Detect every mutant in ``names`` (default: all), then run the unmodified engine."""
-    from ..engine import default_model_path
+    """Detect every mutant in ``names`` (default: all), each on its fixture (``model``, when
+    given, for all), then run the unmodified engine on each fixture used."""
+    from pytest_prefixcache.package_data import fixture_model
 
-    model = model or load_model(default_model_path())
+    loaded: dict[str, LoadedModel] = {}
+
+    def on(fixture: str) -> LoadedModel:
+        if model is not None:
+            return model
+        if fixture not in loaded:
+            loaded[fixture] = load_model(fixture_model(fixture))
+        return loaded[fixture]
+
     rows: list[Detection] = []
-    todo: list[tuple[str, Mutant | None]] = [(n, MUTANTS[n]) for n in (names or MUTANTS)]
+    todo: list[tuple[str, Mutant | None, str]] = [
+        (n, MUTANTS[n], MUTANTS[n].model) for n in (names or MUTANTS)
+    ]
     if reference:
-        todo.append((REFERENCE, None))
-    merged = {k: v for _, m in todo if m is not None for k, v in m.verify.items()}
-    for name, mutant in todo:
-        engine = Engine(model) if mutant is None else mutant.build(model)
+        fixtures = dict.fromkeys(f for _, _, f in todo) if model is None else {"": None}
+        for fixture in fixtures:
+            todo.append((REFERENCE + (f" [{fixture}]" if len(fixtures) > 1 else ""), None, fixture))
+    merged = {k: v for _, m, _ in todo if m is not None for k, v in m.verify.items()}
+    for name, mutant, fixture in todo:
+        engine = Engine(on(fixture)) if mutant is None else mutant.build(on(fixture))
         # the unmodified engine runs with every opt-in check the mutants need
         verify = mutant.verify if mutant is not None else merged
         row = detect(
