@@ -147,12 +147,9 @@ class OpenAIEngine:
         )
         self.cold = cold
         self.atol = atol
-<<<<<<< HEAD
         #: How the report names ``atol`` when a preset set it from a measured rule.
         self.tolerance_rule = ""
-=======
         self.reuse_reference, self.block_size = reuse_reference, block_size
->>>>>>> oracle
         self.model = model
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header
