@@ -304,8 +304,8 @@ class Engine:
         hooks["at_last_chunk"] = store if use_cache else None
         hooks = _accepted(self.prefill, hooks)
         logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
-        if "at_cut" in hooks and self.boundaries(rendered)[-1:] == [len(ids)]:
-            hooks["at_cut"](len(ids) - start)  # the prompt ends a turn header
+        if "at_cut" in hooks:  # the prompt's end: a boundary of every prompt continuing it
+            hooks["at_cut"](len(ids) - start)  # at a turn start or a turn's content
         if use_cache:
             if not stored:  # a prefill without the hooks, or one that never ran the model
                 store()
