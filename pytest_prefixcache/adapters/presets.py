@@ -22,6 +22,7 @@ from ..package_data import engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
+from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
     "TAP",
@@ -67,15 +68,32 @@ def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngi
         f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port}"
     )
-    return OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cmd + " --prompt-cache-size 0",
-        supports_images=False,
-        tap=True,
-        render=TextRenderer(model),
-        check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first entry
+    return with_split_rule(
+        OpenAIEngine(
+            cmd,
+            cold="server",
+            cold_cmd=cmd + " --prompt-cache-size 0",
+            supports_images=False,
+            tap=True,
+            render=TextRenderer(model),
+            check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
+        ),  # entry
+        "mlx-lm",
+        model,
     )
+
+
+def with_split_rule(
+    engine: OpenAIEngine, library: str, model_dir: str | os.PathLike[str]
+) -> OpenAIEngine:
+    """``engine`` with the measured tolerance rule of ``library`` on the model's family
+    (``tolerances.py``), where its split prefill is not exact."""
+    kind = model_type_of(model_dir)
+    atol = split_atol(library, kind)
+    if atol is not None:
+        engine.atol = atol
+        engine.tolerance_rule = split_rule(library, kind)
+    return engine
 
 
 def mlx_vlm_server(
@@ -90,7 +108,7 @@ def mlx_vlm_server(
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port} --top-logprobs-k 20"
     )
-    return OpenAIEngine(
+    engine = OpenAIEngine(
         cmd,
         cold="salt",
         namespace_header="x-apc-tenant",
@@ -103,6 +121,7 @@ def mlx_vlm_server(
         check_labels=False,
         claims=claims,
     )
+    return with_split_rule(engine, "mlx-vlm", model)
 
 
 #: vLLM's CPU settings that worked here (../shared/NOTES.md, "vLLM on CPU").
@@ -265,13 +284,15 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
     ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
-    server's ``prefixcache`` reply object: token ids, spans, merges, logits);
+    server's ``prefixcache`` reply object: token ids, spans, merges, message starts, logits);
     ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
     ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial);
     ``PREFIXCACHE_FORK=0`` or ``1`` (start every server from scratch, or fork it; default: fork
     on Linux, see :mod:`.fresh`);
-    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`) and
-    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8).
+    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`);
+    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8);
+    ``PREFIXCACHE_REUSE_REFERENCE`` (``token``, ``snapshot`` or ``block``: the cache's design,
+    default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -288,6 +309,9 @@ def from_env() -> OpenAIEngine:
     resets = f"{e.get('PREFIXCACHE_RESET_METHOD', 'POST')} " + e.get(
         "PREFIXCACHE_RESET_PATH", "/v1/cache/reset"
     )
+    block = e.get("PREFIXCACHE_BLOCK_SIZE", "").strip()
+    if block and not block.isdigit():
+        raise EngineError(f"PREFIXCACHE_BLOCK_SIZE={block!r} is not a positive int")
     return OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
@@ -312,6 +336,8 @@ def from_env() -> OpenAIEngine:
         extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
         audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
         fork={"0": False, "1": True}.get(e.get("PREFIXCACHE_FORK", "")),
+        reuse_reference=e.get("PREFIXCACHE_REUSE_REFERENCE") or "token",
+        block_size=int(block) if block else None,
         claims=ClaimWatch(
             sources_from_json(e["PREFIXCACHE_CLAIMS"]),
             decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),
