@@ -26,7 +26,9 @@ greedy tokens unchanged).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
-``$STUB_ARGV_LOG``: append the arguments it was started with, a JSON list per line).
+``$STUB_ARGV_LOG``: append the arguments it was started with, a JSON list per line;
+``$STUB_WARM``: a chat request body the stub serves through its own cache before it answers
+``/health``, as rapid-mlx 0.16.10 warms up hybrid models).
 """
 
 from __future__ import annotations
@@ -253,4 +255,6 @@ if __name__ == "__main__":  # vLLM's and llama-server's other arguments are igno
             fh.write(json.dumps(sys.argv[1:]) + "\n")
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
     srv.stub = Stub(a.flavour, a.fault, not a.no_cache_prompt)  # type: ignore[attr-defined]
+    if os.environ.get("STUB_WARM"):
+        srv.stub.complete(json.loads(os.environ["STUB_WARM"]))  # type: ignore[attr-defined]
     srv.serve_forever()

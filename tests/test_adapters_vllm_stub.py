@@ -88,6 +88,40 @@ def test_reset_calls_every_endpoint_and_empties_the_cache(vllm: OpenAIEngine) ->
     assert vllm.run(TEXT, use_cache=True).cached_tokens == 0
 
 
+def test_a_server_that_warms_its_own_cache_is_reset_before_its_first_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that sends itself a request at start (rapid-mlx 0.16.10 on hybrid models) has
+    a cache before the first stream: ``warm_start=True`` resets it; without it, the first
+    request reuses what no earlier request put there (the negative control)."""
+    system, user_text = (m.content[0] for m in TEXT.messages)
+    body = {
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user_text}]
+    }
+    monkeypatch.setenv("STUB_WARM", json.dumps({**body, "max_tokens": 1}))
+    cmd = [sys.executable, str(STUB), "--flavour", "vllm", "--port", "{port}"]
+    reused = {}
+    for warm_start in (False, True):
+        engine = OpenAIEngine(
+            cmd,
+            cold="salt",
+            namespace_field="cache_salt",
+            reset_paths=VLLM_RESETS,
+            extra_body={"return_tokens_as_token_ids": True},
+            prompt_ids="reply",
+            image_token_id=PAD,
+            start_timeout=60,
+            warm_start=warm_start,
+        )
+        try:
+            engine.reset()  # what the verifier does before every stream
+            reused[warm_start] = engine.run(TEXT, use_cache=True).cached_tokens
+            assert (engine.run(TEXT, use_cache=True).cached_tokens or 0) > 0  # positive control
+        finally:
+            engine.close()
+    assert reused[True] == 0 and (reused[False] or 0) > 0, reused
+
+
 def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine, tmp_path: Path) -> None:
     vllm.run(TEXT, use_cache=True)
     fresh = vllm.fresh_instance()
