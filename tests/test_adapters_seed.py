@@ -115,6 +115,32 @@ KNOWN = {
     },
 }
 
+#: The hybrid (tiny-qwen3.5, GatedDeltaNet x3 + attention) and sliding-window (tiny-gemma3-text,
+#: window 32) families, run with ``PREFIXCACHE_MODEL`` set and the family in the labels.
+NO_REWIND = (
+    f"{VM} --continuous-batching on a non-trimmable cache: {NO_REUSE}; the prompt-only store "
+    "skips a cache with a non-trimmable layer (scheduler.py _prompt_cache_save), the "
+    "memory-aware store drops the exact match and skips an LCP match on one "
+    "(memory_cache.py: 'SSM state can't be rewound'): only prompt + output is stored"
+)
+GEMMA3_MLLM = (
+    f"{VM} --continuous-batching --mllm on tiny-gemma3: every image request answers 500: the "
+    "MLLM batch generator calls the model without an attention mask and mlx-vlm's gemma3 "
+    "prepare_inputs_for_multimodal calls mx.expand_dims(None, 1) (TypeError)"
+)
+KNOWN.update(
+    {
+        ("vllm-mlx", f"cb,text,{family},memory,whole,full", "test_repeat_reuses"): NO_REWIND
+        for family in ("qwen3.5", "gemma3")
+    }
+)
+KNOWN.update(
+    {
+        ("vllm-mlx", "cb,mllm,gemma3,memory,whole,full", "test_image_streams"): GEMMA3_MLLM,
+        ("vllm-mlx", "cb,mllm,qwen3.5,memory,whole,full", "test_repeat_reuses"): NO_REWIND,
+    }
+)
+
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
@@ -136,7 +162,8 @@ def record(**fields: object) -> None:
 
 
 def check(engine: OpenAIEngine, request: object) -> int:
-    """Cached vs cold through the tap: bit-exact; returns the reuse the tap saw."""
+    """Cached vs cold through the tap: bit-exact (within the engine's measured split rule on a
+    family whose split prefill is not exact, ``engine.atol``); returns the reuse the tap saw."""
     cached = engine.run(request, use_cache=True)  # type: ignore[arg-type]
     cold = engine.run(request, use_cache=False)  # type: ignore[arg-type]
     diff = worst_diff(cached, cold)
@@ -148,7 +175,7 @@ def check(engine: OpenAIEngine, request: object) -> int:
         disagreements=len(engine.tap_disagreements),
     )
     assert cold.cached_tokens == 0, f"the cold server reused {cold.cached_tokens} tokens"
-    assert diff == 0.0, (
+    assert diff <= engine.atol, (
         f"{ENGINE} {MODE}: cached vs uncached differ by {diff} with {cached.cached_tokens} of "
         f"{cached.prompt_tokens} prompt tokens reused"
     )
