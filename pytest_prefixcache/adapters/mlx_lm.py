@@ -24,6 +24,7 @@ from ..errors import EngineError
 from ..package_data import engine_model
 from ..types import Outcome, Request
 from .chat import add_generation_prompt, text_messages
+from .tolerances import split_atol, split_rule
 
 __all__ = ["MlxLmEngine", "tiny_llama"]
 
@@ -63,6 +64,9 @@ class MlxLmEngine:
         self.prefill_step_size = prefill_step_size
         self.prompt_cache = LRUPromptCache(max_size=max_size, max_bytes=max_bytes)
         self._lock = threading.RLock()
+        #: The measured rule where mlx-lm's own split prefill is not exact (tolerances.py).
+        self.atol = split_atol("mlx-lm", str(getattr(model, "model_type", "")))
+        self.tolerance_rule = split_rule("mlx-lm", str(getattr(model, "model_type", "")))
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **kwargs: Any) -> MlxLmEngine:

@@ -30,6 +30,7 @@ from ..package_data import engine_model
 from ..types import Outcome, Request
 from .chat import add_generation_prompt, hf_messages
 from .render import placeholder_runs
+from .tolerances import split_atol, split_rule
 
 __all__ = ["MlxVlmApcEngine", "tiny_qwen2_vl", "tiny_qwen2_vl_snapshot"]
 
@@ -73,7 +74,13 @@ class MlxVlmApcEngine:
         self.num_blocks = num_blocks
         self.snapshot_min_tokens = snapshot_min_tokens
         self.namespace = namespace
-        self.image_token_id = int(model.config.image_token_id)
+        config = model.config  # Gemma's config names it image_token_index
+        self.image_token_id = int(
+            getattr(config, "image_token_id", None) or config.image_token_index
+        )
+        #: The measured rule where mlx-vlm's own split prefill is not exact (tolerances.py).
+        self.atol = split_atol("mlx-vlm", str(config.model_type))
+        self.tolerance_rule = split_rule("mlx-vlm", str(config.model_type))
         self._lock = threading.RLock()
         self.manager = self._make_manager()
 

@@ -141,6 +141,8 @@ class OpenAIEngine:
         )
         self.cold = cold
         self.atol = atol
+        #: How the report names ``atol`` when a preset set it from a measured rule.
+        self.tolerance_rule = ""
         self.model = model
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header

@@ -22,6 +22,7 @@ from ..package_data import engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
+from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
     "TAP",
@@ -67,15 +68,32 @@ def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngi
         f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port}"
     )
-    return OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cmd + " --prompt-cache-size 0",
-        supports_images=False,
-        tap=True,
-        render=TextRenderer(model),
-        check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first entry
+    return with_split_rule(
+        OpenAIEngine(
+            cmd,
+            cold="server",
+            cold_cmd=cmd + " --prompt-cache-size 0",
+            supports_images=False,
+            tap=True,
+            render=TextRenderer(model),
+            check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
+        ),  # entry
+        "mlx-lm",
+        model,
     )
+
+
+def with_split_rule(
+    engine: OpenAIEngine, library: str, model_dir: str | os.PathLike[str]
+) -> OpenAIEngine:
+    """``engine`` with the measured tolerance rule of ``library`` on the model's family
+    (``tolerances.py``), where its split prefill is not exact."""
+    kind = model_type_of(model_dir)
+    atol = split_atol(library, kind)
+    if atol is not None:
+        engine.atol = atol
+        engine.tolerance_rule = split_rule(library, kind)
+    return engine
 
 
 def mlx_vlm_server(
@@ -90,7 +108,7 @@ def mlx_vlm_server(
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port} --top-logprobs-k 20"
     )
-    return OpenAIEngine(
+    engine = OpenAIEngine(
         cmd,
         cold="salt",
         namespace_header="x-apc-tenant",
@@ -103,6 +121,7 @@ def mlx_vlm_server(
         check_labels=False,
         claims=claims,
     )
+    return with_split_rule(engine, "mlx-vlm", model)
 
 
 #: vLLM's CPU settings that worked here (../shared/NOTES.md, "vLLM on CPU").
