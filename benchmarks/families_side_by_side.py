@@ -46,6 +46,7 @@ import inspect
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -102,32 +103,18 @@ def snapshot_reference(match: Match) -> int | None:
 
 
 # -- engines -----------------------------------------------------------------------------------
-def _apc(path: Path, mode: str) -> Any:
-    """mlx-vlm APC on ``path``. Gemma's config names its image token ``image_token_index``,
-    and ``MlxVlmApcEngine.__init__`` reads ``config.image_token_id`` (AttributeError): the
-    benchmark gives the config that name before building the adapter (the fix belongs in
-    ``adapters/mlx_vlm_apc.py``: read either name, as ``VlmRenderer`` does)."""
-    from mlx_vlm import load
-
-    from pytest_prefixcache.adapters.mlx_vlm_apc import MlxVlmApcEngine
-
-    model, processor = load(str(path))
-    config = model.config
-    if getattr(config, "image_token_id", None) is None:
-        config.image_token_id = config.image_token_index
-    return MlxVlmApcEngine(model, processor, mode=mode, namespace=path.name)  # type: ignore[arg-type]
-
-
 def rapid_mlx_python() -> tuple[str | None, str]:
-    """The python of a rapid-mlx venv, or None and why not."""
+    """The python of a rapid-mlx venv, or None and why not: ``$SEED_DIR``, else the
+    ``.seed-engines/`` of this checkout or of any worktree of its repository."""
     roots = [os.environ.get("SEED_DIR"), str(FIXTURES.parent / ".seed-engines")]
-    try:  # the main checkout, when this one is a git worktree
-        common = subprocess.run(
-            ["git", "-C", str(FIXTURES.parent), "rev-parse", "--path-format=absolute",
-             "--git-common-dir"],
-            capture_output=True, text=True, check=True,
-        ).stdout.strip()  # fmt: skip
-        roots.append(str(Path(common).parent / ".seed-engines"))
+    try:
+        listing = subprocess.run(
+            ["git", "-C", str(FIXTURES.parent), "worktree", "list", "--porcelain"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        roots += [ln[9:] + "/.seed-engines" for ln in listing.splitlines() if ln[:9] == "worktree "]
     except (OSError, subprocess.CalledProcessError):
         pass
     looked = []
@@ -146,14 +133,18 @@ def engines(family: Family) -> tuple[dict[str, tuple[Callable[[], Any], bool]], 
     """name -> (factory, serves images: a text-only engine serves only text workloads), and
     name -> why an engine is skipped."""
     from pytest_prefixcache.adapters.mlx_lm import MlxLmEngine
+    from pytest_prefixcache.adapters.mlx_vlm_apc import MlxVlmApcEngine
     from reference_engine import Engine
 
     vlm, text = FIXTURES / family.vlm, FIXTURES / family.text
     found: dict[str, tuple[Callable[[], Any], bool]] = {
         "reference": (lambda: Engine.from_pretrained(vlm), True),
         "mlx-lm prompt cache": (lambda: MlxLmEngine.from_pretrained(text), False),
-        "mlx-vlm APC block": (lambda: _apc(vlm, "block"), True),
-        "mlx-vlm APC snapshot": (lambda: _apc(vlm, "snapshot"), True),
+        "mlx-vlm APC block": (lambda: MlxVlmApcEngine.from_pretrained(vlm, mode="block"), True),
+        "mlx-vlm APC snapshot": (
+            lambda: MlxVlmApcEngine.from_pretrained(vlm, mode="snapshot"),
+            True,
+        ),
     }
     skipped: dict[str, str] = {}
     python, why = rapid_mlx_python()
@@ -184,9 +175,13 @@ def max_abs_diff(a: Any, b: Any) -> float | None:
 def measure(engine: Any, req: Request, i: int, _oracle: Any, _reference: bool) -> dict[str, Any]:
     """One request: the uncached run, then the cached run; their times and logits' largest
     difference. The references are added after the pass (``add_references``), when the
-    reference engine's message starts for the request are known."""
-    cold, cold_s, cold_cpu = timed(lambda: engine.run(req, use_cache=False))
-    warm, warm_s, warm_cpu = timed(lambda: engine.run(req, use_cache=True))
+    reference engine's message starts for the request are known. An engine that raises gets
+    a row with the error only (the run drops it from the workload, saying why)."""
+    try:
+        cold, cold_s, cold_cpu = timed(lambda: engine.run(req, use_cache=False))
+        warm, warm_s, warm_cpu = timed(lambda: engine.run(req, use_cache=True))
+    except Exception as exc:  # a peer that cannot serve a request is a finding, not a crash
+        return {"error": f"request {i}: {type(exc).__name__}: {exc}"[:400]}
     starts = getattr(warm, "message_starts", None)
     return {
         "prompt_tokens": warm.prompt_tokens,
@@ -265,16 +260,21 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def target(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The issue's target on one workload: the reference engine at >= 0.95 of the
     snapshot-aware reference, and more reuse than every peer beside it."""
-    if "reference" not in per_engine:
+    if "summary" not in per_engine.get("reference", {}):
         return None
     ours = per_engine["reference"]["summary"]
-    peers = {n: r["summary"]["cached_tokens"] for n, r in per_engine.items() if n != "reference"}
+    peers = {
+        n: r["summary"]["cached_tokens"]
+        for n, r in per_engine.items()
+        if n != "reference" and "summary" in r
+    }
     vs = ours["vs_snapshot"]
     return {
         "vs_snapshot": vs,
         "reaches_0_95": None if vs is None else vs >= TARGET,
         "more_than_every_peer": all(ours["cached_tokens"] > c for c in peers.values()),
         "peers_cached": peers,
+        "peers_failed": {n: r["error"] for n, r in per_engine.items() if "error" in r},
         "reference_cached": ours["cached_tokens"],
     }
 
@@ -316,13 +316,23 @@ def run(
         for w in chosen:
             servers = [n for n, (_, images) in built.items() if images or not w.multimodal]
             passes: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in servers}
+            failed: dict[str, str] = {}
             for turn in range(repeats):
-                engaged = {n: (built[n][0], n == "reference") for n in servers}
+                engaged = {n: (built[n][0], n == "reference") for n in servers if n not in failed}
                 rows = interleaved_pass(engaged, w, turn, measure=measure)
+                for n, per_request in list(rows.items()):
+                    errors = [r["error"] for r in per_request if "error" in r]
+                    if errors:
+                        failed[n] = errors[0]
+                        del rows[n]
+                        print(f"{fname} {w.name:>15} {n:>21}: dropped: {errors[0]}", flush=True)
                 add_references(rows)
-                for n in servers:
+                for n in rows:
                     passes[n].append(rows[n])
             for n in servers:
+                if n in failed:
+                    results.setdefault(w.name, {})[n] = {"error": failed[n]}
+                    continue
                 med = median_rows(passes[n], TIMES)
                 results.setdefault(w.name, {})[n] = {"summary": summary(med), "requests": med}
                 s = results[w.name][n]["summary"]
@@ -374,6 +384,10 @@ def markdown(figures: dict[str, Any]) -> str:
     for fname, fam in figures["families"].items():
         for wname, per_engine in fam["workloads"].items():
             for ename, result in per_engine.items():
+                if "error" in result:
+                    error = result["error"].replace("|", "\\|")
+                    lines.append(f"| {fname} | {wname} | {ename} | failed: {error} |" + " |" * 7)
+                    continue
                 s, n = result["summary"], len(result["requests"])
                 vs_snap = (
                     "n/a" if s["snapshot_ref"] is None
@@ -410,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = run(args.family or list(FAMILIES), args.repeats, args.engine, args.workload,
                   args.requests)  # fmt: skip
     figures["load_before"], figures["load_after"] = load, os.getloadavg()  # 1, 5, 15 min
-    figures["command"] = "python benchmarks/families_side_by_side.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
+    figures["command"] = shlex.join(
+        ["python", "benchmarks/families_side_by_side.py", *(sys.argv[1:] if argv is None else argv)]
     )
     for fname, fam in figures["families"].items():
         for wname, t in fam["target"].items():
