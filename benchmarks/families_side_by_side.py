@@ -2,6 +2,7 @@
 
     python benchmarks/families_side_by_side.py --repeats 3 --markdown
     python benchmarks/families_side_by_side.py --family hybrid --engine reference --requests 2
+    python benchmarks/families_side_by_side.py --table benchmarks/results/families_side_by_side.json
 
 Two families (DESIGN.md, "Model families"), each on one set of weights: **hybrid**
 (``tiny-qwen3.5-vl`` and its language model alone, ``tiny-qwen3.5``: recurrent GatedDeltaNet
@@ -384,8 +385,8 @@ def markdown(figures: dict[str, Any]) -> str:
     for fname, fam in figures["families"].items():
         for wname, per_engine in fam["workloads"].items():
             for ename, result in per_engine.items():
-                if "error" in result:
-                    error = result["error"].replace("|", "\\|")
+                if "error" in result:  # the first clause (the JSON has all of it)
+                    error = result["error"].split(": the render")[0].replace("|", "\\|")
                     lines.append(f"| {fname} | {wname} | {ename} | failed: {error} |" + " |" * 7)
                     continue
                 s, n = result["summary"], len(result["requests"])
@@ -419,7 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, help="Only the first N requests of each workload")
     ap.add_argument("--out", type=Path, default=RESULTS, help="Output directory")
     ap.add_argument("--markdown", action="store_true", help="Print the Markdown table")
+    ap.add_argument("--table", type=Path, help="Only print the table of this results JSON")
     args = ap.parse_args(argv)
+    if args.table is not None:
+        figures = json.loads(args.table.read_text())
+        print(markdown(figures))
+        print(f"command: {figures['command']}")
+        return 0
     load = os.getloadavg()
     figures = run(args.family or list(FAMILIES), args.repeats, args.engine, args.workload,
                   args.requests)  # fmt: skip
