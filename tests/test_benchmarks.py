@@ -218,3 +218,19 @@ def test_families_side_by_side_on_two_requests(
     assert target["more_than_every_peer"] and target["peers_cached"] == {}
     table = [ln for ln in out.splitlines() if ln.startswith("| ")]
     assert len(table) == 2 + 1 and table[2].startswith("| hybrid | growing_chat | reference | ")
+
+
+def test_families_table_is_the_one_in_docs_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    import families_side_by_side as fam
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "benchmarks" / "results" / "families_side_by_side.json"
+    assert fam.main(["--table", str(results)]) == 0
+    out = capsys.readouterr().out
+    table = [ln for ln in out.splitlines() if ln.startswith("|")]
+    figures = json.loads(results.read_text())
+    rows = sum(len(w) for f in figures["families"].values() for w in f["workloads"].values())
+    assert len(table) == 2 + rows
+    doc = (root / "docs" / "benchmarks.md").read_text()
+    assert all(line in doc for line in table)  # docs/benchmarks.md shows what the JSON says
+    assert figures["command"] in doc
