@@ -57,6 +57,9 @@ def language_model(library: str, fixture: str) -> tuple[Any, str]:
 def last_logprobs(model: Any, ids: list[int], cuts: list[int]) -> np.ndarray:
     import mlx.core as mx
 
+    for attr in ("_position_ids", "_rope_deltas"):  # mlx-vlm's Qwen VLMs keep them per prompt
+        if hasattr(model, attr):
+            setattr(model, attr, None)
     if hasattr(model, "make_cache"):
         cache = model.make_cache()
     else:  # mlx-vlm's Qwen2-VL: full attention only

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .checks.equivalence import Tolerance
 from .checks.oracle import ReuseOracle
+from .checks.references import CacheDesign
 from .errors import (
     EfficiencyFailure,
     EngineError,
@@ -34,6 +35,7 @@ from .verify.verifier import Step, Verifier, VerifyOptions
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheDesign",
     "EfficiencyFailure",
     "Engine",
     "EngineError",

@@ -247,6 +247,11 @@ class Outcome(ShortRepr):
         token_ids: the full prompt's token ids, or None.
         image_spans: (start, end, image digest) for each image's placeholder run in token_ids.
         merges: (placeholder slots filled, embedding rows merged) per vision merge done.
+        message_starts: the positions in ``token_ids`` where a message's rendering begins,
+            ascending (the first message's at 0: a template's preamble counts as part of it),
+            or None when not reported. An engine may leave out a message whose start it
+            cannot tell (a template that merges the system text into the first user turn).
+            The snapshot-aware reference resumes at these boundaries.
         claims: what the engine claimed against what its model computed (see :class:`Claims`),
             or None when the engine declares no claim sources.
     """
@@ -262,6 +267,7 @@ class Outcome(ShortRepr):
     image_spans: tuple[tuple[int, int, str], ...] | None = None
     merges: tuple[tuple[int, int], ...] | None = None
     claims: Claims | None = None
+    message_starts: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape
@@ -280,7 +286,11 @@ class Engine(Protocol):
     ``resident_bytes``, ``entries`` and ``max_bytes`` (the memory-budget check), and
     ``supports_images = False`` / ``supports_namespaces = False`` (streams and scenarios are
     restricted to what the engine can serve), and ``atol: float`` (the engine's own tolerance
-    rule, used when no tolerance option is given; the report says so).
+    rule, used when no tolerance option is given; the report says so), and
+    ``reuse_reference = "token" | "snapshot" | "block"`` (default ``"token"``) with, for
+    ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
+    efficiency and positive control are judged against; see
+    :class:`~pytest_prefixcache.checks.references.CacheDesign`).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

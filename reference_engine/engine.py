@@ -3,7 +3,8 @@
 ``Engine.run`` follows one path for cached and uncached runs; the only difference is how many
 leading positions' KV rows come from the pool:
 
-    render (render.py, tokens.py) -> block keys (blocks.py, hashed as the lookup needs them)
+    render (render.py, tokens.py: token ids, image spans, message starts)
+    -> block keys (blocks.py, hashed as the lookup needs them)
     -> lookup (pool.py, ``BlockPool.reuse``: token granularity, at least one token computed)
     -> choose the resume point per layer kind (snapshots.py: on a model with sliding-window
     or recurrent layers, the longest boundary not beyond the match whose snapshot is stored)
@@ -79,6 +80,16 @@ class Engine:
     #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
     #: caches do (the bug-zoo mutants of a match ending inside an image need that).
     partial_blocks = True
+
+    @property
+    def reuse_reference(self) -> str:
+        """The design the plugin judges this cache by: ``"snapshot"`` on a model with
+        non-trimmable layers (it resumes only where it snapshotted), else ``"token"``, or
+        ``"block"`` for whole blocks only (``partial_blocks = False``, blocks of
+        ``block_size``); a block size alone is not a declaration."""
+        if self.model.stateful_layers:
+            return "snapshot"
+        return "token" if self.partial_blocks else "block"
 
     def __init__(
         self,
@@ -293,8 +304,8 @@ class Engine:
         hooks["at_last_chunk"] = store if use_cache else None
         hooks = _accepted(self.prefill, hooks)
         logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
-        if "at_cut" in hooks and self.boundaries(rendered)[-1:] == [len(ids)]:
-            hooks["at_cut"](len(ids) - start)  # the prompt ends a turn header
+        if "at_cut" in hooks:  # the prompt's end: a boundary of every prompt continuing it
+            hooks["at_cut"](len(ids) - start)  # at a turn start or a turn's content
         if use_cache:
             if not stored:  # a prefill without the hooks, or one that never ran the model
                 store()
@@ -312,6 +323,7 @@ class Engine:
             token_ids=ids,
             image_spans=rendered.spans,
             merges=tuple(merges),
+            message_starts=rendered.message_starts,
         )
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:

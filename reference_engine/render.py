@@ -6,6 +6,16 @@ the model's own processor does. The image spans are read back from the token ids
 against the images, so a template that drops or duplicates an image is an error, not a
 silent mismatch.
 
+Where each message begins (``Rendered.message_starts``, the boundaries a snapshot cache
+resumes at): message k begins where the rendering of the messages before it ends, when that
+rendering is a prefix of the whole text (a template that renders earlier turns differently
+once more follow, or refuses a partial conversation, tells no start there); the first
+message at 0 (a template's preamble, a BOS or a default system prompt, counts as part of it).
+The text between two starts is tokenised on its own, and a start is reported only while the
+pieces' ids add up to the prompt's: a start is then a token boundary of the prompt. With
+ChatML each start is the position of an ``<|im_start|>``; a template that merges the system
+text into the first user turn (Gemma) tells fewer starts.
+
 System prompts are normalised first: lines that change on every request without changing the
 conversation (``x-anthropic-billing-header: cc_version=...; cch=...;``, which Claude Code puts
 in its system prompt; vllm-mlx #90, b9f2a5f) are removed, or they would defeat prefix reuse.
@@ -13,6 +23,7 @@ in its system prompt; vllm-mlx #90, b9f2a5f) are removed, or they would defeat p
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +38,7 @@ __all__ = [
     "VOLATILE_LINE",
     "Rendered",
     "find_spans",
+    "message_starts",
     "normalize_system",
     "render",
     "to_chat_messages",
@@ -43,6 +55,8 @@ class Rendered:
     token_ids: tuple[int, ...]
     spans: tuple[ImageSpan, ...]
     images: tuple[Image, ...]
+    message_starts: tuple[int, ...] | None = None
+    """Positions in ``token_ids`` where a message begins (see the module), ascending."""
 
 
 def normalize_system(text: str) -> str:
@@ -106,13 +120,15 @@ def render(
     add_generation_prompt = request.messages[-1].role != "assistant"
     template_owner = processor if getattr(processor, "chat_template", None) else tokenizer
     if template:
+        chat = to_chat_messages(request, normalize=normalize)
         text = template_owner.apply_chat_template(
-            to_chat_messages(request, normalize=normalize),
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
+            chat, tokenize=False, add_generation_prompt=add_generation_prompt
         )
+        starts = _template_starts(template_owner, chat, text)
     else:
-        text = "".join(p for m in request.messages for p in m.content if isinstance(p, str))
+        texts = ["".join(p for p in m.content if isinstance(p, str)) for m in request.messages]
+        text = "".join(texts)
+        starts = list(itertools.accumulate(len(t) for t in texts[:-1]))
     images = request.images
     if text.count(marker) != len(images):
         raise EngineError(
@@ -126,8 +142,12 @@ def render(
         expanded.append(pad * count if expand is None else expand(count))
         expanded.append(piece)
     if encode is None:
-        encode = lambda t: tokenizer(t, add_special_tokens=False)["input_ids"]  # noqa: E731
-    token_ids = tuple(int(t) for t in encode("".join(expanded)))
+        encode_many = lambda ts: tokenizer(ts, add_special_tokens=False)["input_ids"]  # noqa: E731
+    else:
+        encode_many = lambda ts: [encode(t) for t in ts]  # noqa: E731
+    full = "".join(expanded)
+    token_ids = tuple(int(t) for t in encode_many([full])[0])
+    grown = _expanded_offsets(starts, pieces, [len(p) for p in expanded[1::2]], len(marker))
     runs = find_spans(token_ids, image_token_id)
     if len(runs) != len(images):
         raise EngineError(
@@ -142,4 +162,56 @@ def render(
                 f"image {i} ({image!r}) has {end - start} placeholder tokens, expected {want}"
             )
         spans.append((start, end, image.digest))
-    return Rendered(token_ids, tuple(spans), images)
+    starts_ids = message_starts(token_ids, full, grown, encode_many)
+    return Rendered(token_ids, tuple(spans), images, starts_ids)
+
+
+def _template_starts(owner: Any, chat: list[dict[str, Any]], text: str) -> list[int]:
+    """Character offsets in ``text`` where a message begins (see the module)."""
+    starts = [0]
+    for k in range(1, len(chat)):
+        try:
+            head = owner.apply_chat_template(chat[:k], tokenize=False, add_generation_prompt=False)
+        except Exception:  # a template may refuse a partial conversation: no start there
+            continue
+        if isinstance(head, str) and len(head) > starts[-1] and text.startswith(head):
+            starts.append(len(head))
+    return starts
+
+
+def _expanded_offsets(
+    starts: Sequence[int], pieces: Sequence[str], runs: Sequence[int], pad: int
+) -> list[int]:
+    """``starts`` (offsets in the text with one pad per image) as offsets in the text whose
+    pads are expanded to ``runs`` characters each."""
+    out, shift, end, i = [], 0, len(pieces[0]), 0
+    for c in starts:
+        while i < len(runs) and c > end:  # past image i's pad: the run is longer than it
+            shift += runs[i] - pad
+            end += pad + len(pieces[i + 1])
+            i += 1
+        out.append(c + shift)
+    return out
+
+
+def message_starts(
+    token_ids: Sequence[int],
+    text: str,
+    starts: Sequence[int],
+    encode_many: Callable[[list[str]], Sequence[Sequence[int]]],
+) -> tuple[int, ...]:
+    """Token positions of the character offsets ``starts`` of ``text``: the text between two
+    offsets is tokenised on its own (``encode_many`` tokenises a list of texts); an offset is
+    a token boundary of ``token_ids`` while the pieces' ids so far are its prefix (the first
+    that is not ends the list)."""
+    cuts = sorted({c for c in starts if 0 < c < len(text)})
+    pieces = encode_many([text[a:b] for a, b in zip([0, *cuts], cuts)]) if cuts else []
+    out, pos = [0], 0
+    for ids in pieces:
+        ids = tuple(int(t) for t in ids)
+        if tuple(token_ids[pos : pos + len(ids)]) != ids:
+            break
+        pos += len(ids)
+        if out[-1] < pos < len(token_ids):
+            out.append(pos)
+    return tuple(out) if token_ids else ()

@@ -17,8 +17,11 @@ multiple of :data:`GRID` positions (long messages). The engine cuts every prefil
 at exactly these positions (``LoadedModel.forward(cuts=...)``, whose last chunk then runs whole,
 to the prompt's end): a warm run that resumes at boundary ``s`` computes the same chunks from
 the same state as the cold run, so the two are bit-exact whatever the kernels do with a split
-(mlx-vlm's qwen3_5 is not split-invariant: NOTES.md), and a snapshot at a prompt's end was
-computed exactly as a later prompt that continues it computes that chunk.
+(mlx-vlm's qwen3_5 is not split-invariant: NOTES.md). Every prompt is also snapshotted at its
+end: its last chunk ran whole, from its last boundary, exactly as the chunk a longer prompt
+computes there when the end is one of its boundaries (a prompt that ends a turn: the next turn
+starts there; one that ends with the generation prompt: the reply starts there); where it is
+not, no prompt ever looks it up.
 
 A snapshot is keyed by the prefix it ends: the chained hash of the blocks before it plus the
 tokens and image extras of the partial block up to its position (the key a prompt cut there
@@ -56,7 +59,7 @@ def boundaries(
 ) -> list[int]:
     """The prompt's boundaries in (0, len]: turn starts, the newline ending each turn header
     and the position after it, image-span edges, multiples of ``GRID``; sorted. ``len`` is one
-    only when the prompt ends with a turn header (the generation prompt)."""
+    when the prompt ends with a turn header (the generation prompt)."""
     n = len(token_ids)
     found = set(range(GRID, n, GRID))
     if turn_start_id is not None:

@@ -158,3 +158,23 @@ def test_a_null_logprob_names_its_step() -> None:
     r = reply([[{"id": 1, "logprob": -1.0}], [{"id": 2, "logprob": None}]])
     with pytest.raises(EngineError, match=r"decode step 1: a top_logprobs entry has no logprob"):
         parse_reply(r)
+
+
+def test_from_env_declares_the_cache_design(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_prefixcache import CacheDesign
+    from pytest_prefixcache.adapters.presets import from_env
+
+    for k, v in {"PREFIXCACHE_SERVER_URL": "http://127.0.0.1:9", "PREFIXCACHE_COLD": "salt",
+                 "PREFIXCACHE_NAMESPACE_HEADER": "X-NS"}.items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    assert CacheDesign.of(from_env()) == CacheDesign()
+    monkeypatch.setenv("PREFIXCACHE_REUSE_REFERENCE", "block")
+    monkeypatch.setenv("PREFIXCACHE_BLOCK_SIZE", "32")
+    assert CacheDesign.of(from_env()) == CacheDesign("block", 32)
+    monkeypatch.setenv("PREFIXCACHE_BLOCK_SIZE", "x")
+    with pytest.raises(EngineError, match="PREFIXCACHE_BLOCK_SIZE='x' is not a positive int"):
+        from_env()
+    monkeypatch.delenv("PREFIXCACHE_BLOCK_SIZE")
+    monkeypatch.setenv("PREFIXCACHE_REUSE_REFERENCE", "snap")
+    with pytest.raises(EngineError, match="OpenAIEngine: reuse_reference='snap' is not one of"):
+        CacheDesign.of(from_env())

@@ -151,3 +151,16 @@ def test_the_engine_renders_what_mlx_vlms_processor_renders(name: str) -> None:
         ids, spans = renderer(r)
         out = engine.run(r, use_cache=False)
         assert (tuple(ids), tuple(spans)) == (out.token_ids, out.image_spans)
+
+
+def test_a_prompt_ending_a_turn_is_resumed_whole(family: LoadedModel) -> None:
+    """A prompt that ends with an assistant message (no generation prompt) is snapshotted at
+    its end; the next prompt, which starts a turn there, resumes at all of it."""
+    engine = Engine(family)
+    u1 = user("Describe this picture, please, in a few words.", img(1))
+    a1 = assistant("It is a square of colourful noise, nothing more.")
+    first = engine.run(req(SYSTEM, u1, a1), use_cache=True)
+    r = req(SYSTEM, u1, a1, user("And now?"))
+    warm = engine.run(r, use_cache=True)
+    assert warm.cached_tokens == len(first.token_ids or ())
+    assert diff(warm, engine.run(r, use_cache=False)) == 0.0

@@ -27,7 +27,7 @@ def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Py
             "*verification.py::test_request_streams PASSED*",
             "*verification.py::test_state_machine PASSED*",
             "engine: reference_engine:default_engine; tolerance: exact",
-            "cache efficiency vs oracle: *",
+            "cache efficiency vs the token oracle: *",
             "worst |cached - uncached|: 0",
             "failures by check: none",
         ]

@@ -19,7 +19,7 @@ def test_good_engine_passes_every_check(pytester: pytest.Pytester) -> None:
             "*= prefixcache =*",
             "engine: fakeengines:good; tolerance: exact",
             "requests run: * in * stream(s), * with cache hits",
-            "cache efficiency vs oracle: *% (* of * reusable tokens)",
+            "cache efficiency vs the token oracle: *% (* of * reusable tokens)",
             "worst |cached - uncached|: 0",
             "merges checked: *",
             "failures by check: none",
@@ -264,7 +264,7 @@ def test_an_engine_that_reports_only_logits_is_still_checked(pytester: pytest.Py
     with_fakes(pytester)
     ok = run_suite(pytester, "minimal", "-k", "request_streams", examples=30)
     ok.assert_outcomes(passed=1)
-    ok.stdout.fnmatch_lines(["cache efficiency vs oracle: n/a (nothing was reusable)"])
+    ok.stdout.fnmatch_lines(["cache efficiency vs the token oracle: n/a (nothing was reusable)"])
     bad = run_suite(pytester, "minimal_ignore_digest", "-k", "request_streams", examples=30)
     bad.assert_outcomes(failed=1)
     bad.stdout.fnmatch_lines(["E   *EquivalenceFailure: equivalence: logits differ *"])

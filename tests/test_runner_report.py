@@ -64,7 +64,7 @@ def test_report_lines_and_json(tmp_path: Path) -> None:
     assert lines[:5] == [
         "engine: m:e; tolerance: exact",
         "requests run: 10 in 2 stream(s), 4 with cache hits",
-        "cache efficiency vs oracle: 75.0% (30 of 40 reusable tokens)",
+        "cache efficiency vs the token oracle: 75.0% (30 of 40 reusable tokens)",
         "worst |cached - uncached|: 0.5 (request 2)",
         "merges checked: 5",
     ]

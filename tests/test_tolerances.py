@@ -34,6 +34,8 @@ def test_where_the_rules_apply() -> None:
 
 
 def logprobs(lm: object, ids: list[int], cuts: list[int]) -> np.ndarray:
+    for attr in ("_position_ids", "_rope_deltas"):  # mlx-vlm keeps them per prompt
+        setattr(lm, attr, None)
     cache = lm.make_cache()  # type: ignore[attr-defined]
     start, out = 0, None
     for end in [*cuts, len(ids)]:

@@ -75,7 +75,7 @@ class OpenAIEngine:
         vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
             that carry no ``id``. Default: None.
         extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
-            image spans, merges, full logits). Default: ``False``.
+            image spans, merges, message starts, full logits). Default: ``False``.
         render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
             checked against the server's ids and ``usage.prompt_tokens``. Default: None.
         timeout / start_timeout: seconds per HTTP request / for a server to become ready.
@@ -93,6 +93,10 @@ class OpenAIEngine:
         claims: the claim sources read around every request (see :mod:`.claims`); with
             ``tap``, their figures and the API's per-step logprobs are compared with what the
             model computed (the claims check). Default: None.
+        reuse_reference / block_size: what the server's cache can reuse by design, the
+            reference its efficiency and positive control are judged against: ``"token"``,
+            ``"snapshot"`` (hybrid or sliding-window models: it resumes only at snapshots) or
+            ``"block"`` (whole blocks of ``block_size`` only). Default: ``"token"``.
     """
 
     def __init__(
@@ -129,6 +133,8 @@ class OpenAIEngine:
         audit: bool = True,
         claims: ClaimWatch | None = None,
         fork: bool | None = None,
+        reuse_reference: str = "token",
+        block_size: int | None = None,
     ) -> None:
         check_baseline(
             cmd=cmd,
@@ -143,6 +149,7 @@ class OpenAIEngine:
         self.atol = atol
         #: How the report names ``atol`` when a preset set it from a measured rule.
         self.tolerance_rule = ""
+        self.reuse_reference, self.block_size = reuse_reference, block_size
         self.model = model
         self.top_logprobs = top_logprobs
         self.namespace_header = namespace_header

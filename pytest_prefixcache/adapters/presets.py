@@ -284,13 +284,15 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
     (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
     ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
-    server's ``prefixcache`` reply object: token ids, spans, merges, logits);
+    server's ``prefixcache`` reply object: token ids, spans, merges, message starts, logits);
     ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
     ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial);
     ``PREFIXCACHE_FORK=0`` or ``1`` (start every server from scratch, or fork it; default: fork
     on Linux, see :mod:`.fresh`);
-    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`) and
-    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8).
+    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`);
+    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8);
+    ``PREFIXCACHE_REUSE_REFERENCE`` (``token``, ``snapshot`` or ``block``: the cache's design,
+    default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -307,6 +309,9 @@ def from_env() -> OpenAIEngine:
     resets = f"{e.get('PREFIXCACHE_RESET_METHOD', 'POST')} " + e.get(
         "PREFIXCACHE_RESET_PATH", "/v1/cache/reset"
     )
+    block = e.get("PREFIXCACHE_BLOCK_SIZE", "").strip()
+    if block and not block.isdigit():
+        raise EngineError(f"PREFIXCACHE_BLOCK_SIZE={block!r} is not a positive int")
     return OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
@@ -331,6 +336,8 @@ def from_env() -> OpenAIEngine:
         extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
         audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
         fork={"0": False, "1": True}.get(e.get("PREFIXCACHE_FORK", "")),
+        reuse_reference=e.get("PREFIXCACHE_REUSE_REFERENCE") or "token",
+        block_size=int(block) if block else None,
         claims=ClaimWatch(
             sources_from_json(e["PREFIXCACHE_CLAIMS"]),
             decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),

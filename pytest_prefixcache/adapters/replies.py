@@ -230,4 +230,7 @@ def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:
         token_ids=tuple(int(t) for t in ext.get("token_ids") or ()),
         image_spans=tuple((int(a), int(b), str(d)) for a, b, d in ext.get("image_spans") or ()),
         merges=tuple((int(a), int(b)) for a, b in ext.get("merges") or ()),
+        message_starts=(
+            None if ext.get("message_starts") is None else tuple(map(int, ext["message_starts"]))
+        ),
     )

@@ -4,11 +4,11 @@ Each check is pure (outcomes in, problems out; only the isolation audit in ``tim
 an engine itself) and returns a list of :class:`Problem` (or one, or none); the verifier
 (:mod:`pytest_prefixcache.verify`) runs them on every request and turns the first into a
 readable failure. One module per subject: ``protocol`` (faults, a pair's agreement, merges),
-``equivalence`` (cached vs uncached logits under a tolerance rule), ``oracle`` and ``reuse``
-(the most a correct cache could reuse; the reuse bound, the positive control, the efficiency
-floor), ``claims`` (what the engine claimed against what its model computed), ``render``
-(render stability, corpus expectations), ``memory`` (the budget) and ``timing`` (the speedup
-floor, the tenant-isolation audit).
+``equivalence`` (cached vs uncached logits under a tolerance rule), ``oracle``, ``references``
+and ``reuse`` (the most a correct cache of each design could reuse; the reuse bound, the
+positive control, the efficiency floor), ``claims`` (what the engine claimed against what its
+model computed), ``render`` (render stability, corpus expectations), ``memory`` (the budget)
+and ``timing`` (the speedup floor, the tenant-isolation audit).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .memory import usage_problems
 from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
 from .protocol import fault_problems, merge_problems, pair_problems, span_at
+from .references import REUSE_REFERENCES, CacheDesign, ReuseReference
 from .render import (
     HYGIENE,
     RENDER_SLACK,
@@ -32,6 +33,8 @@ from .render import (
 from .reuse import (
     CONTROL_MIN_TOKENS,
     EFFICIENCY_MIN_TOKENS,
+    NO_SNAPSHOT,
+    UNDER_ONE_BLOCK,
     control_problems,
     efficiency_problem,
     reuse_problems,
@@ -42,13 +45,18 @@ __all__ = [
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "HYGIENE",
+    "NO_SNAPSHOT",
     "RENDER_SLACK",
+    "REUSE_REFERENCES",
     "SPEEDUP_MIN_SECONDS",
+    "UNDER_ONE_BLOCK",
+    "CacheDesign",
     "Comparison",
     "Match",
     "Problem",
     "Rendered",
     "ReuseOracle",
+    "ReuseReference",
     "Tolerance",
     "baseline_problems",
     "claim_problems",

@@ -6,12 +6,18 @@ agree at every position below L, so a placeholder matches only the same image at
 offset, and text matches text. The oracle's maximum for a request is the longest such prefix
 shared with any earlier request of the same namespace, capped at ``prompt_tokens - 1``
 because at least one prompt token must be computed to produce logits.
+
+That is the token oracle, the correctness bound. Beside it, each :class:`Match` carries the
+snapshot-aware reference (the longest boundary of an earlier prompt within the shared
+prefix) and, for a block-granular design, the whole blocks of it; see :mod:`.references`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
+
+from .references import CacheDesign, block_reuse, boundaries, last_boundary, reference_name
 
 __all__ = ["Match", "ReuseOracle", "position_keys", "shared_prefix"]
 
@@ -39,21 +45,62 @@ def shared_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
 
 @dataclass(frozen=True)
 class Match:
-    """The oracle's answer for one request."""
+    """The oracle's answer for one request: the token oracle's, and the other references'."""
 
     max_reuse: int
-    """Longest valid reusable prefix, capped at prompt length - 1."""
+    """Longest valid reusable prefix, capped at prompt length - 1 (the token oracle)."""
     shared: int
     """Longest shared prefix before the cap."""
     source: int | None
     """Stream index of the earlier request that shares it (None if nothing is shared)."""
+    snapshot: int | None = None
+    """The snapshot-aware reference: the longest boundary of an earlier prompt within the
+    prefix it shares, capped like ``max_reuse`` (None when not computed)."""
+    boundary_source: int | None = None
+    """Stream index of the earlier request whose boundary gives ``snapshot`` (when every
+    boundary is 0: the token oracle's ``source``)."""
+    starts_known: bool = True
+    """Every earlier prompt of the namespace reported its message starts (else their
+    boundaries are image edges and prompt ends only)."""
+    block: int | None = None
+    """Whole blocks of ``max_reuse``, for a block-granular design (None otherwise)."""
+    design: CacheDesign = field(default_factory=CacheDesign)
+    """The engine's declared design: which reference judges its efficiency."""
+
+    @property
+    def allowed(self) -> int:
+        """The most the declared reference lets this request reuse."""
+        by = {"snapshot": self.snapshot, "block": self.block}.get(self.design.reference)
+        return self.max_reuse if by is None else by
+
+    def references(self) -> str:
+        """Every reference's maximum and which one judges, in one line."""
+        parts = [f"token oracle {self.max_reuse}"]
+        if self.snapshot is not None:
+            unknown = "" if self.starts_known else " (message boundaries unknown)"
+            src = "" if self.boundary_source is None else f" at request {self.boundary_source}"
+            parts.append(f"snapshot-aware {self.snapshot}{src}{unknown}")
+        if self.block is not None:
+            parts.append(f"blocks of {self.design.block_size}: {self.block}")
+        ref = reference_name(self.design.reference, self.design.block_size)
+        return f"reuse references: {', '.join(parts)}; judged against the {ref}"
+
+
+@dataclass
+class _Prompt:
+    index: int
+    keys: list[Key]
+    bounds: tuple[int, ...]
+    starts_known: bool
 
 
 @dataclass
 class ReuseOracle:
-    """Remembers the prompts of the cached runs so far, per namespace."""
+    """Remembers the prompts of the cached runs so far, per namespace; ``design`` is the
+    engine's (block granularity is computed only for a block-granular one)."""
 
-    _history: dict[str, list[tuple[int, list[Key]]]] = field(default_factory=dict)
+    design: CacheDesign = field(default_factory=CacheDesign)
+    _history: dict[str, list[_Prompt]] = field(default_factory=dict)
 
     def reset(self) -> None:
         self._history.clear()
@@ -67,11 +114,27 @@ class ReuseOracle:
         """What could validly be reused for this prompt, given the prompts seen before."""
         keys = position_keys(token_ids, spans)
         best, source = 0, None
-        for index, earlier in self._history.get(namespace, ()):
-            n = shared_prefix(keys, earlier)
+        snap, snap_source, known = 0, None, True
+        for p in self._history.get(namespace, ()):
+            n = shared_prefix(keys, p.keys)
             if n > best:
-                best, source = n, index
-        return Match(max(0, min(best, len(keys) - 1)), best, source)
+                best, source = n, p.index
+            b = last_boundary(p.bounds, min(n, len(keys) - 1))
+            if b > snap:
+                snap, snap_source = b, p.index
+            known = known and p.starts_known
+        token = max(0, min(best, len(keys) - 1))
+        block = self.design.block_size
+        return Match(
+            token,
+            best,
+            source,
+            snapshot=snap,
+            boundary_source=source if snap_source is None else snap_source,
+            starts_known=known,
+            block=None if block is None else block_reuse(token, block),
+            design=self.design,
+        )
 
     def add(
         self,
@@ -79,6 +142,10 @@ class ReuseOracle:
         namespace: str,
         token_ids: Sequence[int],
         spans: Sequence[tuple[int, int, str]],
+        message_starts: Sequence[int] | None = None,
     ) -> None:
-        """Record the prompt of the cached run of stream request ``index``."""
-        self._history.setdefault(namespace, []).append((index, position_keys(token_ids, spans)))
+        """Record the prompt of the cached run of stream request ``index`` (with the
+        positions where its messages start, when the engine reported them)."""
+        bounds = boundaries(len(token_ids), spans, message_starts)
+        prompt = _Prompt(index, position_keys(token_ids, spans), bounds, message_starts is not None)
+        self._history.setdefault(namespace, []).append(prompt)

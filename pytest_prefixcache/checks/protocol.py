@@ -1,11 +1,13 @@
 """The protocol checks: what one outcome, and a cached/uncached pair, must satisfy.
 
-Faults (types, NaN/inf, shapes, dtypes, inconsistent counts), a pair's agreement on the prompt
-it saw, and the vision merges' shapes (as many embedding rows as placeholder slots).
+Faults (types, NaN/inf, shapes, dtypes, inconsistent counts, message starts out of order or
+outside the prompt), a pair's agreement on the prompt it saw, and the vision merges' shapes
+(as many embedding rows as placeholder slots).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -92,7 +94,30 @@ def fault_problems(o: object, request: Request) -> list[Problem]:
                 msgs.append(
                     f"image span [{start}, {end}) of {d[:12]} is outside the prompt (length {n})"
                 )
+    if o.message_starts is not None:
+        msgs.append(_starts_problem(o.message_starts, n) or "")
     return [Problem("fault", m) for m in msgs if m]
+
+
+def _starts_problem(starts: object, n: int | None) -> str | None:
+    """What is wrong with ``message_starts``: positions of the prompt, strictly ascending."""
+    ints = isinstance(starts, (tuple, list)) and all(
+        isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in starts
+    )
+    if not ints:
+        return f"message_starts must be a tuple of ints, got {starts!r:.200}"
+    pos = [int(p) for p in starts]  # type: ignore[attr-defined]
+    if any(b <= a for a, b in itertools.pairwise(pos)):
+        return f"message_starts {_short(pos)} are not strictly ascending"
+    bad = [p for p in pos if p < 0 or (n is not None and p >= n)]
+    if bad:
+        where = f"[0, {n})" if n is not None else "0 or more"
+        return f"message_starts holds {_short(bad)}, outside the prompt's positions {where}"
+    return None
+
+
+def _short(xs: list[int], limit: int = 8) -> str:
+    return "[" + ", ".join(map(str, xs[:limit])) + (", ...]" if len(xs) > limit else "]")
 
 
 def _digests(ds: list[str]) -> str:

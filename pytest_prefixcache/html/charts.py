@@ -40,9 +40,12 @@ class _Slot:
             where = f"#{self.first}: stream {r.stream}, request {r.request}"
             if r.worker:
                 where += f" ({r.worker})"
+            extra = [] if r.snapshot is None else [f"snapshot-aware {r.snapshot}"]
+            extra += [] if r.block is None else [f"whole blocks {r.block}"]
+            others = f" ({', '.join(extra)})" if extra else ""
             return (
                 f"{where}: reported {_int(r.cached_tokens)} cached, oracle maximum "
-                f"{_int(r.reusable)}, prompt {_int(r.prompt_tokens)} tokens"
+                f"{_int(r.reusable)}{others}, prompt {_int(r.prompt_tokens)} tokens"
                 + (" - MORE THAN THE ORACLE ALLOWS" if self.over else "")
             )
         return (

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..output.report import FORMAT, FailureRecord, Report
 from .charts import MAX_BARS, diff_chart, is_over, reuse_chart
 from .conversation import find_stream_dir, render_stream
+from .reuse import references_table
 from .style import CSS
 
 __all__ = ["render_html", "write_html"]
@@ -52,6 +53,7 @@ def verdict(report: Report) -> tuple[str, str]:
 def _header(report: Report) -> str:
     tone, text = verdict(report)
     eff = report.efficiency
+    reused, reusable = report.judged_reuse()
     over = sum(is_over(r) for r in report.records)
     shards = getattr(report, "shards", 1)
     seed_flag = ""
@@ -78,11 +80,11 @@ def _header(report: Report) -> str:
         ),
         _stat("Cache hits", str(report.cache_hits), hits),
         _stat(
-            "Efficiency vs oracle",
+            "Efficiency",
             "n/a" if eff is None else f"{eff:.1%}",
-            "nothing was reusable"
+            f"nothing was reusable (vs {report.judged_against})"
             if eff is None
-            else f"{report.reused_tokens} of {report.oracle_tokens} reusable tokens",
+            else f"{reused} of {reusable} reusable tokens, vs {report.judged_against}",
         ),
         _stat(
             "Reported > oracle",
@@ -179,10 +181,10 @@ def _charts(report: Report) -> str:
     tol = escape(report.tolerance)
     return (
         '<section class="card" id="reuse"><h2>Reuse per request against the oracle</h2>'
-        f"{reuse_chart(report.records)}"
-        '<p class="caption">Grey: the most prompt tokens the oracle says could validly come from '
-        "the cache; blue: what the engine reported as cached. Red bars, flagged above the plot, "
-        "report more reuse than the oracle allows (the engine served a prefix it should not "
+        f"{references_table(report)}{reuse_chart(report.records)}"
+        '<p class="caption">Grey: the most prompt tokens the token oracle says could validly come '
+        "from the cache; blue: what the engine reported as cached. Red bars, flagged above the "
+        "plot, report more reuse than the oracle allows (the engine served a prefix it should not "
         f"have); grey above blue is reuse left on the table.</p>{note}</section>"
         '<section class="card" id="diffs"><h2>Distribution of logit differences</h2>'
         f"{diff_chart(report.records, report.tolerance)}"

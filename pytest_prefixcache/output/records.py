@@ -32,7 +32,7 @@ class RequestRecord:
     cached_tokens: int | None
     """Prompt tokens the engine reported as reused."""
     reusable: int | None
-    """The oracle's maximum valid reuse for this request (None without token ids)."""
+    """The token oracle's maximum valid reuse for this request (None without token ids)."""
     diff: float
     """Worst |cached - uncached| over the compared positions."""
     kl: float
@@ -40,3 +40,7 @@ class RequestRecord:
     cold_seconds: float
     images: int
     worker: str = ""
+    snapshot: int | None = None
+    """The snapshot-aware reference's maximum (None without token ids, or an older report)."""
+    block: int | None = None
+    """Whole blocks of ``reusable``, for a block-granular design."""

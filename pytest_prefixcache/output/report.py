@@ -18,6 +18,7 @@ from typing import Any
 from ..checks.coverage import coverage_lines, gap_lines, missing
 from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
+from .reuse import FIELDS, MIXED, efficiency_label, judged, references_line, totals
 
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
 
@@ -43,6 +44,7 @@ def _number(x: Any) -> float:
 _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
     "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
+    "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
 )  # fmt: skip
 
 
@@ -60,7 +62,20 @@ class Report:
     requests: int = 0
     cache_hits: int = 0
     reused_tokens: int = 0
+    """Reported reuse, capped at the token oracle's maximum, summed (see :mod:`.reuse`)."""
     oracle_tokens: int = 0
+    """The token oracle's maximum valid reuse, summed."""
+    reference: str = "token"
+    """The reference the engine's design declares: its efficiency is judged against it."""
+    block_size: int | None = None
+    """A block-granular design's block size."""
+    snapshot_reused: int = 0
+    snapshot_tokens: int = 0
+    block_reused: int = 0
+    block_tokens: int = 0
+    starts_unknown: int = 0
+    """Requests with token ids but no message starts (their snapshot-aware boundaries are
+    image edges and prompt ends only)."""
     worst_diff: float = 0.0
     worst_diff_where: str = ""
     worst_kl: float = 0.0
@@ -148,10 +163,23 @@ class Report:
 
     @property
     def efficiency(self) -> float | None:
-        """Reused tokens / the oracle's maximum valid reuse (None when nothing was reusable)."""
-        if self.oracle_tokens == 0:
-            return None
-        return self.reused_tokens / self.oracle_tokens
+        """Reused tokens / the declared reference's maximum (None when nothing was
+        reusable)."""
+        reused, reusable = judged(self)
+        return reused / reusable if reusable else None
+
+    def judged_reuse(self) -> tuple[int, int]:
+        """(tokens reused, tokens reusable) against the declared reference."""
+        return judged(self)
+
+    def reuse_totals(self) -> dict[str, tuple[int, int]]:
+        """Reference -> (tokens reused, tokens it allowed), see :mod:`.reuse`."""
+        return totals(self)
+
+    @property
+    def judged_against(self) -> str:
+        """The reference the efficiency is judged against, in words."""
+        return efficiency_label(self)
 
     @property
     def failures_by_check(self) -> dict[str, int]:
@@ -170,10 +198,11 @@ class Report:
     def lines(self) -> list[str]:
         """The terminal summary, one line per item."""
         eff = self.efficiency
+        reused, reusable = judged(self)
         eff_text = (
             "n/a (nothing was reusable)"
             if eff is None
-            else f"{eff:.1%} ({self.reused_tokens} of {self.oracle_tokens} reusable tokens)"
+            else f"{eff:.1%} ({reused} of {reusable} reusable tokens)"
         )
         worst = f"{self.worst_diff:.3g}"
         if self.worst_diff_where:
@@ -185,10 +214,13 @@ class Report:
             + f"tolerance: {self.tolerance}",
             f"requests run: {self.requests} in {self.streams} stream(s){workers}, "
             f"{self.cache_hits} with cache hits",
-            f"cache efficiency vs oracle: {eff_text}",
+            f"cache efficiency vs {efficiency_label(self)}: {eff_text}",
             f"worst |cached - uncached|: {worst}",
             f"merges checked: {self.merges_checked}",
         ]
+        side_by_side = references_line(self)
+        if side_by_side:
+            out.append(side_by_side)
         if self.engine_error:
             out.insert(1, f"engine could not be built: {self.engine_error}")
         if self.warm_seconds > 0:
@@ -222,6 +254,9 @@ class Report:
 
     def merge(self, other: Report, worker: str = "") -> None:
         """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""
+        if other.requests and other.reference != self.reference:  # the first one's, or mixed
+            self.reference = other.reference if self.requests == 0 else MIXED
+        self.block_size = self.block_size or other.block_size
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.shards = max(self.shards, other.shards)
@@ -260,6 +295,7 @@ class Report:
             "reused_tokens": self.reused_tokens,
             "oracle_tokens": self.oracle_tokens,
             "efficiency": self.efficiency,
+            **{name: getattr(self, name) for name in FIELDS},
             "worst_diff": _finite(self.worst_diff),
             "worst_diff_where": self.worst_diff_where,
             "worst_kl": _finite(self.worst_kl),

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from ..checks.equivalence import Tolerance
+from ..checks.references import CacheDesign
 from ..errors import EngineError
 from ..images import ImageFactory
 from ..types import Engine, Request, ShortRepr
@@ -209,7 +210,13 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
     if tolerance.atol != s.atol:
         rule = getattr(engine, "tolerance_rule", "") or ENGINE_RULE
         slot.report.tolerance = f"{tolerance.describe()} ({rule})"
+    try:
+        design = CacheDesign.of(engine)
+    except EngineError as exc:
+        slot.report.engine_error = str(exc)
+        raise
     options = VerifyOptions(
+        design=design,
         tolerance=tolerance,
         timeout=s.timeout,
         min_efficiency=s.min_efficiency,

@@ -69,6 +69,11 @@ def _involved_span(problem: Problem, ctx: Context) -> tuple[int, int, str] | Non
     return span_at(o.image_spans, pos) if cached else None
 
 
+def _named(problem: Problem) -> bool:
+    """The problem's own lines already name every reference."""
+    return any(d.startswith("reuse references: ") for d in problem.details)
+
+
 def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = ()) -> str:
     """The whole message for one problem found in a stream."""
     n = len(ctx.stream)
@@ -91,6 +96,8 @@ def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = (
             )
             reuse += f"; oracle maximum valid reuse {ctx.match.max_reuse}{src}"
         lines.append(reuse)
+        if ctx.match is not None and ctx.match.snapshot is not None and not _named(problem):
+            lines.append(f"  {ctx.match.references()}")
         span = _involved_span(problem, ctx)
         if span is not None:
             k = list(o.image_spans or ()).index(span)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..checks import Comparison, Match, Tolerance
+from ..checks import CacheDesign, Comparison, Match, Tolerance
 from ..output.streams import FAILURES_DIR
 from ..types import Outcome, Request
 from .worker import DEFAULT_TIMEOUT
@@ -28,6 +28,9 @@ class VerifyOptions:
     min_speedup: float | None = None
     strict_render: bool = False
     """Render-hygiene findings fail (by default they are reported and the run goes on)."""
+    design: CacheDesign | None = None
+    """What the engine's cache can reuse by design (the reference its efficiency and positive
+    control are judged against); None: what the engine declares (``CacheDesign.of``)."""
     failures_dir: Path = FAILURES_DIR
     replay_command: Callable[[str], str] = default_replay_command
 

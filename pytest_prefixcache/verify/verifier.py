@@ -4,9 +4,11 @@ For each request in stream order the verifier runs ``engine.run(request, use_cac
 then ``engine.run(request, use_cache=False)``, each under the timeout, and checks, in order:
 faults (an uncached run that reports reuse is one), the memory budget, the pair's agreement,
 the baseline audit on a fresh instance (:mod:`.audit`), then shapes (merges), equivalence,
-the reuse bound against the oracle, the positive control and render stability; it counts
-which checks could run (the coverage). Render-hygiene findings are recorded, not failed,
-unless ``strict_render``. The first problem found becomes a
+the reuse bound against the token oracle, the positive control against the reference the
+engine's design declares (``CacheDesign``), and render stability; it counts which checks
+could run (the coverage). Efficiency-tier findings (render hygiene; a control that only the
+token oracle would fire, :data:`FINDINGS`) are recorded, not failed; render hygiene fails
+with ``strict_render``. The first problem found becomes a
 :class:`~pytest_prefixcache.errors.VerificationFailure` whose message names the request, the
 positions, the values and the replay command.
 """
@@ -21,6 +23,9 @@ from typing import NoReturn
 from .. import errors
 from ..checks import (
     HYGIENE,
+    NO_SNAPSHOT,
+    UNDER_ONE_BLOCK,
+    CacheDesign,
     Match,
     Problem,
     Rendered,
@@ -42,6 +47,7 @@ from ..checks import (
     usage_problems,
 )
 from ..output.report import Report, RequestRecord
+from ..output.reuse import add_reuse
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr
 from .audit import Audit
@@ -50,10 +56,15 @@ from .options import Step, VerifyOptions
 from .worker import CallTimedOut, EngineWorker
 
 __all__ = [
+    "FINDINGS",
     "Step",
     "Verifier",
     "VerifyOptions",
 ]
+
+#: Checks whose problems are efficiency findings: recorded, not failed (render hygiene fails
+#: with ``strict_render``).
+FINDINGS = frozenset({HYGIENE, NO_SNAPSHOT, UNDER_ONE_BLOCK})
 
 
 @dataclass(repr=False)
@@ -79,6 +90,11 @@ class Verifier(ShortRepr):
     _cold: float = 0.0
     _reused: int = 0
     _reusable: int = 0
+
+    def __post_init__(self) -> None:
+        design = self.options.design or CacheDesign.of(self.engine)
+        self.oracle.design = design
+        self.report.reference, self.report.block_size = design.reference, design.block_size
 
     def __repr__(self) -> str:
         return f"<Verifier engine={type(self.engine).__name__} stream={len(self.stream)} requests>"
@@ -193,7 +209,9 @@ class Verifier(ShortRepr):
             self._rendered.append((index, request, ids))
             spans = cached.image_spans or ()
             match = self.oracle.match(request.namespace, cached.token_ids, spans)
-            self.oracle.add(index, request.namespace, cached.token_ids, spans)
+            starts = cached.message_starts
+            self.oracle.add(index, request.namespace, cached.token_ids, spans, starts)
+            self.report.starts_unknown += starts is None
         ctx = Context(ctx.stream, index, cached, match)
         self._account(cached, uncached, match)
         comparison = compare(cached, uncached, self.options.tolerance)
@@ -215,6 +233,8 @@ class Verifier(ShortRepr):
                 self.report.streams, index, cached.prompt_tokens, cached.cached_tokens,
                 None if match is None else match.max_reuse, comparison.worst_diff,
                 comparison.worst_kl, warm, cold, len(request.images),
+                snapshot=None if match is None else match.snapshot,
+                block=None if match is None else match.block,
             )
         )  # fmt: skip
         self._check(
@@ -222,7 +242,7 @@ class Verifier(ShortRepr):
             + merge_problems(uncached)
             + comparison.problems
             + reuse_problems(cached, match)
-            + control_problems(request, prev, cached, match)
+            + self._findings(control_problems(request, prev, cached, match), index)
             + render,
             ctx,
         )
@@ -234,14 +254,15 @@ class Verifier(ShortRepr):
         return Step(request, cached, uncached, match, comparison)
 
     def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
-        """The problems that fail: render-hygiene findings are recorded instead, unless
-        ``strict_render``."""
-        if self.options.strict_render:
-            return problems
+        """The problems that fail: :data:`FINDINGS` are recorded instead (render hygiene
+        fails with ``strict_render``)."""
+        fail = []
         for p in problems:
-            if p.check == HYGIENE:
+            if p.check in FINDINGS and not (p.check == HYGIENE and self.options.strict_render):
                 self.report.add_finding(p.check, f"request {index}: {p.headline}")
-        return [p for p in problems if p.check != HYGIENE]
+            else:
+                fail.append(p)
+        return fail
 
     def _account(self, cached: Outcome, uncached: Outcome, match: Match | None) -> None:
         r = self.report
@@ -250,11 +271,9 @@ class Verifier(ShortRepr):
         if cached.cached_tokens:
             r.cache_hits += 1
         if match is not None and cached.cached_tokens is not None:
-            used = min(cached.cached_tokens, match.max_reuse)
-            r.reused_tokens += used
-            r.oracle_tokens += match.max_reuse
-            self._reused += used
-            self._reusable += match.max_reuse
+            add_reuse(r, cached.cached_tokens, match)
+            self._reused += min(cached.cached_tokens, match.allowed)
+            self._reusable += match.allowed
 
     def _check(self, problems: list[Problem], ctx: Context, prefix: str = "") -> None:
         __tracebackhide__ = True
@@ -271,7 +290,7 @@ class Verifier(ShortRepr):
         ctx = Context(tuple(self.stream))
         floor = self.options.min_efficiency
         if floor is not None:
-            problem = efficiency_problem(self._reused, self._reusable, floor)
+            problem = efficiency_problem(self._reused, self._reusable, floor, self.oracle.design)
             if problem is not None:
                 self.fail(problem, ctx)
         speedup = self.options.min_speedup

@@ -156,13 +156,15 @@ def extension_field(out: Outcome, body: dict[str, Any]) -> dict[str, Any]:
 
 def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
     """What only this server tells (asked for by ``"prefixcache": {"logits": true}`` in the
-    body): prompt token ids, image spans, vision merges and, with ``logits``, the float32
-    logits before each generated token as base64."""
+    body): prompt token ids, image spans, vision merges, message starts and, with ``logits``,
+    the float32 logits before each generated token as base64."""
     ext: dict[str, Any] = {
         "token_ids": list(out.token_ids or ()),
         "image_spans": [list(s) for s in out.image_spans or ()],
         "merges": [list(m) for m in out.merges or ()],
     }
+    if out.message_starts is not None:
+        ext["message_starts"] = list(out.message_starts)
     if logits:
         ext["step_logits"] = [
             base64.b64encode(np.asarray(x, dtype=np.float32).tobytes()).decode("ascii")
