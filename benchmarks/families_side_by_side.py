@@ -91,9 +91,9 @@ FAMILIES = {
 
 
 # -- the second reference ----------------------------------------------------------------------
-# The snapshot-aware reference comes from pytest_prefixcache/checks/oracle.py (branch 'oracle':
-# Match.snapshot, and ReuseOracle.add(..., message_starts=)). Before that lands, both are
-# missing here: the snapshot-aware figures are None and the table says "n/a".
+# The snapshot-aware reference comes from pytest_prefixcache/checks/oracle.py (Match.snapshot,
+# and ReuseOracle.add(..., message_starts=); merged from branch 'oracle' in 8768e20). With an
+# oracle without them, the snapshot-aware figures are None and the table says "n/a".
 _ADD_TAKES_STARTS = "message_starts" in inspect.signature(ReuseOracle.add).parameters
 SNAPSHOT_REFERENCE = _ADD_TAKES_STARTS and "snapshot" in {f.name for f in fields(Match)}
 
