@@ -138,12 +138,16 @@ def measure(
 
 
 def interleaved_pass(
-    engines: dict[str, tuple[Any, bool]], workload: Workload, turn: int = 0
+    engines: dict[str, tuple[Any, bool]],
+    workload: Workload,
+    turn: int = 0,
+    measure: Callable[..., dict[str, Any]] = measure,
 ) -> dict[str, list[dict[str, Any]]]:
     """One pass of ``workload`` through every engine (name -> (engine, is the reference)),
     caches reset first, request by request: each request goes to every engine before the
     next one, the engine going first rotating per request (and with ``turn``, per pass), so
-    that load from other jobs on the machine falls on every engine alike."""
+    that load from other jobs on the machine falls on every engine alike. ``measure`` times
+    one request on one engine (default: this module's ``measure``)."""
     names = list(engines)
     oracles = {n: ReuseOracle() for n in names}
     rows: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
@@ -173,12 +177,14 @@ TIMES = (
 )
 
 
-def median_rows(passes: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Per request: the last pass's counts, the median of each time over the passes."""
+def median_rows(
+    passes: list[list[dict[str, Any]]], times: tuple[str, ...] = TIMES
+) -> list[dict[str, Any]]:
+    """Per request: the last pass's counts, the median of each of ``times`` over the passes."""
     rows = []
     for per_pass in zip(*passes, strict=True):
         row = dict(per_pass[-1])
-        for k in TIMES:
+        for k in times:
             if row[k] is not None:
                 row[k] = statistics.median(p[k] for p in per_pass)
         row["cached_tokens_same_every_pass"] = len({p["cached_tokens"] for p in per_pass}) == 1

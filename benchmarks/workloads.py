@@ -14,6 +14,19 @@ prefills on the random hidden-512 model keep the whole run well under 15 minutes
 - ``image_edit``: the oMLX #637 A-E conversation (an edit instruction and a new version of the
   picture per turn), then the full A-E conversation again with image 2 (B) replaced by a
   different picture of the same size: reusable only up to B.
+
+``family_workloads()`` builds four more for the model families with layers that cannot be
+trimmed (hybrid recurrent, sliding window; ``families_side_by_side.py``). Every prompt is longer
+than the fixtures' 32-token window and has several boundaries (message starts, image edges)
+where such a cache can hold a snapshot:
+
+- ``growing_chat`` (text only): each request re-sends the history plus one user turn.
+- ``shared_system`` (text only): one long shared system prompt, then a new user message per
+  request.
+- ``replaced_image``: a three-turn image conversation grown turn by turn, then re-sent with
+  its second image replaced by another picture of the same size.
+- ``swapped_images``: a text turn, then a turn with two images; the same conversation with the
+  two images in the other order; then that one grown by a turn.
 """
 
 from __future__ import annotations
@@ -24,7 +37,7 @@ import numpy as np
 
 from pytest_prefixcache import Image, Message, Request
 
-__all__ = ["SIZES", "Shape", "Workload", "workloads"]
+__all__ = ["SIZES", "Shape", "Workload", "family_workloads", "workloads"]
 
 WORDS = (
     "agent tool file read write search patch test build error trace line module class function "
@@ -153,6 +166,78 @@ def image_edit(shape: Shape, seed: int) -> Workload:
     requests = [conversation("ABCDE"[: k + 1], pics["B"]) for k in range(5)]
     requests.append(conversation("ABCDE", changed_b))
     return Workload("image_edit", tuple(requests), multimodal=True)
+
+
+def growing_chat(seed: int, turns: int = 6, words: int = 40) -> Workload:
+    rng = np.random.default_rng(seed)
+    system = Message("system", (f"You are a careful assistant. {text(rng, words)}",))
+    history: list[Message] = [system]
+    requests = []
+    for t in range(turns):
+        history.append(Message("user", (f"Question {t}: {text(rng, words)}",)))
+        requests.append(Request(tuple(history)))
+        history.append(Message("assistant", (f"Answer {t}: {text(rng, words // 2)}",)))
+    return Workload("growing_chat", tuple(requests), multimodal=False)
+
+
+def shared_system(seed: int, users: int = 5, system_words: int = 120, words: int = 30) -> Workload:
+    rng = np.random.default_rng(seed)
+    system = Message("system", (f"Answer from these notes only. {text(rng, system_words)}",))
+    requests = [Request((system, Message("user", (f"{text(rng, words)}?",)))) for _ in range(users)]
+    return Workload("shared_system", tuple(requests), multimodal=False)
+
+
+def replaced_image(seed: int, words: int = 30) -> Workload:
+    rng = np.random.default_rng(seed)
+    pics = [photo(seed * 100 + i, 64, 64) for i in range(3)]
+    other = photo(seed * 100 + 99, 64, 64)  # replaces pics[1]: same size, other pixels
+    system = Message("system", (f"You review photos. {text(rng, words)}",))
+    asks = [f"Photo {i}: {text(rng, words)}" for i in range(3)]
+    replies = [f"Noted {i}: {text(rng, words // 2)}" for i in range(3)]
+
+    def conversation(turns: int, second: Image) -> Request:
+        history: list[Message] = [system]
+        for i in range(turns):
+            if i:
+                history.append(Message("assistant", (replies[i - 1],)))
+            history.append(Message("user", (second if i == 1 else pics[i], asks[i])))
+        return Request(tuple(history))
+
+    requests = [conversation(k, pics[1]) for k in (1, 2, 3)] + [conversation(3, other)]
+    return Workload("replaced_image", tuple(requests), multimodal=True)
+
+
+def swapped_images(seed: int, words: int = 30) -> Workload:
+    rng = np.random.default_rng(seed)
+    a, b = photo(seed * 100, 64, 64), photo(seed * 100 + 1, 96, 96)
+    system = Message("system", (f"You compare pictures. {text(rng, words)}",))
+    first = Message("user", (f"Context: {text(rng, words)}",))
+    reply = Message("assistant", (f"Understood: {text(rng, words // 2)}",))
+    ask = f"Which of the two is brighter? {text(rng, words // 2)}"
+
+    def pair(x: Image, y: Image) -> tuple[Message, ...]:
+        return (system, first, reply, Message("user", (x, y, ask)))
+
+    later = (
+        Message("assistant", (f"The first: {text(rng, words // 2)}",)),
+        Message("user", (f"And the second? {text(rng, words // 2)}",)),
+    )
+    requests = [
+        Request(pair(a, b)),
+        Request(pair(b, a)),
+        Request(pair(b, a) + later),
+    ]
+    return Workload("swapped_images", tuple(requests), multimodal=True)
+
+
+def family_workloads(seed: int = 0) -> list[Workload]:
+    """The four workloads of the families with non-trimmable layers, built from ``seed``."""
+    return [
+        growing_chat(seed + 11),
+        shared_system(seed + 12),
+        replaced_image(seed + 13),
+        swapped_images(seed + 14),
+    ]
 
 
 def workloads(size: str = "tiny", seed: int = 0) -> list[Workload]:

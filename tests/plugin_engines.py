@@ -77,7 +77,7 @@ class FakeEngine:
             "hangs", "nan", "wrong_shape", "wrong_dtype", "rerender", "top_only", "drift",
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
             "keep_volatile", "slow_hits", "minimal", "ignore_use_cache",
-            "stale_features", "images_never_stored",
+            "stale_features", "images_never_stored", "stale_order",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -89,6 +89,10 @@ class FakeEngine:
         # stale_features: image features keyed by image size, shared by the cached and the
         # uncached path and kept across reset(): a same-size image gets the first one's
         self.features: dict[tuple[int, ...], str] = {}
+        # stale_order: the image features of a request keyed by its set of images, shared by
+        # both paths and kept across reset(): the same images in another order get the first
+        # order's features (shows only when images come back reordered)
+        self.orders: dict[tuple[str, ...], list[str]] = {}
 
     def reset(self) -> None:
         self.cache.clear()
@@ -140,6 +144,10 @@ class FakeEngine:
                 (s, e, self.features.setdefault(img.pixels.shape, d))
                 for (s, e, d), img in zip(spans, request.images)
             ]
+        if self.flags.get("stale_order") and spans:
+            order = self.orders.setdefault(tuple(sorted(d for _, _, d in spans)), [])
+            order[:] = order or [d for _, _, d in spans]
+            features = [(s, e, d) for (s, e, _), d in zip(spans, order)]
         state, cached = _h(b"ns", request.namespace.encode()), 0
         if use_cache or self.flags.get("ignore_use_cache"):
             for b, key in enumerate(keys):

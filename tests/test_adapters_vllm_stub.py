@@ -266,7 +266,7 @@ def test_the_suite_audits_the_salted_baseline_with_fresh_servers(
             "failures by check: none",
             "  equivalence at decode steps  [1-9]*/[1-9]*",
             "  reuse bound * 2[0-9]/2[0-9]",
-            "  cold baseline * [1-9]/[1-9]",
+            "  cold baseline * [1-9]*/[1-9]*",
             "verdict: PASS (partial: not checked on every request: shapes)",
         ]
     )
@@ -308,7 +308,7 @@ def test_server_cmd_with_a_request_body_option(
         timeout=300,
     )  # fmt: skip
     if body:
-        result.stdout.fnmatch_lines(["failures by check: none", "  cold baseline * [1-9]/[1-9]"])
+        result.stdout.fnmatch_lines(["failures by check: none", "  cold baseline * [1-9]*/[1-9]*"])
         assert result.ret == 0
     else:
         result.stdout.fnmatch_lines(["*top_logprobs entr* name no token id*"])

@@ -164,3 +164,73 @@ def test_engine_clock_reads_the_engine_metric_of_server_timing() -> None:
     assert engine_clock._server_timing("db;dur=3, engine;desc=x;dur=250") == 0.25
     assert engine_clock._server_timing("db;dur=3") is None  # another metric: not the engine
     assert engine_clock._server_timing("") is None
+
+
+def test_family_workload_shapes() -> None:
+    loads = {w.name: w for w in wl.family_workloads()}
+    assert list(loads) == ["growing_chat", "shared_system", "replaced_image", "swapped_images"]
+    assert fingerprint(list(loads.values())) == fingerprint(wl.family_workloads())
+    assert fingerprint(wl.family_workloads(seed=1)) != fingerprint(list(loads.values()))
+    assert [w.multimodal for w in loads.values()] == [False, False, True, True]
+    chat = loads["growing_chat"].requests  # the history plus one user turn, each time
+    for a, b in itertools.pairwise(chat):
+        assert b.messages[: len(a.messages)] == a.messages
+        assert [m.role for m in b.messages[len(a.messages) :]] == ["assistant", "user"]
+    shared = loads["shared_system"].requests  # one system prompt, a new user message each
+    assert len({r.messages[0] for r in shared}) == 1
+    assert len({r.messages[1] for r in shared}) == len(shared)
+    grown, replaced = loads["replaced_image"].requests[-2:]  # only the second image differs
+    assert [a == b for a, b in zip(grown.images, replaced.images)] == [True, False, True]
+    assert grown.images[1].size == replaced.images[1].size
+    first, swapped = loads["swapped_images"].requests[:2]
+    assert swapped.images == first.images[::-1] and first.images[0] != first.images[1]
+
+
+def test_families_side_by_side_on_two_requests(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The script on its smallest setting: the reference engine, two requests of one workload
+    on the hybrid fixture; the JSON and the Markdown table have their shape (no timings)."""
+    pytest.importorskip("mlx.core")
+    import families_side_by_side as fam
+
+    argv = ["--family", "hybrid", "--engine", "reference", "--workload", "growing_chat"]
+    argv += ["--requests", "2", "--out", str(tmp_path), "--markdown"]
+    assert fam.main(argv) == 0
+    out = capsys.readouterr().out
+    figures = json.loads((tmp_path / "families_side_by_side.json").read_text())
+    assert figures["command"] == "python benchmarks/families_side_by_side.py " + " ".join(argv)
+    assert figures["command"] in out
+    hybrid = figures["families"]["hybrid"]
+    assert hybrid["fixtures"] == {"vlm": "tiny-qwen3.5-vl", "text": "tiny-qwen3.5"}
+    result = hybrid["workloads"]["growing_chat"]["reference"]
+    rows, s = result["requests"], result["summary"]
+    assert len(rows) == 2 and all(r["prompt_tokens"] > 32 for r in rows)  # the window wraps
+    assert rows[0]["cached_tokens"] == rows[0]["oracle_max"] == 0
+    assert rows[1]["cached_tokens"] == rows[1]["oracle_max"] == rows[0]["prompt_tokens"]
+    assert s["vs_oracle"] == 1.0 and s["max_abs_diff"] == 0.0  # bit-exact against cold
+    assert {"cold_s", "warm_s", "snapshot_ref", "vs_snapshot", "short_of_snapshot"} <= set(s)
+    if figures["snapshot_reference_available"]:
+        assert s["snapshot_ref"] == rows[0]["prompt_tokens"] and s["vs_snapshot"] == 1.0
+    else:  # until the oracle computes it, the second reference is n/a
+        assert s["snapshot_ref"] is None and s["vs_snapshot"] is None
+    target = hybrid["target"]["growing_chat"]
+    assert target["more_than_every_peer"] and target["peers_cached"] == {}
+    table = [ln for ln in out.splitlines() if ln.startswith("| ")]
+    assert len(table) == 2 + 1 and table[2].startswith("| hybrid | growing_chat | reference | ")
+
+
+def test_families_table_is_the_one_in_docs_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+    import families_side_by_side as fam
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "benchmarks" / "results" / "families_side_by_side.json"
+    assert fam.main(["--table", str(results)]) == 0
+    out = capsys.readouterr().out
+    table = [ln for ln in out.splitlines() if ln.startswith("|")]
+    figures = json.loads(results.read_text())
+    rows = sum(len(w) for f in figures["families"].values() for w in f["workloads"].values())
+    assert len(table) == 2 + rows
+    doc = (root / "docs" / "benchmarks.md").read_text()
+    assert all(line in doc for line in table)  # docs/benchmarks.md shows what the JSON says
+    assert figures["command"] in doc

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from plugin_support import run_suite, with_fakes
 
@@ -107,3 +108,58 @@ def test_a_request_record_times_the_uncached_run_not_the_audit(tmp_path: Path) -
     (record,) = verifier.report.records
     assert verifier.report.coverage["cold baseline"] == {"applied": 1}
     assert record.cold_seconds < 0.3, record
+
+
+def _ab_stream() -> list:
+    from pytest_prefixcache import Image, Message, Request
+
+    a = Image(np.full((64, 64, 3), 10, dtype=np.uint8))
+    b = Image(np.full((64, 64, 3), 200, dtype=np.uint8))
+    ask = lambda *imgs: Request((Message("user", ("Compare:", *imgs)),), max_new_tokens=2)  # noqa: E731
+    # a plain repeat first, then the same images in the other order
+    return [ask(a, b), ask(a, b), ask(b, a)]
+
+
+def test_reordered_images_are_audited_after_a_plain_repeat(tmp_path: Path) -> None:
+    """Negative control: an engine whose image features are keyed by the set of images (both
+    paths share it, a reset keeps it) answers [B, A] with [A, B]'s features, cached and
+    uncached alike, so only a fresh instance tells. A plain repeat before the reorder used
+    to spend the audit's one rearranged request: the stream passed."""
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache.errors import VerificationFailure
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify.audit import Audit
+
+    options = VerifyOptions(failures_dir=tmp_path)
+    buggy = Verifier(
+        FakeEngine(stale_order=True),
+        options=options,
+        audit=Audit(lambda: FakeEngine(stale_order=True)),
+    )
+    with pytest.raises(VerificationFailure) as info:
+        buggy.run(_ab_stream())
+    assert info.value.check == "cold baseline"
+    # positive control: the correct engine passes the same stream, every request audited
+    verifier = Verifier(FakeEngine(), options=options, audit=Audit(FakeEngine))
+    verifier.run(_ab_stream())
+    assert verifier.report.coverage["cold baseline"] == {"applied": 3}
+
+
+def test_the_cold_baseline_row_counts_audited_against_all_requests(tmp_path: Path) -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache import Message, Request
+    from pytest_prefixcache.checks.coverage import NOT_SAMPLED, missing
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify.audit import Audit
+
+    turns = [Message("user", (f"turn {i}",)) for i in range(3)]
+    stream = [Request(tuple(turns[: i + 1])) for i in range(3)]
+    verifier = Verifier(
+        FakeEngine(), options=VerifyOptions(failures_dir=tmp_path), audit=Audit(FakeEngine)
+    )
+    verifier.run(stream)
+    row = verifier.report.coverage["cold baseline"]
+    assert row == {"applied": 1, NOT_SAMPLED: 2}
+    assert "cold baseline" not in missing(verifier.report.coverage)  # not a gap

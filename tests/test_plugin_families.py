@@ -4,6 +4,8 @@ family's mutant, named alone, loads the family it needs and is caught."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("mlx.core")
@@ -11,6 +13,7 @@ pytest.importorskip("mlx.core")
 pytest_plugins = ["pytester"]
 
 FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def verify(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
@@ -41,8 +44,16 @@ def test_the_default_engine_passes_on_the_family(pytester: pytest.Pytester, name
 
 
 def test_a_family_mutant_alone_loads_its_family_and_is_caught(pytester: pytest.Pytester) -> None:
-    result = verify(
-        pytester, "--prefixcache-engine=reference_engine.mutants:ring_trimmed_after_wrap"
+    """Its saved counterexample replayed, in seconds (the generated streams catch it too:
+    tests/test_mutants_detection.py; a whole run that shrinks every failing stream takes
+    minutes)."""
+    case = ROOT / "fixtures" / "corpus" / "mutants" / "mutant_ring_trimmed_after_wrap.json"
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--prefixcache-verify",
+        "--prefixcache-engine=reference_engine.mutants:ring_trimmed_after_wrap",
+        f"--prefixcache-replay={case}",
     )
     assert result.ret == 1, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*equivalence*", "verdict: FAIL*"])

@@ -6,7 +6,9 @@ so the verifier counts, per check, the requests it applied to and, for every oth
 the reason; the session's verdict is PASS only when every correctness check applied to every
 request it concerns (``REQUIRED``), or the user accepted partial coverage.
 
-The memory-budget check is counted too but not required: it is an extra an engine offers
+The cold baseline's row counts every request: those its audit did not sample are shown as
+:data:`NOT_SAMPLED`, which is not a gap. The memory-budget check is counted too but not
+required: it is an extra an engine offers
 with ``cache_usage()``, and a server has no standard way to report its cache's memory. The
 claims rows (:mod:`.claims`) are required only when the engine declares claim sources: their
 :data:`UNCLAIMED` reasons (nothing declared, nothing claimed) are not gaps.
@@ -25,6 +27,7 @@ __all__ = [
     "HINTS",
     "NOTHING_CLAIMED",
     "NOT_DECLARED",
+    "NOT_SAMPLED",
     "NO_LOGPROBS",
     "NO_TAP",
     "REQUIRED",
@@ -56,6 +59,9 @@ NOTHING_CLAIMED = "no source gave a figure"
 NO_LOGPROBS = "no per-step logprobs in the reply"
 #: Reasons of the claims rows that are not gaps: nothing was claimed.
 UNCLAIMED = frozenset({NOT_DECLARED, NOTHING_CLAIMED, NO_LOGPROBS})
+#: The cold baseline's reason for a request the audit did not sample: not a gap (the audit is
+#: a sample by design), shown so that the row reads audited / all requests.
+NOT_SAMPLED = "not in the audit's sample"
 #: What the engine must return to enable a check that could not run, by reason.
 HINTS = {
     "no token_ids": "return Outcome.token_ids (the prompt's token ids)",
@@ -146,6 +152,8 @@ def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, in
     out = {}
     for check in (*REQUIRED, *DECLARED):
         skip = UNCLAIMED if check in DECLARED else frozenset()
+        if check == "cold baseline":
+            skip = frozenset({NOT_SAMPLED})
         reasons = {
             k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and k not in skip and v
         }

@@ -1,13 +1,23 @@
 """The baseline audit: a fresh instance of the engine recomputes a sample of uncached requests.
 
-See :mod:`pytest_prefixcache.checks.baseline` for why. The sample: the first request of each
-stream, every request whose images were repeated, replaced, reordered or re-encoded against
-an earlier request of the stream (the same image list again, or one of the same length that
-differs, or shared images in another order; a next turn that only adds images is not), at
-most ``REARRANGED_PER_STREAM`` of them, and every request whose cached and uncached runs
-disagree. The cap keeps the default run's cost in bounds (``benchmarks/verify_throughput.py
---audit-cost``); the first request of every stream catches what survives a reset. Each audited
-request gets a new engine object, so nothing an earlier request left behind can leak into it.
+See :mod:`pytest_prefixcache.checks.baseline` for why. The sample, where bugs hide first:
+
+- the first request of each stream (what survives a reset);
+- every request whose images come back in another order than in an earlier request of the
+  stream (the same images in another order, or shared images reordered): a feature cache
+  keyed by the set of images, not their order, shows only there;
+- the first ``REPLACED_PER_STREAM`` requests whose image list replaces images of an earlier
+  one (the same length, other images);
+- the first ``REPEATED_PER_STREAM`` requests that repeat an earlier image list exactly (a
+  repeat or a re-encoding): its own budget, so a plain repeat never uses up the sample of
+  the reorders and replacements that follow it;
+- every request whose cached and uncached runs disagree.
+
+A next turn that only adds images is not sampled. The caps keep the default run's cost in
+bounds (``benchmarks/verify_throughput.py --audit-cost``). The coverage row counts audited
+requests against all of them: the others are "not in the audit's sample", which is not a gap.
+Each audited request gets a new engine object, so nothing an earlier request left behind can
+leak into it.
 """
 
 from __future__ import annotations
@@ -17,25 +27,33 @@ from dataclasses import dataclass, field, replace
 
 from ..checks import Comparison, Problem, Tolerance, fault_problems, fresh_problems, fresh_verdict
 from ..checks.baseline import CHECK
-from ..checks.coverage import APPLIED
+from ..checks.coverage import APPLIED, NOT_SAMPLED
 from ..output.report import Report
 from ..types import Engine, Outcome, Request
 
-__all__ = ["REARRANGED_PER_STREAM", "Audit"]
+__all__ = ["REPEATED_PER_STREAM", "REPLACED_PER_STREAM", "Audit", "rearrangement"]
 
 
-#: Requests with rearranged images audited per stream (the first ones).
-REARRANGED_PER_STREAM = 1
+#: Requests that replace an earlier request's images audited per stream (the first ones).
+REPLACED_PER_STREAM = 2
+#: Requests that repeat an earlier request's image list exactly, audited per stream.
+REPEATED_PER_STREAM = 1
 
 
-def _rearranged(images: tuple[str, ...], before: tuple[str, ...]) -> bool:
-    """Whether ``images`` repeat, replace or reorder the images of an earlier request."""
+def rearrangement(images: tuple[str, ...], before: tuple[str, ...]) -> str | None:
+    """How ``images`` rearrange the images of an earlier request: ``"reordered"`` (shared
+    images in another order), ``"replaced"`` (as many images, other ones), ``"repeated"``
+    (the same list again), or None (no images, or only images added)."""
     if not images:
-        return False
-    if len(images) == len(before):
-        return True  # the same list again (a repeat, a re-encoding) or one that differs
+        return None
     shared = [d for d in images if d in before]
-    return shared != [d for d in before if d in images]  # shared images in another order
+    if shared != [d for d in before if d in images]:
+        return "reordered"
+    if images == before:
+        return "repeated"
+    if len(images) == len(before):
+        return "replaced"
+    return None
 
 
 Call = Callable[[str, Callable[[], object]], object]
@@ -51,22 +69,26 @@ class Audit:
     missing: str = "engine given as an instance"
     """Why there is no ``fresh`` (the coverage table shows it)."""
     _earlier: list[tuple[str, ...]] = field(default_factory=list)
-    _moved: int = 0
+    _spent: dict[str, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         """A new stream begins."""
         self._earlier.clear()
-        self._moved = 0
+        self._spent.clear()
 
     def _sampled(self, index: int, request: Request) -> bool:
         images = tuple(img.digest for img in request.images)
-        moved = self._moved < REARRANGED_PER_STREAM and any(
-            _rearranged(images, before) for before in self._earlier
-        )
-        self._moved += moved
+        kinds = {rearrangement(images, before) for before in self._earlier}
         if images:
             self._earlier.append(images)
-        return index == 0 or moved
+        if index == 0 or "reordered" in kinds:
+            return True
+        caps = (("replaced", REPLACED_PER_STREAM), ("repeated", REPEATED_PER_STREAM))
+        for kind, cap in caps:
+            if kind in kinds and self._spent.get(kind, 0) < cap:
+                self._spent[kind] = self._spent.get(kind, 0) + 1
+                return True
+        return False
 
     def check(
         self,
@@ -88,6 +110,7 @@ class Audit:
             report.count(CHECK, self.missing)
             return []
         if not (sampled or comparison.problems):
+            report.count(CHECK, NOT_SAMPLED)
             return []
         engine = call("building a fresh instance of the engine", self.fresh)
         run = engine.run  # type: ignore[attr-defined]

@@ -1,0 +1,456 @@
+"""The reference engine beside its peers on the families whose layers cannot all be trimmed.
+
+    python benchmarks/families_side_by_side.py --repeats 3 --markdown
+    python benchmarks/families_side_by_side.py --family hybrid --engine reference --requests 2
+    python benchmarks/families_side_by_side.py --table benchmarks/results/families_side_by_side.json
+
+Two families (DESIGN.md, "Model families"), each on one set of weights: **hybrid**
+(``tiny-qwen3.5-vl`` and its language model alone, ``tiny-qwen3.5``: recurrent GatedDeltaNet
+layers x3 + full attention) and **sliding-window** (``tiny-gemma3`` and ``tiny-gemma3-text``: a
+32-position ring every other layer). The workloads are ``workloads.family_workloads()``:
+every prompt wraps the window and has several boundaries. Engines, interleaved request by
+request as ``side_by_side.py`` does (``interleaved_pass``):
+
+- the reference engine on the VLM fixture, every workload (it loads mlx-vlm models only; the
+  text fixture is the VLM's language model, so its text runs are on the same weights);
+- mlx-lm's prompt cache (``adapters/mlx_lm.py``) on the text fixture, text workloads only;
+- mlx-vlm APC, block and exact-snapshot modes (``adapters/mlx_vlm_apc.py``), on the VLM
+  fixture, every workload;
+- rapid-mlx (``adapters/seed.py``, ``--mllm``, on the VLM fixture) when a venv of it exists
+  under ``$SEED_DIR`` or a checkout's ``.seed-engines/``; otherwise skipped, saying why.
+
+Per request: an uncached run (cold), then a cached run (warm), each timed to the first token
+(``max_new_tokens=0``; the peers' adapters always sample one token); the largest
+|cached - cold| over the logits of the first position (bit-exactness: 0.0 is bit-exact); the
+warm run's cached tokens against two references computed over the engine's own prompts:
+
+- the **token oracle** (``ReuseOracle``): the longest prefix shared with an earlier prompt, to
+  the token (the correctness bound);
+- the **snapshot-aware reference** (``Match.snapshot``): the most a cache can reuse when its
+  non-trimmable layers resume only at boundaries an earlier prompt passed (message starts,
+  image edges, earlier prompts' ends). Message starts are the engine's own
+  (``Outcome.message_starts``), else the reference engine's for the same token ids; a peer
+  whose prompt differs gets image edges and prompt ends only (``starts_from`` says which).
+
+``--repeats`` replays each workload (caches reset first; the first engine rotating per pass)
+and keeps the median time per request. Writes ``results/families_side_by_side.json``; with
+``--markdown`` prints the table. The issue's target: the reference engine reaches 0.95 of the
+snapshot-aware reference on every workload and reuses more than every peer beside it
+(``target`` in the JSON, per family and workload, with the requests that fall short).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from side_by_side import interleaved_pass, median_rows, ratio, resident_bytes, timed, warm_up
+from workloads import Workload, family_workloads
+
+from pytest_prefixcache import Request
+from pytest_prefixcache.checks.oracle import Match, ReuseOracle
+from pytest_prefixcache.package_data import FIXTURES
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET = 0.95
+TIMES = ("cold_s", "warm_s", "cold_cpu_s", "warm_cpu_s")
+
+
+@dataclass(frozen=True)
+class Family:
+    vlm: str
+    text: str
+    layers: str
+
+
+FAMILIES = {
+    "hybrid": Family(
+        "tiny-qwen3.5-vl", "tiny-qwen3.5", "Qwen3.5: (GatedDeltaNet x3 + full attention) x2"
+    ),
+    "sliding-window": Family(
+        "tiny-gemma3", "tiny-gemma3-text", "Gemma 3: (sliding window 32 + global) x2"
+    ),
+}
+
+
+# -- the second reference ----------------------------------------------------------------------
+# The snapshot-aware reference comes from pytest_prefixcache/checks/oracle.py (Match.snapshot,
+# and ReuseOracle.add(..., message_starts=); merged from branch 'oracle' in 8768e20). With an
+# oracle without them, the snapshot-aware figures are None and the table says "n/a".
+_ADD_TAKES_STARTS = "message_starts" in inspect.signature(ReuseOracle.add).parameters
+SNAPSHOT_REFERENCE = _ADD_TAKES_STARTS and "snapshot" in {f.name for f in fields(Match)}
+
+
+def snapshot_reference(match: Match) -> int | None:
+    """The snapshot-aware reference of one request (None: this oracle does not compute it)."""
+    return getattr(match, "snapshot", None)
+
+
+# -- engines -----------------------------------------------------------------------------------
+def rapid_mlx_python() -> tuple[str | None, str]:
+    """The python of a rapid-mlx venv, or None and why not: ``$SEED_DIR``, else the
+    ``.seed-engines/`` of this checkout or of any worktree of its repository."""
+    roots = [os.environ.get("SEED_DIR"), str(FIXTURES.parent / ".seed-engines")]
+    try:
+        listing = subprocess.run(
+            ["git", "-C", str(FIXTURES.parent), "worktree", "list", "--porcelain"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        roots += [ln[9:] + "/.seed-engines" for ln in listing.splitlines() if ln[:9] == "worktree "]
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    looked = []
+    for root in dict.fromkeys(r for r in roots if r):
+        python = Path(root) / "rapid-mlx" / "bin" / "python"
+        if python.is_file():
+            return str(python), f"rapid-mlx venv at {python.parent.parent}"
+        looked.append(str(python.parent.parent))
+    return None, (
+        "no rapid-mlx venv (looked in " + ", ".join(looked) + "; "
+        "scripts/seed_engines.sh install rapid-mlx makes one)"
+    )
+
+
+def engines(family: Family) -> tuple[dict[str, tuple[Callable[[], Any], bool]], dict[str, str]]:
+    """name -> (factory, serves images: a text-only engine serves only text workloads), and
+    name -> why an engine is skipped."""
+    from pytest_prefixcache.adapters.mlx_lm import MlxLmEngine
+    from pytest_prefixcache.adapters.mlx_vlm_apc import MlxVlmApcEngine
+    from reference_engine import Engine
+
+    vlm, text = FIXTURES / family.vlm, FIXTURES / family.text
+    found: dict[str, tuple[Callable[[], Any], bool]] = {
+        "reference": (lambda: Engine.from_pretrained(vlm), True),
+        "mlx-lm prompt cache": (lambda: MlxLmEngine.from_pretrained(text), False),
+        "mlx-vlm APC block": (lambda: MlxVlmApcEngine.from_pretrained(vlm, mode="block"), True),
+        "mlx-vlm APC snapshot": (
+            lambda: MlxVlmApcEngine.from_pretrained(vlm, mode="snapshot"),
+            True,
+        ),
+    }
+    skipped: dict[str, str] = {}
+    python, why = rapid_mlx_python()
+    if python is None:
+        skipped["rapid-mlx"] = why
+    else:
+        from pytest_prefixcache.adapters.seed import seed_server
+
+        found["rapid-mlx"] = (
+            lambda: seed_server(
+                "rapid-mlx", ["--mllm"], model_dir=vlm, python=python, audit=False,
+                decode_steps=1,
+            ),
+            True,
+        )  # fmt: skip
+    return found, skipped
+
+
+# -- one request, one pass ---------------------------------------------------------------------
+def max_abs_diff(a: Any, b: Any) -> float | None:
+    """max |a - b| over two logit vectors (None when either is missing or shapes differ)."""
+    if a is None or b is None:
+        return None
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(np.max(np.abs(x - y))) if x.shape == y.shape else None
+
+
+def measure(engine: Any, req: Request, i: int, _oracle: Any, _reference: bool) -> dict[str, Any]:
+    """One request: the uncached run, then the cached run; their times and logits' largest
+    difference. The references are added after the pass (``add_references``), when the
+    reference engine's message starts for the request are known. An engine that raises gets
+    a row with the error only (the run drops it from the workload, saying why)."""
+    try:
+        cold, cold_s, cold_cpu = timed(lambda: engine.run(req, use_cache=False))
+        warm, warm_s, warm_cpu = timed(lambda: engine.run(req, use_cache=True))
+    except Exception as exc:  # a peer that cannot serve a request is a finding, not a crash
+        return {"error": f"request {i}: {type(exc).__name__}: {exc}"[:400]}
+    starts = getattr(warm, "message_starts", None)
+    return {
+        "prompt_tokens": warm.prompt_tokens,
+        "cached_tokens": warm.cached_tokens,
+        "cold_s": cold_s,
+        "warm_s": warm_s,
+        "cold_cpu_s": cold_cpu,
+        "warm_cpu_s": warm_cpu,
+        "max_abs_diff": max_abs_diff(warm.logits, cold.logits),
+        "cold_warm_same_prompt": tuple(cold.token_ids or ()) == tuple(warm.token_ids or ()),
+        "token_ids": tuple(warm.token_ids or ()),
+        "image_spans": [list(s) for s in warm.image_spans or ()],
+        "message_starts": None if starts is None else list(starts),
+        "resident_bytes": resident_bytes(engine),
+    }
+
+
+def add_references(rows: dict[str, list[dict[str, Any]]], namespace: str = "") -> None:
+    """Each engine's token oracle and snapshot-aware reference, over its own prompts in order.
+    Message starts: the engine's own, else the reference engine's where the token ids agree."""
+    ours = rows.get("reference")
+    for per_request in rows.values():
+        oracle = ReuseOracle()
+        for i, row in enumerate(per_request):
+            ids, spans = row["token_ids"], [tuple(s) for s in row["image_spans"]]
+            same = ours is not None and ours[i]["token_ids"] == ids
+            starts, source = row["message_starts"], "own"
+            if starts is None and same and ours is not None:
+                starts, source = ours[i]["message_starts"], "reference"
+            match = oracle.match(namespace, ids, spans)
+            extra: dict[str, Any] = {"message_starts": starts} if _ADD_TAKES_STARTS else {}
+            oracle.add(i, namespace, ids, spans, **extra)
+            row["oracle_max"] = match.max_reuse
+            row["snapshot_ref"] = snapshot_reference(match)
+            row["starts_from"] = source if starts is not None else None
+            row["same_prompt_as_reference"] = same
+    for per_request in rows.values():  # the JSON keeps counts, not the prompts' ids
+        for row in per_request:
+            del row["token_ids"]
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    counts = ("prompt_tokens", "cached_tokens", "oracle_max", *TIMES)
+    total = {k: sum(r[k] for r in rows) for k in counts}
+    snaps = [r["snapshot_ref"] for r in rows]
+    snap_total = None if None in snaps else sum(snaps)
+    diffs = [r["max_abs_diff"] for r in rows]
+    return {
+        **total,
+        "snapshot_ref": snap_total,
+        "efficiency": ratio(total["cached_tokens"], total["prompt_tokens"]),
+        "vs_oracle": ratio(total["cached_tokens"], total["oracle_max"]),
+        "vs_snapshot": None if snap_total is None else ratio(total["cached_tokens"], snap_total),
+        "short_of_snapshot": [
+            {
+                "request": i,
+                "cached": r["cached_tokens"],
+                "snapshot_ref": r["snapshot_ref"],
+                "oracle_max": r["oracle_max"],
+            }
+            for i, r in enumerate(rows)
+            if r["snapshot_ref"] is not None and r["cached_tokens"] < r["snapshot_ref"]
+        ],
+        "short_of_oracle": [
+            {"request": i, "cached": r["cached_tokens"], "oracle_max": r["oracle_max"]}
+            for i, r in enumerate(rows)
+            if r["cached_tokens"] < r["oracle_max"]
+        ],
+        "over_oracle": [i for i, r in enumerate(rows) if r["cached_tokens"] > r["oracle_max"]],
+        "cold_over_warm": ratio(total["cold_s"], total["warm_s"]),
+        "max_abs_diff": None if None in diffs else max(diffs),
+        "max_resident_bytes": max((r["resident_bytes"] or 0) for r in rows),
+    }
+
+
+def target(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The issue's target on one workload: the reference engine at >= 0.95 of the
+    snapshot-aware reference, and more reuse than every peer beside it."""
+    if "summary" not in per_engine.get("reference", {}):
+        return None
+    ours = per_engine["reference"]["summary"]
+    peers = {
+        n: r["summary"]["cached_tokens"]
+        for n, r in per_engine.items()
+        if n != "reference" and "summary" in r
+    }
+    vs = ours["vs_snapshot"]
+    return {
+        "vs_snapshot": vs,
+        "reaches_0_95": None if vs is None else vs >= TARGET,
+        "more_than_every_peer": all(ours["cached_tokens"] > c for c in peers.values()),
+        "peers_cached": peers,
+        "peers_failed": {n: r["error"] for n, r in per_engine.items() if "error" in r},
+        "reference_cached": ours["cached_tokens"],
+    }
+
+
+# -- the run -----------------------------------------------------------------------------------
+def run(
+    families: list[str],
+    repeats: int,
+    only: list[str] | None = None,
+    loads: list[str] | None = None,
+    requests: int | None = None,
+) -> dict[str, Any]:
+    import mlx.core as mx
+
+    mx.set_default_device(mx.cpu)
+    t_start = time.perf_counter()
+    chosen = [w for w in family_workloads() if not loads or w.name in loads]
+    if requests:
+        chosen = [Workload(w.name, w.requests[:requests], w.multimodal) for w in chosen]
+    out: dict[str, Any] = {}
+    for fname in families:
+        family = FAMILIES[fname]
+        factories, skipped = engines(family)
+        for name, why in skipped.items():
+            print(f"{fname}: {name} skipped: {why}", flush=True)
+        built: dict[str, tuple[Any, bool]] = {}
+        for name, (factory, images) in factories.items():
+            if only and name not in only:
+                continue
+            try:
+                built[name] = (factory(), images)
+                warm_up(built[name][0], images)
+            except Exception as exc:  # a peer that cannot load this family is a finding
+                skipped[name] = f"could not serve: {type(exc).__name__}: {exc}"[:400]
+                print(f"{fname}: {name} skipped: {skipped[name]}", flush=True)
+                built.pop(name, None)
+        results: dict[str, Any] = {}
+        targets: dict[str, Any] = {}
+        for w in chosen:
+            servers = [n for n, (_, images) in built.items() if images or not w.multimodal]
+            passes: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in servers}
+            failed: dict[str, str] = {}
+            for turn in range(repeats):
+                engaged = {n: (built[n][0], n == "reference") for n in servers if n not in failed}
+                rows = interleaved_pass(engaged, w, turn, measure=measure)
+                for n, per_request in list(rows.items()):
+                    errors = [r["error"] for r in per_request if "error" in r]
+                    if errors:
+                        failed[n] = errors[0]
+                        del rows[n]
+                        print(f"{fname} {w.name:>15} {n:>21}: dropped: {errors[0]}", flush=True)
+                add_references(rows)
+                for n in rows:
+                    passes[n].append(rows[n])
+            for n in servers:
+                if n in failed:
+                    results.setdefault(w.name, {})[n] = {"error": failed[n]}
+                    continue
+                med = median_rows(passes[n], TIMES)
+                results.setdefault(w.name, {})[n] = {"summary": summary(med), "requests": med}
+                s = results[w.name][n]["summary"]
+                print(
+                    f"{fname} {w.name:>15} {n:>21}: reused {s['cached_tokens']}/"
+                    f"{s['prompt_tokens']}, vs token oracle {pct(s['vs_oracle'])}, vs "
+                    f"snapshot-aware {pct(s['vs_snapshot'])}, cold/warm "
+                    f"{s['cold_over_warm']:.2f}x, max|cached-cold| {s['max_abs_diff']}",
+                    flush=True,
+                )
+            targets[w.name] = target(results[w.name])
+        for engine, _ in built.values():
+            close = getattr(engine, "close", None)
+            if callable(close):
+                close()
+        built.clear()
+        gc.collect()
+        out[fname] = {
+            "fixtures": {"vlm": family.vlm, "text": family.text},
+            "layers": family.layers,
+            "skipped": skipped,
+            "workloads": results,
+            "target": targets,
+        }
+    return {
+        "repeats": repeats,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, MLX CPU",
+        "snapshot_reference_available": SNAPSHOT_REFERENCE,
+        "wall_s": time.perf_counter() - t_start,
+        "families": out,
+    }
+
+
+# -- output ------------------------------------------------------------------------------------
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+HEAD = (
+    "| family | workload | engine | reused / prompt | vs token oracle | vs snapshot-aware "
+    "| requests short of snapshot-aware | cold | warm | cold / warm | max \\|cached - cold\\| |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def markdown(figures: dict[str, Any]) -> str:
+    """The table: one row per family, workload and engine."""
+    lines = [HEAD]
+    for fname, fam in figures["families"].items():
+        for wname, per_engine in fam["workloads"].items():
+            for ename, result in per_engine.items():
+                if "error" in result:  # the first clause (the JSON has all of it)
+                    error = result["error"].split(": the render")[0].replace("|", "\\|")
+                    lines.append(f"| {fname} | {wname} | {ename} | failed: {error} |" + " |" * 7)
+                    continue
+                s, n = result["summary"], len(result["requests"])
+                vs_snap = (
+                    "n/a" if s["snapshot_ref"] is None
+                    else f"{pct(s['vs_snapshot'])} of {s['snapshot_ref']:,}"
+                )  # fmt: skip
+                short = (
+                    "n/a" if s["snapshot_ref"] is None
+                    else f"{len(s['short_of_snapshot'])} of {n}"
+                )  # fmt: skip
+                diff = "-" if s["max_abs_diff"] is None else f"{s['max_abs_diff']:.3g}"
+                lines.append(
+                    f"| {fname} | {wname} | {ename} "
+                    f"| {s['cached_tokens']:,} / {s['prompt_tokens']:,} ({pct(s['efficiency'])}) "
+                    f"| {pct(s['vs_oracle'])} of {s['oracle_max']:,} "
+                    f"| {vs_snap} | {short} "
+                    f"| {s['cold_s']:.2f} s | {s['warm_s']:.2f} s "
+                    f"| {s['cold_over_warm']:.2f}x | {diff} |"
+                )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", action="append", choices=list(FAMILIES),
+                    help="Only this family (repeatable; default: both)")  # fmt: skip
+    ap.add_argument("--repeats", type=int, default=1, help="Passes per workload (default 1)")
+    ap.add_argument("--engine", action="append", help="Only this engine (repeatable)")
+    ap.add_argument("--workload", action="append", help="Only this workload (repeatable)")
+    ap.add_argument("--requests", type=int, help="Only the first N requests of each workload")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="Output directory")
+    ap.add_argument("--markdown", action="store_true", help="Print the Markdown table")
+    ap.add_argument("--table", type=Path, help="Only print the table of this results JSON")
+    args = ap.parse_args(argv)
+    if args.table is not None:
+        figures = json.loads(args.table.read_text())
+        print(markdown(figures))
+        print(f"command: {figures['command']}")
+        return 0
+    load = os.getloadavg()
+    figures = run(args.family or list(FAMILIES), args.repeats, args.engine, args.workload,
+                  args.requests)  # fmt: skip
+    figures["load_before"], figures["load_after"] = load, os.getloadavg()  # 1, 5, 15 min
+    figures["command"] = shlex.join(
+        ["python", "benchmarks/families_side_by_side.py", *(sys.argv[1:] if argv is None else argv)]
+    )
+    for fname, fam in figures["families"].items():
+        for wname, t in fam["target"].items():
+            if t is not None:
+                print(
+                    f"target {fname} {wname}: reference vs snapshot-aware {pct(t['vs_snapshot'])}"
+                    f" (>= {TARGET:.0%}: {t['reaches_0_95']}), more than every peer: "
+                    f"{t['more_than_every_peer']} {t['peers_cached']}"
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "families_side_by_side.json"
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    if args.markdown:
+        print(markdown(figures))
+    print(f"command: {figures['command']}")
+    print(f"wrote {path} ({figures['wall_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
