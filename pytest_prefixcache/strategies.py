@@ -17,8 +17,9 @@ from hypothesis.errors import InvalidArgument
 from ._moves import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
 from .images import PATTERNS, make_image
 from .types import Image, Message, Request
+from .waves import request_waves
 
-__all__ = ["conversations", "image_pools", "images", "request_streams"]
+__all__ = ["conversations", "image_pools", "images", "request_streams", "request_waves"]
 
 #: A stream goes on after each request with odds CONTINUE_ODDS : 1 (until max_requests).
 CONTINUE_ODDS = 5

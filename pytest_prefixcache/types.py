@@ -32,6 +32,7 @@ __all__ = [
     "Part",
     "Request",
     "StepEntry",
+    "Wave",
 ]
 
 ROLES = ("system", "user", "assistant")
@@ -175,6 +176,41 @@ class Request:
         return tuple(img for m in self.messages for img in m.images)
 
 
+#: The longest arrival offset of a request in a wave, in seconds.
+MAX_ARRIVAL = 10.0
+
+
+@dataclass(frozen=True)
+class Wave:
+    """Requests in flight together: request i is sent ``arrivals[i]`` seconds after the wave
+    starts (all at once when ``arrivals`` is empty), and each is answered before the next
+    wave starts."""
+
+    requests: tuple[Request, ...]
+    arrivals: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        reqs = tuple(self.requests)
+        if not reqs or not all(isinstance(r, Request) for r in reqs):
+            raise RequestError(f"Wave.requests must be a non-empty tuple of Request, got {reqs!r}")
+        arrivals = tuple(self.arrivals) or (0.0,) * len(reqs)
+        if len(arrivals) != len(reqs):
+            raise RequestError(
+                f"Wave.arrivals has {len(arrivals)} offsets for {len(reqs)} requests"
+            )
+        for i, a in enumerate(arrivals):
+            ok = isinstance(a, (int, float)) and not isinstance(a, bool)
+            if not ok or not 0.0 <= float(a) <= MAX_ARRIVAL:
+                raise RequestError(
+                    f"Wave.arrivals[{i}] is {a!r}; an arrival is seconds from 0 to {MAX_ARRIVAL:g}"
+                )
+        object.__setattr__(self, "requests", reqs)
+        object.__setattr__(self, "arrivals", tuple(float(a) for a in arrivals))
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
 #: What a reuse figure counts: ``"tokens"`` prompt tokens reused; ``"hits"`` cache hits (more
 #: than 0 says something was reused); ``"misses"`` cache misses (more than 0 says nothing was).
 ClaimUnit = Literal["tokens", "hits", "misses"]
@@ -254,6 +290,11 @@ class Outcome(ShortRepr):
             The snapshot-aware reference resumes at these boundaries.
         claims: what the engine claimed against what its model computed (see :class:`Claims`),
             or None when the engine declares no claim sources.
+        served: the order in which the engine admitted this request among the requests it
+            served concurrently: an admission index that grows with every cached request the
+            engine admits (its scheduler's order, not the client's), or None when not
+            reported. Under concurrency the reuse oracle judges claimed reuse in this order;
+            without it, against every other request of the wave (any order was possible).
     """
 
     logits: np.ndarray | None = None
@@ -268,6 +309,7 @@ class Outcome(ShortRepr):
     merges: tuple[tuple[int, int], ...] | None = None
     claims: Claims | None = None
     message_starts: tuple[int, ...] | None = None
+    served: int | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape
@@ -291,6 +333,14 @@ class Engine(Protocol):
     ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
     efficiency and positive control are judged against; see
     :class:`~pytest_prefixcache.checks.references.CacheDesign`).
+
+    Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
+    called from up to that many threads at once and that the engine batches or interleaves
+    the requests in flight (sharing their prefix blocks as it can). The plugin then adds the
+    waves property (``test_waves``): waves of concurrent cached requests, each reply compared
+    with the same request served alone on the cold baseline, and a cache-off wave as the
+    noise control (``use_cache=False`` calls in flight together, too). ``reset`` is called
+    only when no request is in flight. Such an engine reports ``Outcome.served`` where it can.
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

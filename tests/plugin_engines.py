@@ -78,6 +78,7 @@ class FakeEngine:
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
             "keep_volatile", "slow_hits", "minimal", "ignore_use_cache",
             "stale_features", "images_never_stored", "stale_order",
+            "concurrent", "mix_rows", "batch_noise", "no_served",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -93,6 +94,16 @@ class FakeEngine:
         # both paths and kept across reset(): the same images in another order get the first
         # order's features (shows only when images come back reordered)
         self.orders: dict[tuple[str, ...], list[str]] = {}
+        # concurrent=N: run() may be called from N threads at once; the requests in flight
+        # overlap for a few ms (a batch); mix_rows: the rows stored under a request's keys are
+        # another in-flight request's (the wrong batch row); batch_noise: every reply computed
+        # while another request is in flight moves by 1e-6 (batch non-invariance, cache or
+        # not); no_served: Outcome.served is not reported
+        if flags.get("concurrent"):
+            self.max_concurrency = int(flags["concurrent"])
+        self._lock = threading.RLock()
+        self._served = 0
+        self._inflight: dict[int, list[tuple[bytes, bytes]] | None] = {}
 
     def reset(self) -> None:
         self.cache.clear()
@@ -128,6 +139,38 @@ class FakeEngine:
         return keys
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
+        if not self.flags.get("concurrent"):
+            return self._run(request, use_cache=use_cache)
+        me = threading.get_ident()
+        with self._lock:
+            self._inflight[me] = None
+            entered = self._entered = getattr(self, "_entered", 0) + 1
+            alone = len(self._inflight) == 1
+        try:
+            time.sleep(0.003)  # the requests of a wave overlap: one batch
+            with self._lock:  # in a batch: another request came in before or during this one
+                batch = 1 if alone and self._entered == entered else 2
+            return self._run(request, use_cache=use_cache, batch=batch)
+        finally:
+            with self._lock:
+                del self._inflight[me]
+
+    def _store(self, stored: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+        """What the store writes: with mix_rows, another in-flight request's rows."""
+        if not self.flags.get("mix_rows"):
+            return stored
+        me = threading.get_ident()
+        with self._lock:
+            self._inflight[me] = stored
+        time.sleep(0.003)  # the other rows of the batch are computed meanwhile
+        with self._lock:
+            others = [rows for t, rows in self._inflight.items() if t != me and rows]
+        if not others:
+            return stored
+        # BUG: rows of the other batch row stored under this request's keys
+        return [(k, st) for (k, _), (_, st) in zip(stored, others[0])]
+
+    def _run(self, request: Request, *, use_cache: bool, batch: int = 1) -> Outcome:
         self.calls = getattr(self, "calls", 0) + 1
         header = f"x-billing: {self.calls}\n" if self.flags.get("volatile") else ""
         ids, spans = render(
@@ -149,12 +192,16 @@ class FakeEngine:
             order[:] = order or [d for _, _, d in spans]
             features = [(s, e, d) for (s, e, _), d in zip(spans, order)]
         state, cached = _h(b"ns", request.namespace.encode()), 0
+        served: int | None = None
         if use_cache or self.flags.get("ignore_use_cache"):
-            for b, key in enumerate(keys):
-                if (b + 1) * BLOCK > n - 1 or key not in self.cache:
-                    break
-                state, cached = self.cache[key], (b + 1) * BLOCK
-                self.cache.move_to_end(key)
+            with self._lock:  # the admission: the order the oracle judges reuse in
+                served = self._served
+                self._served += 1
+                for b, key in enumerate(keys):
+                    if (b + 1) * BLOCK > n - 1 or key not in self.cache:
+                        break
+                    state, cached = self.cache[key], (b + 1) * BLOCK
+                    self.cache.move_to_end(key)
         hit = cached > 0
         if hit and self.flags.get("raises"):
             raise RuntimeError("cache corrupted while restoring a block")
@@ -189,13 +236,17 @@ class FakeEngine:
                 stored[-1] = (stored[-1][0], state)
             if self.flags.get("store_half"):
                 stored = [(k, st) for k, st in stored if keys.index(k) < len(keys) // 2]
-            for key, st in stored:
-                self.cache[key] = st
-                self.cache.move_to_end(key)
-            while len(self.cache) > self.capacity:
-                self.cache.popitem(last=False)
-                self.evictions += 1
+            stored = self._store(stored)
+            with self._lock:
+                for key, st in stored:
+                    self.cache[key] = st
+                    self.cache.move_to_end(key)
+                while len(self.cache) > self.capacity:
+                    self.cache.popitem(last=False)
+                    self.evictions += 1
         out_logits = logits
+        if batch > 1 and self.flags.get("batch_noise"):
+            out_logits = (logits + np.float32(1e-6)).astype(np.float32)
         if hit and self.flags.get("nan"):
             out_logits = logits.copy()
             out_logits[7] = np.nan
@@ -218,6 +269,8 @@ class FakeEngine:
             image_spans=tuple(spans),
             merges=tuple(merges),
         )
+        if self.flags.get("concurrent") and not self.flags.get("no_served"):
+            common["served"] = served
         if self.flags.get("top_only"):
             lp = out_logits.astype(np.float64)
             lp = lp - (lp.max() + np.log(np.exp(lp - lp.max()).sum()))
@@ -255,6 +308,10 @@ top_only = _variant(top_only=True)
 top_only_drift = _variant(top_only=True, drift=True)
 top_only_ignore_digest = _variant(top_only=True, ignore_digest=True)
 drift = _variant(drift=True)
+concurrent = _variant(concurrent=4)
+concurrent_mix_rows = _variant(concurrent=4, mix_rows=True)
+concurrent_batch_noise = _variant(concurrent=4, batch_noise=True)
+concurrent_no_served = _variant(concurrent=4, no_served=True)
 
 
 def drift_with_atol() -> FakeEngine:

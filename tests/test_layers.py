@@ -15,7 +15,7 @@ LAYERS = (
     ("the contract", {"types", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),
     ("engines", {"adapters", "tap"}),
-    ("generation", {"strategies", "_moves"}),
+    ("generation", {"strategies", "waves", "_moves"}),
     ("checks", {"checks"}),
     ("output", {"output", "html"}),
     ("driving an engine", {"verify", "stateful"}),

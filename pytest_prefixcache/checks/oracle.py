@@ -105,6 +105,10 @@ class ReuseOracle:
     def reset(self) -> None:
         self._history.clear()
 
+    def copy(self) -> ReuseOracle:
+        """An oracle that has seen the same prompts (adding to it leaves this one as it is)."""
+        return ReuseOracle(self.design, {ns: list(p) for ns, p in self._history.items()})
+
     def match(
         self,
         namespace: str,

@@ -10,7 +10,11 @@ A stream file looks like::
 
 An image part names an entry of ``images`` (a generator spec, see
 :func:`pytest_prefixcache.images.image_from_spec`), or a PNG/BMP/JPEG file relative to the
-JSON file, or gives a spec inline. Failing streams are written as ``stream.json`` plus one PNG
+JSON file, or gives a spec inline. A stream of concurrent waves (the waves property) adds
+``"waves": [{"requests": [0, 1, 2], "arrival_ms": [0, 5, 5]}, ...]``: the indexes of
+``requests`` each wave sends together, in order, and each one's arrival offset in
+milliseconds (:func:`waves_from` builds them; a file without the key is a sequential stream,
+as before). Failing streams are written as ``stream.json`` plus one PNG
 per distinct image under ``.prefixcache/failures/<id>/``; ``<id>`` is a hash of the stream.
 """
 
@@ -26,7 +30,7 @@ from typing import Any
 from ..errors import PrefixCacheError
 from ..images import image_from_spec
 from ..package_data import CORPUS
-from ..types import Image, Message, Request
+from ..types import MAX_ARRIVAL, Image, Message, Request, Wave
 
 __all__ = [
     "FORMAT",
@@ -36,6 +40,8 @@ __all__ = [
     "save_stream",
     "stream_id",
     "stream_to_json",
+    "waves_from",
+    "waves_to_json",
 ]
 
 FORMAT = "pytest-prefixcache/stream/v1"
@@ -62,6 +68,62 @@ def stream_to_json(stream: Sequence[Request], description: str = "") -> dict[str
             {"namespace": req.namespace, "max_new_tokens": req.max_new_tokens, "messages": messages}
         )
     return {"format": FORMAT, "description": description, "requests": requests}
+
+
+def waves_to_json(waves: Sequence[Wave]) -> list[dict[str, Any]]:
+    """The ``"waves"`` entry of a stream file whose ``requests`` are the waves' requests in
+    order."""
+    out, first = [], 0
+    for wave in waves:
+        out.append(
+            {
+                "requests": list(range(first, first + len(wave))),
+                "arrival_ms": [round(a * 1000, 3) for a in wave.arrivals],
+            }
+        )
+        first += len(wave)
+    return out
+
+
+def waves_from(stream: Sequence[Request], meta: dict[str, Any]) -> tuple[Wave, ...] | None:
+    """The waves a loaded stream file declares under ``"waves"`` (None when it declares none),
+    checked: every request index in range, used at most once, arrivals in milliseconds from 0
+    to 10,000. Raises PrefixCacheError naming the field (``waves[1].arrival_ms[0]``)."""
+    raw = meta.get("waves")
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not raw:
+        raise PrefixCacheError(f"waves: is {raw!r:.60}, expected a non-empty JSON array")
+    seen: set[int] = set()
+    waves = []
+    for w, entry in enumerate(raw):
+        at = f"waves[{w}]"
+        try:
+            idx = _field(entry, "requests", at, list)
+            ms = _field(entry, "arrival_ms", at, list, [0] * len(idx))
+        except _Malformed as exc:
+            raise PrefixCacheError(str(exc)) from None
+        if not idx:
+            raise PrefixCacheError(f"{at}.requests: is empty; a wave sends at least one request")
+        if len(ms) != len(idx):
+            raise PrefixCacheError(
+                f"{at}.arrival_ms: has {len(ms)} offsets for {len(idx)} requests"
+            )
+        for k, i in enumerate(idx):
+            ok = isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(stream)
+            if not ok or i in seen:
+                why = "used twice" if ok else f"not a request index from 0 to {len(stream) - 1}"
+                raise PrefixCacheError(f"{at}.requests[{k}]: {i!r} is {why}")
+            seen.add(i)
+        for k, a in enumerate(ms):
+            ok = isinstance(a, (int, float)) and not isinstance(a, bool)
+            if not ok or not 0 <= a <= MAX_ARRIVAL * 1000:
+                raise PrefixCacheError(
+                    f"{at}.arrival_ms[{k}]: {a!r} is not milliseconds from 0 to "
+                    f"{MAX_ARRIVAL * 1000:g}"
+                )
+        waves.append(Wave(tuple(stream[i] for i in idx), tuple(a / 1000 for a in ms)))
+    return tuple(waves)
 
 
 def stream_id(stream: Sequence[Request]) -> str:

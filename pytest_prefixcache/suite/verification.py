@@ -19,13 +19,20 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from pytest_prefixcache._moves import MOVES, StreamSpec
 from pytest_prefixcache.errors import PrefixCacheError
-from pytest_prefixcache.output.streams import corpus_files, load_stream
+from pytest_prefixcache.output.streams import corpus_files, load_stream, waves_from
 from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
-from pytest_prefixcache.strategies import request_streams
-from pytest_prefixcache.types import Request
+from pytest_prefixcache.strategies import request_streams, request_waves
+from pytest_prefixcache.types import Request, Wave
+from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.verifier import Verifier
+
+#: The waves property runs examples / WAVES_SHARE examples (a wave costs about three runs a
+#: request: cached in the wave, cold alone, cold in the wave).
+WAVES_SHARE = 5
+#: Requests in flight in one wave at most, whatever the engine declares.
+MAX_WAVE = 8
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -125,10 +132,24 @@ def _skip_unsupported(verifier: Verifier, stream: tuple[Request, ...], name: str
 
 
 def _run_scenario(verifier: Verifier, path: Any) -> None:
-    """Run a saved stream, then the scenario's expectations (``expect_same_prompt`` pairs)."""
+    """Run a saved stream, then the scenario's expectations (``expect_same_prompt`` pairs);
+    a stream saved from the waves property runs as its waves."""
     __tracebackhide__ = True
     stream, meta = load_stream(path)
     _skip_unsupported(verifier, tuple(stream), f"scenario {Path(path).name}")
+    try:
+        waves = waves_from(stream, meta)
+    except PrefixCacheError as exc:
+        raise pytest.UsageError(f"stream file {str(path)!r}: {exc}") from None
+    if waves is not None:
+        k = max_concurrency(verifier.engine)
+        if k < max(len(w) for w in waves):
+            pytest.skip(
+                f"scenario {Path(path).name} sends waves of up to {max(len(w) for w in waves)} "
+                f"requests and the engine declares max_concurrency = {k}"
+            )
+        verifier.run_waves(waves)
+        return
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
@@ -157,6 +178,30 @@ def test_request_streams(
             prefixcache_verifier.run(stream)
 
         _timeout_first(prefixcache_verifier, property_stream)
+
+
+def test_waves(
+    pytestconfig: pytest.Config,
+    prefixcache_settings: Settings,
+    prefixcache_verifier: Verifier,
+    shard: int,
+) -> None:
+    """Concurrent waves (engines that declare ``max_concurrency`` above 1): every cached reply
+    in a wave equals the same request served alone, cold; a cold wave is the noise control."""
+    k = min(MAX_WAVE, max_concurrency(prefixcache_verifier.engine))
+    if k < 2:
+        pytest.skip("the engine declares no concurrent service (max_concurrency above 1)")
+    waves = request_waves(max_size=k, **_stream_kwargs(prefixcache_verifier))
+    s = prefixcache_settings
+    for round_seed in _rounds(pytestconfig, s, shard, share=0.8):
+
+        @_hypothesis_settings(pytestconfig, s, max_examples=s.shard_examples(WAVES_SHARE))
+        @seed(round_seed)
+        @given(waves=waves)
+        def property_waves(waves: tuple[Wave, ...]) -> None:
+            prefixcache_verifier.run_waves(waves)
+
+        _timeout_first(prefixcache_verifier, property_waves)
 
 
 def test_state_machine(

@@ -49,8 +49,9 @@ from ..checks import (
 from ..output.report import Report, RequestRecord
 from ..output.reuse import add_reuse
 from ..output.streams import stream_id
-from ..types import Engine, Outcome, Request, ShortRepr
+from ..types import Engine, Outcome, Request, ShortRepr, Wave
 from .audit import Audit
+from .concurrent import WaveStep, run_waves
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
 from .worker import CallTimedOut, EngineWorker
@@ -84,6 +85,8 @@ class Verifier(ShortRepr):
     failing_examples: int = 0
     audit: Audit = field(default_factory=Audit)
     """A fresh instance recomputes a sample of uncached requests (the baseline audit)."""
+    wave_workers: list[EngineWorker] = field(default_factory=list)
+    """One long-lived worker per request in flight in a wave (the waves property)."""
     _rendered: list[Rendered] = field(default_factory=list)
     _seconds: float = 0.0
     _warm: float = 0.0
@@ -327,6 +330,12 @@ class Verifier(ShortRepr):
                 continue
             ctx = Context(tuple(self.stream[: j + 1]), j, steps[j].cached, steps[j].match)
             self.fail(problem, ctx, meta=meta)
+
+    def run_waves(self, waves: Sequence[Wave], *, reset: bool = True) -> list[WaveStep]:
+        """Reset (by default), then serve each wave concurrently and check every request
+        against the same request served alone, cold (see :mod:`.concurrent`)."""
+        __tracebackhide__ = True
+        return run_waves(self, waves, reset=reset)
 
     def run(self, stream: Sequence[Request], *, reset: bool = True) -> list[Step]:
         """Reset (by default), run every request of ``stream`` and the stream-level checks."""

@@ -78,15 +78,21 @@ class EngineWorker:
                 )
             job.done.set()
 
-    def call(self, fn: Callable[[], Any], *, timeout: float, what: str) -> CallResult:
-        """Run ``fn()`` on the worker; raise :class:`CallTimedOut` if it takes over ``timeout``."""
-        if self.dead is not None:
-            raise CallTimedOut(what, timeout)
+    def submit(self, fn: Callable[[], Any]) -> _Job:
+        """Queue ``fn()`` on the worker and return at once; ``job.done`` is set when it ends
+        and ``job.result`` then holds what it gave (the waves send requests this way)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
         job = _Job(fn)
         self._jobs.put(job)
+        return job
+
+    def call(self, fn: Callable[[], Any], *, timeout: float, what: str) -> CallResult:
+        """Run ``fn()`` on the worker; raise :class:`CallTimedOut` if it takes over ``timeout``."""
+        if self.dead is not None:
+            raise CallTimedOut(what, timeout)
+        job = self.submit(fn)
         if not job.done.wait(timeout):
             self.dead = f"{what} did not answer within {timeout:g} s"
             raise CallTimedOut(what, timeout)

@@ -1,0 +1,360 @@
+"""The waves property: concurrent cached requests against the same requests served alone, cold.
+
+For each wave (:class:`~pytest_prefixcache.types.Wave`) the verifier
+
+1. sends every request with ``use_cache=True`` from its own thread, each at its arrival offset,
+   all in flight together (the engine declares ``max_concurrency``);
+2. serves each request alone with ``use_cache=False``, one after the other: the reference;
+3. sends the wave again with ``use_cache=False``, concurrently: the noise control. A cold
+   reply in a wave that differs from the same cold reply alone is batch non-invariance (the
+   numerics of a batch, not a cache): reported as the finding :data:`BATCH_NOISE`, and the
+   cached replies of that wave are then judged within :data:`NOISE_FACTOR` times the
+   measured noise (a wrong KV row is orders of magnitude above it);
+4. checks each request as the stream path does: faults, the cold baseline, the pair's
+   agreement, shapes (merges), equivalence (first and worst position, both values), and the
+   reuse bound, judged in the order the engine served the wave (``Outcome.served``); when the
+   engine does not say, against every other request of the wave, since any order was possible.
+
+A failure names the wave, its arrivals and served order, and saves the waves (their
+structure under the stream file's ``"waves"`` key, see :mod:`..output.streams`) for
+``--prefixcache-replay``; Hypothesis shrinks it to the smallest wave that still fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
+
+from ..checks import (
+    Problem,
+    ReuseOracle,
+    baseline_problems,
+    compare,
+    fault_problems,
+    merge_problems,
+    pair_problems,
+    reuse_problems,
+    usage_problems,
+)
+from ..checks.baseline import CHECK as COLD_BASELINE
+from ..checks.coverage import APPLIED, NOT_SAMPLED, coverage_of
+from ..checks.equivalence import Comparison, Tolerance
+from ..checks.oracle import Match
+from ..output.streams import waves_to_json
+from ..types import Outcome, Request, Wave
+from .messages import Context
+from .worker import CallResult, EngineWorker
+
+if TYPE_CHECKING:
+    from .verifier import Verifier
+
+__all__ = [
+    "BATCH_NOISE",
+    "CONCURRENT",
+    "NOISE_FACTOR",
+    "WaveStep",
+    "max_concurrency",
+    "run_waves",
+]
+
+#: The coverage row of the requests served in waves.
+CONCURRENT = "concurrent"
+#: The finding of a cache-off wave whose replies differ from the same requests alone.
+BATCH_NOISE = "batch non-invariance"
+#: Under measured batch noise, a cached reply passes within this many times the noise.
+NOISE_FACTOR = 4.0
+#: Cold waves sent at most, when a cached reply differs and the cold wave did not.
+NOISE_WAVES = 3
+NO_ORDER = "no served order (judged against every other request of the wave)"
+
+
+def max_concurrency(engine: object) -> int:
+    """The engine's declared ``max_concurrency`` (1 when absent or not an int above 0)."""
+    n = getattr(engine, "max_concurrency", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
+@dataclass(frozen=True)
+class WaveStep:
+    """One request of a wave: its cached (concurrent), alone (cold) and noise (cold,
+    concurrent) outcomes, the oracle's match and the comparison with the alone run."""
+
+    request: Request
+    cached: Outcome
+    alone: Outcome
+    noise: Outcome
+    match: Match | None
+    comparison: Comparison
+
+
+@dataclass
+class _Wave:
+    """What the runner knows about the wave being checked (for failure messages)."""
+
+    number: int
+    wave: Wave
+    first: int
+    stream: tuple[Request, ...]
+    meta: dict[str, object]
+    served: list[int | None] = field(default_factory=list)
+
+    def describe(self) -> str:
+        ms = ", ".join(f"{a * 1000:g}" for a in self.wave.arrivals)
+        order = (
+            "unknown (Outcome.served not reported)"
+            if None in self.served or not self.served
+            else ", ".join(str(self.first + i) for i in _order(self.served))
+        )
+        last = self.first + len(self.wave) - 1
+        return (
+            f"wave {self.number}: requests {self.first}-{last} in flight together "
+            f"(arrivals ms: {ms}); served order: {order}; each reply compared with the same "
+            "request served alone, cold (use_cache=False)"
+        )
+
+
+def _order(served: Sequence[int | None]) -> list[int]:
+    return sorted(range(len(served)), key=lambda i: (served[i] or 0, i))
+
+
+def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: _Wave) -> list[Outcome]:
+    """Send the wave's requests from their own workers at their arrival offsets; wait for
+    every reply (the timeout counts from the last arrival)."""
+    __tracebackhide__ = True
+    workers = _workers(verifier, len(wave))
+    start = time.perf_counter() + 0.002  # every worker is handed its job before the first send
+    jobs = []
+    for worker, request, at in zip(workers, wave.requests, wave.arrivals):
+
+        def send(request: Request = request, at: float = at) -> object:
+            time.sleep(max(0.0, start + at - time.perf_counter()))
+            return verifier.engine.run(request, use_cache=use_cache)
+
+        jobs.append(worker.submit(send))
+    deadline = time.perf_counter() + max(wave.arrivals) + verifier.options.timeout
+    outcomes: list[Outcome] = []
+    for i, job in enumerate(jobs):
+        what = f"run(request {ctx.first + i}, use_cache={use_cache}) in wave {ctx.number}"
+        if not job.done.wait(max(0.0, deadline - time.perf_counter())):
+            for w in workers:
+                w.dead = f"{what} hung"
+            head = (
+                f"{what} did not answer within {verifier.options.timeout:g} s of the last "
+                "arrival; the engine is treated as dead and the remaining checks are skipped"
+            )
+            verifier.dead = verifier.failure(
+                Problem("timeout", head, (ctx.describe(),)), _context(ctx, i), meta=ctx.meta
+            )
+            raise verifier.dead from None
+        result: CallResult = job.result
+        if result.error is not None:
+            tb = tuple(result.traceback.rstrip().splitlines()[-8:])
+            name = type(result.error).__name__
+            problem = Problem("fault", f"{what} raised {name}: {result.error}", tb)
+            _fail(verifier, problem, ctx, i)
+        side = "cached run" if use_cache else "cold run in a wave"
+        _check(verifier, fault_problems(result.value, wave.requests[i]), ctx, i, f"{side}: ")
+        assert isinstance(result.value, Outcome)
+        outcomes.append(result.value)
+    return outcomes
+
+
+def _workers(verifier: Verifier, n: int) -> list[EngineWorker]:
+    """Long-lived daemon workers, one per request in flight (a thread that ran MLX work and
+    ended can abort the interpreter at exit, see :meth:`EngineWorker.close`)."""
+    pool = verifier.wave_workers
+    while len(pool) < n:
+        pool.append(EngineWorker(f"prefixcache-wave-{len(pool)}"))
+    return pool[:n]
+
+
+def _context(
+    ctx: _Wave, i: int, cached: Outcome | None = None, match: Match | None = None
+) -> Context:
+    return Context(ctx.stream, ctx.first + i, cached, match)
+
+
+def _fail(
+    verifier: Verifier,
+    problem: Problem,
+    ctx: _Wave,
+    i: int,
+    cached: Outcome | None = None,
+    match: Match | None = None,
+) -> NoReturn:
+    __tracebackhide__ = True
+    detailed = Problem(
+        problem.check,
+        f"wave {ctx.number}, {problem.headline}",
+        (ctx.describe(), *problem.details),
+        problem.position,
+    )
+    raise verifier.failure(detailed, _context(ctx, i, cached, match), meta=ctx.meta)
+
+
+def _check(
+    verifier: Verifier,
+    problems: list[Problem],
+    ctx: _Wave,
+    i: int,
+    prefix: str = "",
+    cached: Outcome | None = None,
+    match: Match | None = None,
+) -> None:
+    __tracebackhide__ = True
+    if problems:
+        first = problems[0]
+        first = Problem(first.check, prefix + first.headline, first.details, first.position)
+        _fail(verifier, first, ctx, i, cached, match)
+
+
+def _matches(
+    oracle: ReuseOracle, first: int, wave: Wave, cached: Sequence[Outcome]
+) -> list[Match | None]:
+    """The oracle's answer for each request, in the engine's served order when every reply
+    names it, else against every other request of the wave too; adds the wave to ``oracle``."""
+    served = [o.served for o in cached]
+    matches: list[Match | None] = [None] * len(wave)
+    known = None not in served
+    if not known:
+        for i, (req, o) in enumerate(zip(wave.requests, cached)):
+            if o.token_ids is None:
+                continue
+            others = oracle.copy()
+            for j, (r2, o2) in enumerate(zip(wave.requests, cached)):
+                if j != i and o2.token_ids is not None:
+                    others.add(first + j, r2.namespace, o2.token_ids, o2.image_spans or ())
+            matches[i] = others.match(req.namespace, o.token_ids, o.image_spans or ())
+    for i in _order(served):
+        req, o = wave.requests[i], cached[i]
+        if o.token_ids is None:
+            continue
+        spans = o.image_spans or ()
+        if known:
+            matches[i] = oracle.match(req.namespace, o.token_ids, spans)
+        oracle.add(first + i, req.namespace, o.token_ids, spans, o.message_starts)
+    return matches
+
+
+def _noise(tol: Tolerance, alone: Sequence[Outcome], noise: Sequence[Outcome]) -> float:
+    """The largest difference of a cold reply in the wave from the same reply alone, beyond
+    the tolerance (0.0: the engine answered the cold wave as it answers requests alone)."""
+    worst = 0.0
+    for a, n in zip(alone, noise):
+        c = compare(n, a, tol)
+        if c.problems:
+            worst = max(worst, c.worst_diff if c.worst_diff > 0 else float("inf"))
+    return worst
+
+
+def _judge(
+    tol: Tolerance, noise: float, cached: Outcome, alone: Outcome
+) -> tuple[Comparison, str | None]:
+    """The cached reply against the alone one; under batch noise, within the measured noise."""
+    comparison = compare(cached, alone, tol)
+    if not comparison.problems or noise == 0.0 or tol.kl is not None or noise == float("inf"):
+        return comparison, None
+    wide = Tolerance(atol=max(tol.atol, NOISE_FACTOR * noise), rtol=tol.rtol)
+    again = compare(cached, alone, wide)
+    note = (
+        f"the cache-off wave differs from the same requests alone by up to {noise:.3g} "
+        f"(batch non-invariance); cached replies judged within atol={wide.atol:.3g}"
+    )
+    return (again if not again.problems else comparison), note
+
+
+#: Rows of the stream path's coverage that the waves do not run (each is counted there).
+NOT_IN_WAVES = frozenset({"positive control", "render stability"})
+
+
+def _count(
+    verifier: Verifier, request: Request, cached: Outcome, alone: Outcome, compared: int
+) -> None:
+    """Count one wave request: in the report's requests, the coverage rows of the checks
+    it ran (the fresh-instance audit samples the streams' requests, not the waves')."""
+    report = verifier.report
+    report.requests += 1
+    report.cache_hits += bool(cached.cached_tokens)
+    usage = callable(getattr(verifier.engine, "cache_usage", None))
+    for check, outcome in coverage_of(request, cached, alone, has_usage=usage, compared=compared):
+        if check not in NOT_IN_WAVES:
+            report.count(check, outcome)
+    report.count(COLD_BASELINE, NOT_SAMPLED)
+    report.count(CONCURRENT, APPLIED if cached.served is not None else NO_ORDER)
+
+
+def run_waves(verifier: Verifier, waves: Sequence[Wave], *, reset: bool = True) -> list[WaveStep]:
+    """Reset (by default), then serve and check each wave in turn (see the module docstring)."""
+    __tracebackhide__ = True
+    if reset:
+        verifier.reset()
+    steps: list[WaveStep] = []
+    stream: list[Request] = []
+    for number, wave in enumerate(waves):
+        if not isinstance(wave, Wave):
+            raise TypeError(f"expected a Wave, got {type(wave).__name__}")
+        first = len(stream)
+        stream.extend(wave.requests)
+        verifier.stream.extend(wave.requests)
+        meta: dict[str, object] = {"waves": waves_to_json(waves[: number + 1])}
+        ctx = _Wave(number, wave, first, tuple(stream), meta)
+        steps.extend(_serve(verifier, wave, ctx))
+    return steps
+
+
+def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
+    __tracebackhide__ = True
+    if verifier.on_step is not None:
+        verifier.on_step(verifier.report, verifier.failing_examples)
+    tol = verifier.options.tolerance
+    cached = _fire(verifier, wave, use_cache=True, ctx=ctx)
+    ctx.served = [o.served for o in cached]
+    usage = getattr(verifier.engine, "cache_usage", None)
+    if callable(usage):
+        value = verifier._call("cache_usage()", usage, _context(ctx, 0))
+        _check(verifier, usage_problems(value), ctx, 0)
+    alone = []
+    run = verifier.engine.run
+    for i, request in enumerate(wave.requests):
+        what = f"run(request {ctx.first + i}, use_cache=False) alone"
+        call = functools.partial(run, request, use_cache=False)
+        out = verifier._call(what, call, _context(ctx, i))
+        _check(verifier, fault_problems(out, request), ctx, i, "uncached run alone: ")
+        assert isinstance(out, Outcome)
+        _check(verifier, baseline_problems(out), ctx, i, "uncached run alone: ")
+        alone.append(out)
+    measured = 0.0
+    for _ in range(NOISE_WAVES):
+        noise = _fire(verifier, wave, use_cache=False, ctx=ctx)
+        for i, out in enumerate(noise):
+            _check(verifier, baseline_problems(out), ctx, i, "cold run in a wave: ")
+        measured = _noise(tol, alone, noise)
+        # batches are made by timing: when a cached reply differs and this cold wave did not,
+        # send the cold wave again before calling it a cache bug
+        if measured or all(not compare(c, a, tol).problems for c, a in zip(cached, alone)):
+            break
+    if measured:
+        verifier.report.add_finding(
+            BATCH_NOISE,
+            f"wave of {len(wave)} requests {ctx.first}-{ctx.first + len(wave) - 1}: cache-off "
+            f"replies in the wave differ from the same requests alone by up to {measured:.3g}",
+        )
+    matches = _matches(verifier.oracle, ctx.first, wave, cached)
+    steps = []
+    for i, request in enumerate(wave.requests):
+        c, a, m = cached[i], alone[i], matches[i]
+        _check(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
+        comparison, note = _judge(tol, measured, c, a)
+        problems = merge_problems(c) + merge_problems(a) + comparison.problems
+        if note and comparison.problems:
+            problems = [
+                Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems
+            ]
+        _check(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        _count(verifier, request, c, a, comparison.steps)
+        verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
+        steps.append(WaveStep(request, c, a, noise[i], m, comparison))
+    return steps
