@@ -21,6 +21,7 @@ Each step is a method, so a mutant (``reference_engine.mutants``) can break exac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import os
@@ -35,6 +36,7 @@ import numpy as np
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, KeyChain, namespace_root
+from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
@@ -77,6 +79,9 @@ class Engine:
         vision_entries: images whose embeddings are kept. Default: ``64``.
     """
 
+    #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
+    max_concurrency = 4
+
     #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
     #: caches do (the bug-zoo mutants of a match ending inside an image need that).
     partial_blocks = True
@@ -108,6 +113,10 @@ class Engine:
         self.vision = VisionCache(model, vision_entries)
         self.tokens = PieceTokenizer.for_tokenizer(model.tokenizer)
         self._lock = threading.RLock()
+        self._compute = self._lock  # one phase of one request at a time (MLX)
+        self._admission = threading.Lock()  # lookups and announcements, in served order
+        self.inflight = InFlight()
+        self._served = 0
         self._requests = 0
         self._hit_tokens = 0
         self._prompt_tokens = 0
@@ -176,8 +185,15 @@ class Engine:
     # -- the request path -------------------------------------------------------------------
     def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
         """Serve ``request``; with ``use_cache=False`` the caches are neither read nor written;
-        ``template=False`` takes its text as the prompt, without the chat template."""
-        with self._lock:
+        ``template=False`` takes its text as the prompt, without the chat template.
+
+        Safe to call from up to ``max_concurrency`` threads: requests in flight interleave
+        by phase (render, admission, compute), MLX work one phase at a time (``_compute``),
+        each request's forward on its own cache (never a padded batch: bit-exact against
+        the request alone). Admission (``admit``) takes the pool's blocks in the order it
+        reports as ``Outcome.served``; a request whose next block an earlier request in
+        flight is writing waits for it (``InFlight``), so none reads a half-written block."""
+        with self._compute:
             prepared = {
                 img.digest: self.vision.prepare(
                     img, use_cache=use_cache, namespace=request.namespace
@@ -186,14 +202,41 @@ class Engine:
             }
             rendered = self.render(request, prepared, use_cache=use_cache, template=template)
             keys = self.keys(rendered, request) if use_cache else []
-            reuse = self.lookup(keys, len(rendered.token_ids)) if use_cache else Reuse()
-            if use_cache and self.model.stateful_layers:
-                reuse = self.resume_point(reuse, rendered, keys, request)
-            try:
-                return self._serve(request, rendered, prepared, keys, reuse, use_cache)
-            finally:
+        served, reuse, writing = self.admit(keys, rendered, request, use_cache=use_cache)
+        try:
+            with self._compute:
+                out = self._serve(request, rendered, prepared, keys, reuse, use_cache)
+            return out if served is None else dataclasses.replace(out, served=served)
+        finally:
+            with self._compute:
                 self.pool.release(reuse.held)
+                self.inflight.done(writing)
                 self.kv.compact()
+
+    def admit(
+        self, keys: Sequence[BlockKey], rendered: Rendered, request: Request, *, use_cache: bool
+    ) -> tuple[int | None, Reuse, list[bytes]]:
+        """The admission of a cached request: its served index, what it reuses (blocks
+        acquired) and the digests it announced it will write. When an earlier request in
+        flight announced the block after the reused chain, wait for its writer, then look up
+        again (``InFlight.wait``)."""
+        if not use_cache:
+            return None, Reuse(), []
+        while True:
+            with self._admission:  # the pool is thread-safe: admit while another computes
+                reuse = self.lookup(keys, len(rendered.token_ids))
+                if self.model.stateful_layers:
+                    reuse = self.resume_point(reuse, rendered, keys, request)
+                nxt = len(reuse.blocks)
+                pending = self.inflight.writer(keys[nxt].digest) if nxt < len(keys) else None
+                if pending is None:
+                    served = self._served
+                    self._served += 1
+                    writing = self.inflight.announce([keys[nxt].digest] if nxt < len(keys) else [])
+                    return served, reuse, writing
+                self.pool.release(reuse.held)
+                self.inflight.waits += 1
+            pending.wait(IN_FLIGHT_WAIT)
 
     def render(
         self,

@@ -237,8 +237,12 @@ class _Server(ThreadingHTTPServer):
         self.model_name = model_name
         self.verbose = verbose
         self.created = int(time.time())
-        # MLX state is per thread: every engine call runs on this one worker thread.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        # Engine calls run on long-lived worker threads (a thread that ran MLX work and ended
+        # can abort the interpreter at exit): one per request the engine serves at once
+        # (its max_concurrency; the reference engine interleaves them, bit-exact).
+        workers = getattr(engine, "max_concurrency", 1)
+        workers = workers if isinstance(workers, int) and workers > 0 else 1
+        self._worker = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._worker.submit(fn, *args, **kwargs).result()

@@ -278,6 +278,7 @@ def _count(
     report = verifier.report
     report.requests += 1
     report.cache_hits += bool(cached.cached_tokens)
+    report.merges_checked += len(cached.merges or ()) + len(alone.merges or ())
     usage = callable(getattr(verifier.engine, "cache_usage", None))
     for check, outcome in coverage_of(request, cached, alone, has_usage=usage, compared=compared):
         if check not in NOT_IN_WAVES:
