@@ -26,6 +26,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,6 +82,8 @@ class Engine:
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
     max_concurrency = 4
+    #: Seconds a request waits for the request in flight writing its next block.
+    in_flight_wait = IN_FLIGHT_WAIT
 
     #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
     #: caches do (the bug-zoo mutants of a match ending inside an image need that).
@@ -222,6 +225,7 @@ class Engine:
         again (``InFlight.wait``)."""
         if not use_cache:
             return None, Reuse(), []
+        patient = True
         while True:
             with self._admission:  # the pool is thread-safe: admit while another computes
                 reuse = self.lookup(keys, len(rendered.token_ids))
@@ -229,14 +233,15 @@ class Engine:
                     reuse = self.resume_point(reuse, rendered, keys, request)
                 nxt = len(reuse.blocks)
                 pending = self.inflight.writer(keys[nxt].digest) if nxt < len(keys) else None
-                if pending is None:
+                if pending is None or not patient:
                     served = self._served
                     self._served += 1
                     writing = self.inflight.announce([keys[nxt].digest] if nxt < len(keys) else [])
                     return served, reuse, writing
                 self.pool.release(reuse.held)
                 self.inflight.waits += 1
-            pending.wait(IN_FLIGHT_WAIT)
+            # a writer that does not finish in time: compute the rows without it
+            patient = pending.wait(self.in_flight_wait)
 
     def render(
         self,
@@ -450,8 +455,23 @@ class Engine:
     def decode(
         self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
     ) -> tuple[tuple[int, ...], list[np.ndarray]]:
-        """Greedy continuation; returns the tokens and the logits before each of them."""
-        return self.model.greedy(logits, cache, prompt_len, delta, max_new)
+        """Greedy continuation; returns the tokens and the logits before each of them.
+        Between two steps the requests in flight take turns (``interleave``)."""
+        return self.model.greedy(logits, cache, prompt_len, delta, max_new, self.interleave)
+
+    def interleave(self) -> None:
+        """Let another request in flight run a phase (its render, prefill or decode step):
+        continuous batching, one request's forward at a time on its own cache. Only when the
+        caller holds the compute lock once (an override holding it twice keeps it)."""
+        compute = self._compute
+        try:
+            compute.release()
+        except RuntimeError:  # not held by this thread
+            return
+        try:
+            time.sleep(0)  # let a waiting thread take the lock
+        finally:
+            compute.acquire()
 
 
 def _accepted(prefill: Callable[..., mx.array], hooks: dict[str, Any]) -> dict[str, Any]:

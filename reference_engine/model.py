@@ -226,11 +226,18 @@ class LoadedModel:
         return cache
 
     def greedy(
-        self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
+        self,
+        logits: mx.array,
+        cache: list[Any],
+        prompt_len: int,
+        delta: int,
+        max_new: int,
+        between: Callable[[], object] | None = None,
     ) -> tuple[tuple[int, ...], list[np.ndarray]]:
         """Greedy continuation of a prompt of ``prompt_len`` tokens prefilled into ``cache``
         (``delta``: its rope delta), up to ``max_new`` tokens or an end-of-sequence token;
-        returns the tokens and the logits before each of them."""
+        returns the tokens and the logits before each of them. ``between`` runs before each
+        decode step (the engine lets other requests in flight run a phase there)."""
         steps = [np.array(logits)]
         tokens: list[int] = []
         for i in range(max_new):
@@ -238,6 +245,8 @@ class LoadedModel:
             tokens.append(token)
             if token in self.eos_token_ids or i == max_new - 1:
                 break
+            if between is not None:
+                between()
             pos = self.family.step_positions(prompt_len + i + delta)
             steps.append(np.array(self.forward([token], self.embed([token]), cache, pos)))
         return tuple(tokens), steps

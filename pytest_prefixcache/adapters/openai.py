@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -101,6 +102,11 @@ class OpenAIEngine:
             whole request through its prefix cache to warm up hybrid and sliding-window
             models), so a server just started is reset too before its first stream.
             Default: ``False`` (a server just started has nothing to empty).
+        concurrency: requests the server serves at once: above 1, ``run`` may be called
+            from that many threads (the plugin's waves property sends concurrent requests;
+            not with ``tap`` or ``claims``). With ``cold="reset"`` or ``"restart"`` the cold
+            requests still go one at a time (the waves' noise control is then not
+            concurrent: use ``cold="server"`` or ``"salt"`` for one that is). Default: ``1``.
     """
 
     def __init__(
@@ -140,6 +146,7 @@ class OpenAIEngine:
         reuse_reference: str = "token",
         block_size: int | None = None,
         warm_start: bool = False,
+        concurrency: int = 1,
     ) -> None:
         check_baseline(
             cmd=cmd,
@@ -150,6 +157,16 @@ class OpenAIEngine:
             salted=namespace_header is not None or namespace_field is not None,
             tap=tap,
         )
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise EngineError(f"concurrency={concurrency!r} is not an int >= 1")
+        if concurrency > 1 and (tap or claims is not None):
+            raise EngineError(
+                f"concurrency={concurrency} with the logit tap or claims: both read the model "
+                "around one request at a time; verify concurrency without them"
+            )
+        #: Requests the plugin may send at once (its waves property); 1: one at a time.
+        self.max_concurrency = concurrency
+        self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
         self.cold = cold
         self.atol = atol
         #: How the report names ``atol`` when a preset set it from a measured rule.
@@ -270,6 +287,14 @@ class OpenAIEngine:
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
             raise EngineError("this server adapter is configured without image support")
+        if not use_cache and self.cold in ("reset", "restart"):
+            # a reset (or restart) before each cold request keeps it cold only if no other
+            # request is in flight on that server: cold requests go one at a time
+            with self._cold_lock:
+                return self._run(request, use_cache)
+        return self._run(request, use_cache)
+
+    def _run(self, request: Request, use_cache: bool) -> Outcome:
         target, namespace = self._route(request, use_cache)
         pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
         request = request if pending is None else pending.request  # more decode steps, tapped

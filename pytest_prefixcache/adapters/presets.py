@@ -38,11 +38,22 @@ __all__ = [
 TAP = "{python} -m pytest_prefixcache.tap"
 
 
-def reference_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+def concurrency_from_env() -> int:
+    """``PREFIXCACHE_CONCURRENCY``: requests a server is sent at once (default 1)."""
+    value = os.environ.get("PREFIXCACHE_CONCURRENCY", "1").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise EngineError(f"PREFIXCACHE_CONCURRENCY={value!r} is not an int >= 1")
+    return int(value)
+
+
+def reference_server(
+    model_dir: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+) -> OpenAIEngine:
     """The reference engine's HTTP front end on ``model_dir`` (default: ``PREFIXCACHE_MODEL``,
     else the tiny Qwen2-VL); cold = a reset second server; namespaces by
-    ``x-prefixcache-namespace``; full logits, token ids and image spans through the server's
-    ``prefixcache`` reply extension."""
+    ``x-prefixcache-namespace``; full logits, token ids, image spans and the served order
+    through the server's ``prefixcache`` reply extension. ``concurrency``: requests sent at
+    once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; the server serves up to 4)."""
     model = engine_model(
         model_dir, default="tiny-qwen2-vl", vision=True, who="the reference server"
     )
@@ -56,6 +67,7 @@ def reference_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIE
         namespace_header="x-prefixcache-namespace",
         top_logprobs=20,
         extensions=True,
+        concurrency=concurrency_from_env() if concurrency is None else concurrency,
     )
 
 
@@ -292,7 +304,8 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`);
     ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8);
     ``PREFIXCACHE_REUSE_REFERENCE`` (``token``, ``snapshot`` or ``block``: the cache's design,
-    default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``).
+    default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``); ``PREFIXCACHE_CONCURRENCY``
+    (requests the server serves at once, default 1: above 1 the waves property runs).
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
@@ -338,6 +351,7 @@ def from_env() -> OpenAIEngine:
         fork={"0": False, "1": True}.get(e.get("PREFIXCACHE_FORK", "")),
         reuse_reference=e.get("PREFIXCACHE_REUSE_REFERENCE") or "token",
         block_size=int(block) if block else None,
+        concurrency=concurrency_from_env(),
         claims=ClaimWatch(
             sources_from_json(e["PREFIXCACHE_CLAIMS"]),
             decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),

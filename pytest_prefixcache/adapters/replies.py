@@ -233,4 +233,5 @@ def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:
         message_starts=(
             None if ext.get("message_starts") is None else tuple(map(int, ext["message_starts"]))
         ),
+        served=None if ext.get("served") is None else int(ext["served"]),
     )

@@ -165,6 +165,8 @@ def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
     }
     if out.message_starts is not None:
         ext["message_starts"] = list(out.message_starts)
+    if out.served is not None:  # the engine's admission order among requests in flight
+        ext["served"] = out.served
     if logits:
         ext["step_logits"] = [
             base64.b64encode(np.asarray(x, dtype=np.float32).tobytes()).decode("ascii")
