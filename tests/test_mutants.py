@@ -132,14 +132,6 @@ WRONG_ANSWER: dict[str, tuple[list[Request], Request, str]] = {
         req(SYSTEM, user("First question. " + LONG)),
         "logits differ",
     ),
-    "wrong_batch_row": (
-        [
-            req(SYSTEM, user("First question. " + LONG)),
-            req(SYSTEM, user("Other question. " + LONG)),
-        ],
-        req(SYSTEM, user("Other question. " + LONG)),
-        "logits differ",
-    ),
     "namespace_missing": (
         [req(SYSTEM, user("Shared prompt text that fills more than one block of tokens.", I1))],
         req(

@@ -31,7 +31,7 @@ from .accounting import (
     SlowRestore,
     ZeroByteAccounting,
 )
-from .concurrency import WrongBatchRow
+from .concurrency import EvictInUse, ReadBeforeWrite, WrongBatchRow
 from .keys import (
     ImageOrderIgnored,
     NamespaceMissing,
@@ -164,8 +164,12 @@ _ALL = (
            "whole prompt's KV", "equivalence", EmptySuffixRefeed, {"block_size": 1}),
     Mutant("aliased_live_cache", 9, "stored blocks are windows on a live cache that later "
            "requests write into", "equivalence", AliasedLiveCache),
-    Mutant("wrong_batch_row", 10, "rows stored from the other request of a 2-row batch",
-           "equivalence", WrongBatchRow),
+    Mutant("wrong_batch_row", 10, "rows stored from another request in flight (a "
+           "decoding batch row)", "equivalence", WrongBatchRow),
+    Mutant("read_before_write", 10, "blocks published before the prefill wrote them; a "
+           "request in flight reuses the zeros", "equivalence", ReadBeforeWrite),
+    Mutant("evict_in_use", 10, "blocks another request in flight holds evicted, their "
+           "memory reused", "equivalence", EvictInUse, {"max_bytes": SMALL_BUDGET}),
     Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
            NamespaceMissing),
     Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "

@@ -43,6 +43,7 @@ def save_counterexample(row: Detection, directory: str | os.PathLike[str]) -> Pa
                 {"image": f"{IMAGES}/{p['image']}"} if isinstance(p, dict) else p
                 for p in m["content"]
             ]
+    data.update({k: v for k, v in row.meta.items() if k == "waves"})  # sent as waves
     data["mutant"] = row.name
     data["expected_check"] = row.expected
     path = out / f"mutant_{row.name}.json"

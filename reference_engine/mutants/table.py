@@ -25,9 +25,10 @@ from hypothesis.errors import HypothesisException
 
 from pytest_prefixcache.errors import VerificationFailure
 from pytest_prefixcache.output.streams import corpus_files, load_stream
-from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.strategies import request_streams, request_waves
 from pytest_prefixcache.types import Engine as EngineProtocol
-from pytest_prefixcache.types import Request
+from pytest_prefixcache.types import Request, Wave
+from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 from ..engine import Engine
@@ -69,6 +70,8 @@ class Detection:
     size: tuple[int, int, int] | None = None
     """(requests, most user turns in one request, distinct images) of the shrunk stream."""
     stream: tuple[Request, ...] = field(default=(), repr=False)
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)
+    """What the failure saves beside the stream (the waves of a concurrent one)."""
     headline: str = ""
     corpus: list[tuple[str, str]] = field(default_factory=list)
     """(scenario, check) for every corpus scenario that failed."""
@@ -128,8 +131,7 @@ def detect(
     phases = (Phase.explicit, Phase.generate, Phase.shrink) if shrink else (Phase.generate,)
     start = time.perf_counter()
 
-    @seed(seed_value)
-    @settings(
+    configured = settings(
         max_examples=examples,
         deadline=None,
         database=None,
@@ -138,31 +140,61 @@ def detect(
         print_blob=False,
         suppress_health_check=list(HealthCheck),
     )
+
+    @seed(seed_value)
+    @configured
     @given(stream=request_streams())
     def run(stream: tuple[Request, ...]) -> None:
-        if found.check is None:
-            found.examples += 1
-        try:
-            verifier.run(stream)
-        except VerificationFailure as exc:
-            if found.check is None:
-                found.check = exc.check
-                found.seconds = time.perf_counter() - start
-            raise
+        _attempt(found, start, lambda: verifier.run(stream))
 
+    # an engine that serves requests concurrently gets the waves too (as test_waves does)
+    k = min(8, max_concurrency(engine))
+    waves = request_waves(max_size=k) if k > 1 else None
+
+    @seed(seed_value)
+    @configured
+    @given(waves=waves if waves is not None else request_waves())
+    def run_waves(waves: tuple[Wave, ...]) -> None:
+        _attempt(found, start, lambda: verifier.run_waves(waves))
+
+    for prop in (run, run_waves) if waves is not None else (run,):
+        if found.check is not None:
+            break
+        try:
+            prop()
+        except VerificationFailure as exc:
+            _found(found, exc)
+        except HypothesisException as exc:  # e.g. a flaky failure (a race) that did not replay
+            found.detected = found.check is not None
+            found.headline = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    found.total_seconds = time.perf_counter() - start
+    return found
+
+
+def _attempt(found: Detection, start: float, run: Any) -> None:
+    """Run one example; remember the first failure's check and time, and the latest
+    (smallest so far) failing stream, in case a race does not fail again on replay."""
+    if found.check is None:
+        found.examples += 1
     try:
         run()
     except VerificationFailure as exc:
-        found.detected = True
-        found.shrunk_check = exc.check
+        if found.check is None:
+            found.check = exc.check
+            found.seconds = time.perf_counter() - start
         found.stream = tuple(exc.stream)  # type: ignore[arg-type]
+        found.meta = dict(exc.meta)
         found.size = stream_size(found.stream)
-        found.headline = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    except HypothesisException as exc:  # e.g. a flaky failure that did not reproduce
-        found.detected = found.check is not None
-        found.headline = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    found.total_seconds = time.perf_counter() - start
-    return found
+        raise
+
+
+def _found(found: Detection, exc: VerificationFailure) -> None:
+    found.detected = True
+    found.shrunk_check = exc.check
+    found.stream = tuple(exc.stream)  # type: ignore[arg-type]
+    found.meta = dict(exc.meta)
+    found.size = stream_size(found.stream)
+    found.headline = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def detection_table(
