@@ -42,5 +42,5 @@ def test_hung_engine_fails_then_the_rest_is_skipped(pytester: pytest.Pytester) -
     )
     # The user's tests run first (they come first on the command line); then the corpus's
     # first scenario meets the hang, and every later test that needs the engine is skipped.
-    result.assert_outcomes(failed=1, passed=2, skipped=6)
+    result.assert_outcomes(failed=1, passed=2, skipped=7)
     result.stdout.fnmatch_lines(["failures by check: timeout: 1"])
