@@ -21,7 +21,7 @@ from .package_data import MODEL_ENV
 from .session import settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
-from .session.failures import FailedTests, is_flaky, record, verification_failures
+from .session.failures import FailedTests, is_flaky, record, record_skip, verification_failures
 from .session.progress import Progress
 from .session.slots import (
     CONFIG_PARAM,
@@ -274,6 +274,8 @@ def pytest_runtest_makereport(
         for exc in verification_failures(raised):
             if exc.stream:
                 record(item, report, exc, flaky=exc is not raised and is_flaky(raised))
+    if _is_suite(item) and report.skipped:
+        record_skip(item, report)
     if _is_suite(item) and report.when == "call":
         xd.attach_progress(item.config, report)
     return report

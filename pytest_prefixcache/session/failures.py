@@ -16,7 +16,7 @@ from ..output.streams import save_stream
 from ..types import Request
 from .slots import CONFIG_PARAM, slot_of
 
-__all__ = ["FailedTests", "is_flaky", "record", "verification_failures"]
+__all__ = ["FailedTests", "is_flaky", "record", "record_skip", "verification_failures"]
 
 
 def verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
@@ -64,6 +64,15 @@ def record(
     )  # fmt: skip
     if command:
         report.sections.append(("prefixcache replay", command))
+
+
+def record_skip(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Add a skipped verification test to the session report, with pytest's reason (a
+    scenario the engine cannot run, the checks left after the engine died)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    slot_of(item).report.skipped.append(f"{item.nodeid}: {reason}")
 
 
 class FailedTests:
