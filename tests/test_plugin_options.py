@@ -319,6 +319,7 @@ def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester)
             "worst_diff", "merges_checked"} <= set(data)  # fmt: skip
 
 
+@pytest.mark.timing
 def test_min_speedup_catches_a_cache_slower_than_no_cache(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     # A corpus scenario, not generated streams: timing checks and shrinking do not mix.

@@ -204,6 +204,7 @@ def test_redis_database_shares_failures_between_machines(
     assert not (other / ".prefixcache" / "examples").exists()
 
 
+@pytest.mark.timing
 def test_budget_runs_more_rounds_until_spent(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     args = ("-k", "request_streams", "--prefixcache-database=none")
