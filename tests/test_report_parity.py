@@ -40,11 +40,16 @@ def liar():
     return TextOnly(lie=True)  # reports one block more than it reused: the reuse bound fails
 """
 
-#: engine, extra options: a run that fails with findings, one that over-claims, one that passes
+#: options of each run: one that fails with findings, one that over-claims, one that passes,
+#: and a matrix of two configurations (the verdict lines hold one row per configuration)
 RUNS = {
-    "findings": ("wasteful", "--prefixcache-min-efficiency=0.9"),
-    "over-claims": ("liar",),
-    "pass": ("wasteful",),
+    "findings": ("--prefixcache-engine=parityengines:wasteful", "--prefixcache-min-efficiency=0.9"),
+    "over-claims": ("--prefixcache-engine=parityengines:liar",),
+    "pass": ("--prefixcache-engine=parityengines:wasteful",),
+    "matrix": (
+        "--prefixcache-engine=wasteful=parityengines:wasteful",
+        "--prefixcache-engine=liar=parityengines:liar",
+    ),
 }
 
 
@@ -92,6 +97,7 @@ BLOCKS = {
     "efficiency findings": "findings",
     "skipped:": "skipped",
     "coverage (": "coverage",
+    "configurations:": "verdict-lines",
     "verdict:": "verdict-lines",
 }
 
@@ -124,13 +130,11 @@ def run(pytester: pytest.Pytester, name: str) -> tuple[list[str], Report, str]:
     """Verify one of :data:`RUNS`: the terminal's lines, the JSON report and the page."""
     with_fakes(pytester)
     pytester.makepyfile(parityengines=ENGINES)
-    engine, *args = RUNS[name]
     path = pytester.path / "report.json"
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning",
-        "--prefixcache-verify", "--prefixcache-examples=5",
-        "--prefixcache-seed=1", f"--prefixcache-engine=parityengines:{engine}",
-        f"--prefixcache-report={path}", *args,
+        "--prefixcache-verify", "--prefixcache-examples=5", "--prefixcache-seed=1",
+        f"--prefixcache-report={path}", *RUNS[name],
     )  # fmt: skip
     report = Report.read_json(path)
     return result.stdout.lines, report, render_html(report, base_dir=pytester.path)
@@ -147,13 +151,16 @@ def test_the_page_and_the_terminal_agree_line_for_line(
         assert shown.get(section, []) == term.get(section, []), section
     assert term["coverage"] and term["skipped"]  # 4 image scenarios: the engine is text-only
     assert set(shown) <= set(BLOCKS.values()) | {"summary-lines"}
-    word = term["verdict-lines"][0].removeprefix("verdict: ").split()[0]
+    [verdict] = [t for t in term["verdict-lines"] if t.startswith("verdict: ")]
+    word = verdict.removeprefix("verdict: ").split()[0]
     assert word == report.verdict.upper() == ("PASS" if name == "pass" else "FAIL")
     badge = re.search(r'<div id="verdict" class="verdict \w+">([^<:]*)', page)
     assert badge and badge[1].split()[0] == word
     if name == "findings":
         assert term["findings"][0].startswith("efficiency findings") and len(term["findings"]) > 1
         assert any(t.startswith("failures by check: min efficiency") for t in term["summary-lines"])
+    if name == "matrix":
+        assert term["verdict-lines"][0] == "configurations: 2" and len(term["verdict-lines"]) == 4
     if name == "over-claims":
         [line] = [t for t in term["summary-lines"] if t.startswith("cache efficiency vs")]
         assert "not judged" in line and "%" not in line
