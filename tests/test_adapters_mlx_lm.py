@@ -112,6 +112,7 @@ def family_engine(request: pytest.FixtureRequest) -> Iterator[MlxLmEngine]:
     engine.reset()
 
 
+@pytest.mark.slow
 def test_families_are_bit_exact(family_engine: MlxLmEngine) -> None:
     family_engine.reset()
     for request in (FIRST, FIRST, SECOND):

@@ -431,6 +431,7 @@ def _playwright() -> Any:
     return sync_playwright
 
 
+@pytest.mark.slow
 def test_the_sample_report_in_headless_chromium(tmp_path: Path, sample: Report) -> None:
     """Open the page in a real browser: charts laid out, every image decoded, the failures
     visible, nothing fetched from anywhere, and a screenshot that is not blank."""

@@ -196,6 +196,7 @@ def test_a_page_with_over_claims_shows_no_efficiency_figure() -> None:
     assert Report.from_json(lying.to_json()).over_claims == 1
 
 
+@pytest.mark.slow
 def test_a_failing_page_in_headless_chromium(pytester: pytest.Pytester, tmp_path: Path) -> None:
     """The page of a failing run in a real browser: the verdict, the coverage table, the
     findings and the skipped tests on screen, with the terminal's text; a full-page
