@@ -68,6 +68,7 @@ def test_unknown_size() -> None:
         wl.workloads("huge")
 
 
+@pytest.mark.slow
 def test_runner_on_two_tiny_requests(model: Any) -> None:
     import side_by_side as sbs
 

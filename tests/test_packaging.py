@@ -199,6 +199,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_finds_its_corpus_and_models(installed: Path, tmp_path: Path) -> None:
     code = (
         "from pytest_prefixcache.package_data import CORPUS, FIXTURES\n"

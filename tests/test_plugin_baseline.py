@@ -14,6 +14,7 @@ from pytest_prefixcache import Outcome
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.slow
 def test_a_stale_feature_cache_is_caught_and_blamed_on_the_baseline(
     pytester: pytest.Pytester,
 ) -> None:

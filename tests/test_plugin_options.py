@@ -237,6 +237,7 @@ def test_rtol_accepts_small_relative_drift(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_kl_rule_accepts_drift_and_still_catches_wrong_reuse(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     ok = run_suite(pytester, "drift", "-k", "request_streams", "--prefixcache-kl=0.001")

@@ -166,6 +166,7 @@ def test_the_page_and_the_terminal_agree_line_for_line(
         assert "not judged" in line and "%" not in line
 
 
+@pytest.mark.slow
 def test_the_comparison_sees_a_page_that_drifts(pytester: pytest.Pytester) -> None:
     """Negative control: a page rendered from a report that lost a finding, a coverage count
     or a skipped test no longer agrees with the terminal."""
