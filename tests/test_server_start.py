@@ -16,12 +16,14 @@ errors tell the user, and what they leave behind.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import socket
 import tempfile
 from pathlib import Path
 
 import pytest
+from plugin_support import run_suite, with_fakes
 
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.server import START_TRIES, ServerProcess, absolute_paths
@@ -29,6 +31,8 @@ from pytest_prefixcache.checks.coverage import gap_lines
 from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.output.report import Report
 from pytest_prefixcache.types import Message, Request
+
+pytest_plugins = ["pytester"]
 
 #: A server that answers GET /health, and 500 to every POST after writing a line to its log;
 #: argv: PORT [STARTS_FILE]: each start appends a line to STARTS_FILE.
@@ -244,3 +248,37 @@ def test_the_reference_server_command_reports_the_busy_port(tmp_path: Path) -> N
     assert res.returncode == 1, res.stdout + res.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in res.stdout
     assert "Address already in use" in res.stdout and "Traceback" not in res.stderr
+
+
+SKEWED = """
+from fakeengines import FakeEngine
+
+
+class Restarting(FakeEngine):
+    uncached_times_skewed = "the uncached runs restart a server (a test)"
+
+
+def build():
+    return Restarting()
+"""
+
+
+def test_a_suite_run_on_skewed_uncached_times_prints_no_speedup(
+    pytester: pytest.Pytester,
+) -> None:
+    with_fakes(pytester)
+    pytester.makepyfile(skewed=SKEWED)
+    args = ("-k", "request_streams", "--prefixcache-report=r.json")
+    control = run_suite(pytester, "good", *args, examples=3)
+    assert control.ret == 0 and "(speedup " in control.stdout.str()
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=skewed:build",
+        "--prefixcache-examples=3", "--prefixcache-seed=1", *args,
+    )  # fmt: skip
+    out = result.stdout.str()
+    assert result.ret == 0, out
+    assert "time on cache hits: no speedup computed (the uncached runs restart a server" in out
+    assert "(speedup " not in out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["warm_seconds"] == report["cold_seconds"] == 0.0
+    assert report["speedup_not_measured"].startswith("the uncached runs restart a server")
