@@ -198,10 +198,15 @@ class OpenAIEngine:
         )
         #: Restarts of the cold server that stood in for a reset (it has no reset endpoint).
         self.restarts_for_cold = 0
-        self.server = self._make(cmd, url)
+        self.server: Server = ""
         self.cold_server: Server | None = None
-        if cold != "salt":
-            self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
+        try:
+            self.server = self._make(cmd, url)
+            if cold != "salt":
+                self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
+        except BaseException:  # what did start (a server, a fork server) goes now, not at exit
+            self.close()
+            raise
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
