@@ -37,9 +37,9 @@ pytest_plugins = ["pytester"]
 #: A server that answers GET /health, and 500 to every POST after writing a line to its log;
 #: argv: PORT [STARTS_FILE]: each start appends a line to STARTS_FILE.
 HEALTHY = """
-import http.server, sys
+import http.server, os, sys
 port = int(sys.argv[1])
-print("argv", sys.argv[2:], flush=True)
+print("argv", sys.argv[2:], "DATA", os.environ.get("DATA"), flush=True)
 if len(sys.argv) > 2 and not sys.argv[2].startswith("-"):
     open(sys.argv[2], "a").write("start\\n")
 class H(http.server.BaseHTTPRequestHandler):
@@ -142,11 +142,14 @@ def test_relative_paths_resolve_against_the_caller_s_directory(
     (tmp_path / "models" / "tiny").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
     server = ServerProcess(
-        "{python} servers/healthy.py {port} --model=models/tiny", start_timeout=30
+        "{python} servers/healthy.py {port} --model=models/tiny",
+        start_timeout=30,
+        env={"DATA": "models/tiny", "HOME_TMP": "{home}/tmp"},
     ).start()
     try:
         assert server.alive()
         assert f"--model={tmp_path / 'models' / 'tiny'}" in server.log_tail()
+        assert f"DATA {tmp_path / 'models' / 'tiny'}" in server.log_tail()
     finally:
         server.stop()
     argv = absolute_paths(

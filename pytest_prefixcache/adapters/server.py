@@ -262,8 +262,9 @@ class ServerProcess:
         self.port = free_port()
         self.home = tempfile.mkdtemp(prefix="prefixcache-server-")
         argv = [a.format(port=self.port, python=sys.executable) for a in self.cmd]
-        try:
-            env = isolated_env(self.home, self.extra_env)
+        try:  # relative paths in the extra environment too (``PREFIXCACHE_SERVER_ENV``)
+            extra = {k: absolute_paths([v], self.base_dir)[0] for k, v in self.extra_env.items()}
+            env = isolated_env(self.home, extra)
             os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
             if env.get("TMPDIR", "").startswith(self.home):
                 os.makedirs(env["TMPDIR"], exist_ok=True)
