@@ -90,8 +90,11 @@ def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_a_missing_binary_is_named_and_leaves_no_home(temp_dir: Path) -> None:
     server = ServerProcess("no-such-server-binary-xyz --port {port}", start_timeout=5)
-    with pytest.raises(EngineError, match="cannot start the server 'no-such-server-binary-xyz"):
+    with pytest.raises(
+        EngineError, match="cannot start the server 'no-such-server-binary-xyz"
+    ) as err:
         server.start()
+    assert "not on PATH; a Python module runs as '{python} -m MODULE'" in str(err.value)
     assert list(temp_dir.iterdir()) == []
 
 
@@ -113,8 +116,9 @@ def test_a_server_that_never_answers_is_started_once(temp_dir: Path, tmp_path: P
     script = _script(tmp_path / "silent.py", SILENT)
     starts = tmp_path / "starts"
     server = ServerProcess(f"{{python}} {script} {{port}} {starts}", start_timeout=1.5)
-    with pytest.raises(EngineError, match=r"did not answer /health within 1\.5 s"):
+    with pytest.raises(EngineError, match=r"did not answer /health within 1\.5 s") as err:
         server.start()
+    assert str(err.value).endswith("log:\n(the log is empty)")
     assert _starts(starts) == 1
     assert list(temp_dir.iterdir()) == []
 

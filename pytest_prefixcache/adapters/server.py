@@ -230,9 +230,10 @@ class ServerProcess:
 
     def log_tail(self, n: int = 30) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
         except OSError:
-            return ""
+            return "(no log)"
+        return "\n".join(lines) or "(the log is empty)"
 
     def log_note(self) -> str:
         """The end of an error message about this server: the last lines of its log."""
@@ -287,7 +288,15 @@ class ServerProcess:
             self.proc = None
             if isinstance(exc, EngineError):
                 raise
-            raise EngineError(f"cannot start the server {shlex.join(argv)!r}: {exc}") from None
+            hint = ""
+            if isinstance(exc, FileNotFoundError) and os.sep not in argv[0]:
+                hint = (
+                    f" ({argv[0]!r} is not on PATH; a Python module runs as "
+                    "'{python} -m MODULE', with the interpreter running pytest)"
+                )
+            raise EngineError(
+                f"cannot start the server {shlex.join(argv)!r}: {exc}{hint}"
+            ) from None
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.home)
         pause = 0.005  # a forked server answers within ~0.2 s, a started one within seconds
         while time.monotonic() < deadline:
