@@ -265,11 +265,14 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     return [config.stash[DESELECTED_KEY]] if DESELECTED_KEY in config.stash else []
 
 
+def _needs_engine(item: pytest.Item) -> bool:
+    return any(f in getattr(item, "fixturenames", ()) for f in ENGINE_FIXTURES)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     slot = slot_of(item)
     worker = slot.worker
-    fixturenames = getattr(item, "fixturenames", ())
-    if not any(f in fixturenames for f in ENGINE_FIXTURES):
+    if not _needs_engine(item):
         return
     if slot.report.engine_error:  # one error, shown by the first test that needed the engine
         first = slot.report.engine_error.splitlines()[0][:200]
@@ -284,8 +287,10 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     raised = call.excinfo.value if call.excinfo is not None else None
-    if report.failed and report.when == "setup" and slot_of(item).report.engine_error:
-        report.user_properties.append((ENGINE_ERROR, slot_of(item).report.engine_error))
+    if report.failed and report.when == "setup" and _needs_engine(item):
+        error = slot_of(item).report.engine_error
+        if error:  # its engine could not be built: one error, however many workers say so
+            report.user_properties.append((ENGINE_ERROR, error))
     if report.failed:
         for exc in verification_failures(raised):
             if exc.stream:
