@@ -54,6 +54,15 @@ def _one_error(result: pytest.RunResult, tmp: Path, needle: str) -> dict[str, ob
     return report
 
 
+@pytest.fixture
+def server_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An in-process session with --prefixcache-server-cmd exports PREFIXCACHE_SERVER_CMD and
+    PREFIXCACHE_EXTRA_BODY into this process: put them back as they were afterwards."""
+    for name in ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
 def _args(*more: str) -> list[str]:
     return ["--prefixcache-report=r.json", "--junitxml=j.xml", "--prefixcache-database=none", *more]
 
@@ -93,7 +102,9 @@ def test_an_engine_that_cannot_be_loaded_is_one_error(
     _one_error(result, pytester.path, needle)
 
 
-def test_a_server_that_does_not_exist_is_one_error(pytester: pytest.Pytester) -> None:
+def test_a_server_that_does_not_exist_is_one_error(
+    pytester: pytest.Pytester, server_env: None
+) -> None:
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--prefixcache-verify",
         "--prefixcache-server-cmd=no-such-server-binary-xyz --port {port}", *_args(),
@@ -103,7 +114,7 @@ def test_a_server_that_does_not_exist_is_one_error(pytester: pytest.Pytester) ->
 
 
 def test_a_server_that_exits_at_once_is_one_error_ending_with_its_log(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, server_env: None
 ) -> None:
     pytester.makepyfile(dies="import sys\nprint('model file is corrupt')\nsys.exit(3)\n")
     result = pytester.runpytest(
