@@ -136,14 +136,23 @@ def test_an_engine_that_builds_is_no_error(pytester: pytest.Pytester) -> None:
     assert '<div id="verdict" class="verdict pass">PASS</div>' in page and "ERROR" not in page
 
 
-def test_under_xdist_each_worker_s_error_is_shown_once(pytester: pytest.Pytester) -> None:
-    """Every xdist worker builds its own engine: the same error from the second worker is
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "--prefixcache-engine=badengine:build",
+        # each worker's message names its own port: still one error
+        "--prefixcache-server-cmd=no-such-server-binary-xyz --port {port}",
+    ],
+)
+def test_under_xdist_each_worker_s_error_is_shown_once(
+    pytester: pytest.Pytester, engine: str
+) -> None:
+    """Every xdist worker builds its own engine: the error from the second worker is
     reported as a skip, so the run still shows one error."""
     pytest.importorskip("xdist")
     pytester.makepyfile(badengine=FACTORY)
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=badengine:build",
-        "-n", "2", *_args(),
+        "-p", "no:cacheprovider", "--prefixcache-verify", engine, "-n", "2", *_args()
     )  # fmt: skip
     out = result.stdout.str()
     assert result.ret == 2, out

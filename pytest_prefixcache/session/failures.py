@@ -93,7 +93,7 @@ class FailedTests:
         name = props.get(CONFIG_PARAM)
         why = props.get(ENGINE_ERROR)
         if why is not None:
-            key = f"{name}\n{why}"
+            key = str(name)  # one per configuration: the workers' messages differ (ports)
             if key in self._engine_errors:  # already shown once (another xdist worker)
                 _as_skip(report, f"the engine could not be built (the error above): {why}")
                 return
