@@ -75,3 +75,53 @@ def test_a_back_edge_is_found(tmp_path: Path) -> None:
     assert back_edges(tmp_path) == [
         "checks/reuse.py:2 (checks) imports session.settings (the pytest session)"
     ]
+
+
+ROOT = PACKAGE.parent
+#: The lab (third-party engines' scripts, matrices, findings and opt-in tests) and what its
+#: folders hold as importable modules.
+LAB = ROOT / "engines"
+PRODUCT = ("pytest_prefixcache", "reference_engine", "tests", "benchmarks")
+
+
+def lab_modules(lab: Path = LAB) -> set[str]:
+    """The top-level names the lab's folders make importable: its package and modules."""
+    names = {p.name for p in lab.iterdir() if (p / "__init__.py").is_file()}
+    return names | {p.stem for p in lab.glob("*/*.py") if not (p.parent / "__init__.py").exists()}
+
+
+def lab_imports(root: Path = ROOT, lab: Path = LAB) -> list[str]:
+    """Every import, in the package, the reference engine, the tests or the benchmarks, of a
+    module the lab holds."""
+    mine = lab_modules(lab) - {"conftest"}
+    found = []
+    for top in PRODUCT:
+        for path in sorted((root / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                found += [
+                    f"{path.relative_to(root)}:{node.lineno} imports {n}"
+                    for n in names
+                    if n.split(".")[0] in mine
+                ]
+    return found
+
+
+def test_nothing_in_the_product_or_its_tests_imports_the_lab() -> None:
+    assert "lab" in lab_modules() and "test_seed_engines" in lab_modules()
+    assert lab_imports() == []
+
+
+def test_an_import_of_the_lab_is_found(tmp_path: Path) -> None:
+    """Negative control: a test that imports the lab's findings package is reported."""
+    (tmp_path / "engines" / "lab").mkdir(parents=True)
+    (tmp_path / "engines" / "lab" / "__init__.py").write_text("")
+    for top in PRODUCT:
+        (tmp_path / top).mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("import os\nfrom lab.findings import save\n")
+    assert lab_imports(tmp_path, tmp_path / "engines") == ["tests/test_x.py:2 imports lab.findings"]

