@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
 from lab.records import record_finding, step_diff
+from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
@@ -49,10 +50,6 @@ RENDER = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
 #: ones, so the sampled token need not be their argmax: the label check is off.
 ASCII = {"grammar": "root ::= [ -~]*"}
 
-A, B = img(1), img(2)
-TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
-TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
-IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 EXACT = (
     f"negative control: {VERSION} with flash attention on is not bit-exact cached vs cold, "
@@ -196,16 +193,7 @@ def test_tolerance(engine: OpenAIEngine) -> None:
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")
-@pytest.mark.parametrize(
-    "history, final",
-    [
-        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
-        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
-        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
-        ([IMAGE], IMAGE),
-    ],
-    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
-)
+@pytest.mark.parametrize("history, final", image_streams())
 def test_image_streams(engine: OpenAIEngine, history: list[Request], final: Request) -> None:
     engine.reset()
     for request in history:

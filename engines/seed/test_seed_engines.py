@@ -15,8 +15,9 @@ import shlex
 from collections.abc import Iterator
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, req, user, worst_diff
+from adapter_support import worst_diff
 from lab.records import record_finding
+from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.seed import seed_server
@@ -29,10 +30,6 @@ pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run engines/seed/run
 
 IMAGES = "--mllm" in FLAGS
 CLAIMS_TEST = "test_claims_agree_with_the_tap"
-A, B = img(1), img(2)
-TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
-TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
-IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 
 MROPE_STALE = (
@@ -235,16 +232,7 @@ def test_claims_agree_with_the_tap(engine: OpenAIEngine) -> None:
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")
-@pytest.mark.parametrize(
-    "history, final",
-    [
-        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
-        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
-        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
-        ([IMAGE], IMAGE),
-    ],
-    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
-)
+@pytest.mark.parametrize("history, final", image_streams())
 def test_image_streams(engine: OpenAIEngine, history: list[object], final: object) -> None:
     for request in history:
         engine.run(request, use_cache=True)  # type: ignore[arg-type]
