@@ -31,7 +31,7 @@ from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
-from .presets import with_split_rule
+from .presets import audit_share, with_split_rule
 from .render import TextRenderer, VlmRenderer
 
 __all__ = [
@@ -176,6 +176,7 @@ def seed_server(
     start_timeout: float = 300.0,
     audit: bool = True,
     claims: bool = True,
+    audit_share: int = 8,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -187,7 +188,9 @@ def seed_server(
     and the API's ``cached_tokens`` is still checked against it): for a run that must get past
     replies whose logprobs miss steps (rapid-mlx 0.16.10 on tiny-qwen3.5: 4 entries for 8
     generated tokens where the text held undecodable bytes), which the claims check fails on a
-    stream's first request."""
+    stream's first request. The baseline audit's fresh server (15-40 s to start) answers up to
+    ``audit_share`` audited requests that share nothing (``SEED_AUDIT_SHARE`` in
+    :func:`from_env`)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -231,6 +234,7 @@ def seed_server(
     # the measured rule where the library's own split prefill is not exact on the family
     # (mlx-vlm's qwen3_5, a last token run alone on gemma3; measured on mlx-lm 0.32.2 and
     # mlx-vlm 0.7.10, the seed engines pin mlx-lm 0.31.3 and mlx-vlm 0.7.10 / 0.7.2)
+    engine_.fresh_instance_share = audit_share
     return with_split_rule(engine_, "mlx-vlm" if images else "mlx-lm", model)
 
 
@@ -245,4 +249,5 @@ def from_env() -> OpenAIEngine:
     audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
     claims = os.environ.get("SEED_CLAIMS", "1") != "0"
     flags = shlex.split(os.environ.get("SEED_FLAGS", ""))
-    return seed_server(engine, flags, audit=audit, claims=claims)
+    share = audit_share("SEED_AUDIT_SHARE", "8")
+    return seed_server(engine, flags, audit=audit, claims=claims, audit_share=share)
