@@ -14,6 +14,8 @@ from pytest_prefixcache.session import option_table as ot
 from pytest_prefixcache.session.settings import Settings
 from pytest_prefixcache.session.stash import SETTINGS_KEY
 
+pytest_plugins = ["pytester"]
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCUMENTS = {"common": ROOT / "README.md", "all": ROOT / "docs" / "release-gate.md"}
 
