@@ -262,3 +262,85 @@ class FullPromptHit(BlockManager):
             if self._hit(h, seq.block(seq.num_blocks - 1)) != -1:
                 return hits + 1
         return hits
+
+
+class AppendReusesLastBlock(BlockManager):
+    """Decoding into a new block appends the sequence's last block id again: the new
+    positions overwrite the rows of the previous block, which later steps read."""
+
+    def may_append(self, seq: Sequence) -> None:
+        if len(seq) % self.block_size == 1:
+            seq.block_table.append(seq.block_table[-1])
+            self.blocks[seq.block_table[-1]].ref_count += 1
+
+
+# -- the classic interface (nano-vllm-fork, early nano-vllm) ---------------------------------
+class ClassicBlockManager(BlockManager):
+    """``can_allocate(seq) -> bool``; ``allocate(seq)`` finds the hits and hashes every full
+    block at once (before the forward: one sequence at a time, nothing reads it earlier);
+    ``may_append`` hashes a block once a token fills it. No ``hash_blocks``."""
+
+    hash_blocks = None  # type: ignore[assignment]
+
+    def can_allocate(self, seq: Sequence) -> bool:  # type: ignore[override]
+        return len(self.free_block_ids) >= seq.num_blocks
+
+    def allocate(self, seq: Sequence, num_cached_blocks: int = 0) -> None:
+        assert not seq.block_table
+        h, miss = -1, False
+        for i in range(seq.num_blocks):
+            tokens = seq.block(i)
+            full = len(tokens) == self.block_size
+            h = self.compute_hash(tokens, h) if full else -1
+            block_id = -1 if miss or not full or i == seq.num_blocks - 1 else self._hit(h, tokens)
+            miss = miss or block_id == -1
+            if block_id == -1:
+                block_id = self._take()
+            else:
+                self._claim(block_id)
+                seq.num_cached_tokens += self.block_size
+            if full:
+                block = self.blocks[block_id]
+                block.hash, block.token_ids = h, tokens
+                self.hash_to_block_id[h] = block_id
+            seq.block_table.append(block_id)
+
+    def may_append(self, seq: Sequence) -> None:
+        if len(seq) % self.block_size == 1:
+            seq.block_table.append(self._take())
+        elif len(seq) % self.block_size == 0:
+            last = seq.num_blocks - 1
+            parent = self.blocks[seq.block_table[last - 1]].hash if last else -1
+            h = self.compute_hash(seq.block(last), parent)
+            block = self.blocks[seq.block_table[-1]]
+            block.hash, block.token_ids = h, seq.block(last)
+            self.hash_to_block_id[h] = block.block_id
+
+
+class ClassicScheduler(Scheduler):
+    """Prefill whole prompts, ``postprocess(seqs, token_ids)`` without ``is_prefill``."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.block_manager = ClassicBlockManager(config.num_kvcache_blocks, self.block_size)
+
+    def schedule(self) -> tuple[list[Sequence], bool]:
+        if self.waiting:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                return [], True
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(self.waiting.popleft())
+            return [seq], True
+        seq = self.running[0]
+        self.block_manager.may_append(seq)
+        return [seq], False
+
+    def postprocess(self, seqs: list[Sequence], token_ids: list[int]) -> None:  # type: ignore[override]
+        for seq, token_id in zip(seqs, token_ids):
+            seq.append_token(token_id)
+            if seq.num_completion_tokens == seq.max_tokens:
+                seq.status = SequenceStatus.FINISHED
+                self.block_manager.deallocate(seq)
+                self.running.remove(seq)

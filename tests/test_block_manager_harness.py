@@ -47,17 +47,28 @@ def harness(model: object, manager: type = standin.BlockManager, **kwargs: objec
     )
 
 
-@pytest.mark.parametrize("scheduler", [standin.Scheduler, None], ids=["scheduler", "alone"])
-def test_a_correct_block_manager_reuses_whole_blocks_bit_exact(model, scheduler) -> None:
-    engine = harness(model, scheduler=scheduler)
-    first, second = ask(LONG), ask(LONG + " And one more question?")
+@pytest.mark.parametrize(
+    ("manager", "scheduler"),
+    [
+        (standin.BlockManager, standin.Scheduler),
+        (standin.BlockManager, None),
+        (standin.ClassicBlockManager, standin.ClassicScheduler),
+        (standin.ClassicBlockManager, None),
+    ],
+    ids=["scheduler", "alone", "classic-scheduler", "classic-alone"],
+)
+def test_a_correct_block_manager_reuses_whole_blocks_bit_exact(model, manager, scheduler) -> None:
+    """Both generations of nano-vllm's interface, through the scheduler and alone."""
+    engine = harness(model, manager, scheduler=scheduler)
+    # 40 new tokens: decoding crosses block boundaries (may_append, decode rows in new blocks)
+    first, second = ask(LONG), ask(LONG + " And one more question?", max_new_tokens=40)
     engine.run(first, use_cache=True)
     warm, cold = engine.run(second, use_cache=True), engine.run(second, use_cache=False)
     assert warm.prompt_tokens == cold.prompt_tokens
     # The shared prefix ends inside the user turn: whole blocks of 16 before it are reused.
     assert 0 < warm.cached_tokens < warm.prompt_tokens
     assert warm.cached_tokens % 16 == 0
-    assert warm.tokens == cold.tokens and len(warm.tokens) == 4
+    assert warm.tokens == cold.tokens and len(warm.tokens) > 32
     for a, b in zip(warm.step_logits, cold.step_logits, strict=True):
         np.testing.assert_array_equal(a, b)
     assert cold.cached_tokens == 0
@@ -77,6 +88,17 @@ def test_the_model_reads_the_blocks_the_manager_assigned(model) -> None:
         cold = engine.run(ask(LONG), use_cache=False)
         differs = not np.array_equal(warm.logits, cold.logits)
         assert (warm.cached_tokens > 0 and differs) if broken else not differs, manager
+
+
+def test_decode_steps_read_the_blocks_may_append_assigned(model) -> None:
+    """Negative control of the decode path: a manager that hands a sequence its own last block
+    again when decoding crosses into a new one makes the steps after that boundary read
+    overwritten rows; the first token (before it) stays exact."""
+    engine = harness(model, standin.AppendReusesLastBlock)
+    request = ask(LONG, max_new_tokens=40)
+    warm, cold = engine.run(request, use_cache=True), engine.run(request, use_cache=False)
+    np.testing.assert_array_equal(warm.logits, cold.logits)
+    assert any(not np.array_equal(a, b) for a, b in zip(warm.step_logits, cold.step_logits))
 
 
 def test_a_manager_that_caches_the_whole_prompt_is_refused(model) -> None:
