@@ -115,6 +115,23 @@ def test_a_manager_that_caches_the_whole_prompt_is_refused(model) -> None:
         engine.run(whole, use_cache=True)
 
 
+def test_a_model_with_non_kv_layer_state_is_refused() -> None:
+    """Recurrent and sliding-window layers keep state a block table does not address."""
+    from types import SimpleNamespace
+
+    from reference_engine.harness import BlockManagerEngine
+
+    hybrid = SimpleNamespace(
+        stateful_layers=(0, 1, 2), path="tiny-qwen3.5-vl", model_type="qwen3_5"
+    )
+    with pytest.raises(EngineError, match=r"full-attention models only .*qwen3_5"):
+        BlockManagerEngine(
+            hybrid,  # type: ignore[arg-type]
+            block_manager=standin.BlockManager,
+            sequence=standin.Sequence,
+        )
+
+
 def test_a_block_table_too_short_is_a_clear_error() -> None:
     from reference_engine.harness import PagedKV
 
