@@ -74,6 +74,22 @@ def test_a_correct_block_manager_reuses_whole_blocks_bit_exact(model, manager, s
     assert cold.cached_tokens == 0
 
 
+def test_a_chunked_prefill_reads_its_own_earlier_chunks_bit_exact(model) -> None:
+    """A budget of 24 tokens per step: the scheduler prefills a prompt in chunks, each chunk
+    reading the KV the earlier ones wrote into their blocks; a next request then reuses blocks
+    written chunk by chunk. Both bit-exact; the cached tokens are the allocation's."""
+    engine = harness(model, batched_tokens=24)
+    first = ask(LONG, max_new_tokens=8)
+    second = ask(LONG + " And one more question?", max_new_tokens=8)
+    for request, reused in ((first, False), (second, True)):
+        warm, cold = engine.run(request, use_cache=True), engine.run(request, use_cache=False)
+        assert warm.prompt_tokens > 4 * 24
+        assert (warm.cached_tokens > 0) == reused
+        assert warm.tokens == cold.tokens
+        for a, b in zip(warm.step_logits, cold.step_logits, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_the_model_reads_the_blocks_the_manager_assigned(model) -> None:
     """Negative control at the harness level: a freed block still indexed (StaleHit) is
     handed out again, overwritten, then hit by the prompt it used to hold; the model reads the

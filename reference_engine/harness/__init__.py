@@ -13,6 +13,9 @@ and the variables below (docs/adapters.md, "Your block manager under the harness
                                           call order, with your block manager in it
 ``PREFIXCACHE_BLOCK_SIZE``                tokens per block (default 16)
 ``PREFIXCACHE_NUM_BLOCKS``                physical blocks (default 256)
+``PREFIXCACHE_BATCHED_TOKENS``            the scheduler's token budget per step (default
+                                          65536; smaller: chunked prefill, where the
+                                          scheduler chunks)
 ``PREFIXCACHE_BLOCK_MANAGER_IMAGES``      ``1``: pass images through (token-only hashing
                                           then collides across images: see engine.py)
 ``PREFIXCACHE_MODEL``                     a full-attention fixture or directory (default
@@ -119,5 +122,6 @@ def from_env() -> BlockManagerEngine:
         num_blocks=_int("PREFIXCACHE_NUM_BLOCKS", 256),
         block_size=_int("PREFIXCACHE_BLOCK_SIZE", 16),
         images=images == "1",
+        batched_tokens=_int("PREFIXCACHE_BATCHED_TOKENS", 1 << 16),
         name=spec,
     )

@@ -53,11 +53,13 @@ class Sampling:
 Step = Callable[[Any, int, int, bool], "int | None"]
 
 
-def scheduler_config(num_blocks: int, block_size: int, max_tokens: int) -> SimpleNamespace:
-    """The attributes nano-vllm's ``Scheduler(config)`` reads (one sequence at a time)."""
+def scheduler_config(num_blocks: int, block_size: int, batched_tokens: int) -> SimpleNamespace:
+    """The attributes nano-vllm's ``Scheduler(config)`` reads (one sequence at a time;
+    ``batched_tokens`` per step: a prompt longer than that is prefilled in chunks by a
+    scheduler that chunks, as nano-vllm's current one does)."""
     return SimpleNamespace(
         max_num_seqs=1,
-        max_num_batched_tokens=max(max_tokens, 1 << 16),
+        max_num_batched_tokens=batched_tokens,
         eos=-1,
         kvcache_block_size=block_size,
         num_kvcache_blocks=num_blocks,

@@ -53,6 +53,8 @@ class BlockManagerEngine:
         num_blocks: physical blocks; small enough that blocks are recycled. Default ``256``.
         block_size: tokens per block. Default ``16``.
         images: pass images through (their placeholders are token ids like any other).
+        batched_tokens: the scheduler's ``max_num_batched_tokens`` (default ``65536``); a
+            smaller budget makes a chunking scheduler prefill long prompts in chunks.
         name: how reports name this engine.
     """
 
@@ -69,6 +71,7 @@ class BlockManagerEngine:
         num_blocks: int = 256,
         block_size: int = 16,
         images: bool = False,
+        batched_tokens: int = 1 << 16,
         name: str = "",
     ) -> None:
         if model.stateful_layers:
@@ -76,12 +79,14 @@ class BlockManagerEngine:
                 f"{model.path}: the block-manager harness serves full-attention models only "
                 f"(this one has {model.model_type} layers whose state is not KV rows)"
             )
-        for what, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+        sizes = (("num_blocks", num_blocks), ("block_size", block_size))
+        for what, value in (*sizes, ("batched_tokens", batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise EngineError(f"{what} must be a positive int, got {value!r}")
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
+        self.batched_tokens = batched_tokens
         self.supports_images = images
         self.name = name or getattr(block_manager, "__qualname__", "block manager")
         self._make_block_manager = block_manager
@@ -100,7 +105,7 @@ class BlockManagerEngine:
             self.block_manager = self._make_block_manager(self.num_blocks, self.block_size)
             self.scheduler = None
             if self._make_scheduler is not None:
-                config = scheduler_config(self.num_blocks, self.block_size, 1 << 16)
+                config = scheduler_config(self.num_blocks, self.block_size, self.batched_tokens)
                 self.scheduler = self._make_scheduler(config)
                 self.scheduler.block_manager = self.block_manager
             self.paged = PagedKV(self.num_blocks, self.block_size)
