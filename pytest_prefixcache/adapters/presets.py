@@ -267,7 +267,7 @@ def _json_object(name: str) -> dict[str, Any]:
 
 
 def from_env() -> OpenAIEngine:
-    """An adapter configured by environment variables (used by scripts/seed_engines.sh and
+    """An adapter configured by environment variables (used by engines/seed/run.sh and
     ``--prefixcache-server-cmd``):
 
     ``PREFIXCACHE_SERVER_CMD`` or ``PREFIXCACHE_SERVER_URL``; ``PREFIXCACHE_COLD``

@@ -3,7 +3,7 @@ under the logit tap, with any of their serve flags (``seed_server``; a matrix ``
 config passes its flag combination as ``flags``).
 
 The server runs the engine's CLI in its own virtual environment (``python``, default
-``$SEED_DIR/<engine>/bin/python``; ``scripts/seed_engines.sh install`` makes them) on the model
+``$SEED_DIR/<engine>/bin/python``; ``engines/seed/run.sh install`` makes them) on the model
 ``PREFIXCACHE_MODEL`` names (``--prefixcache-model``), else the tiny fixtures: tiny-qwen2-vl
 with ``--mllm``, else tiny-llama (a vision-language model with ``--mllm``, a text one without:
 the other kind is refused). The cold baseline is a second server
@@ -191,7 +191,7 @@ def seed_server(
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
-            f"no {engine} environment at {python}: run 'scripts/seed_engines.sh install "
+            f"no {engine} environment at {python}: run 'engines/seed/run.sh install "
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
@@ -237,7 +237,7 @@ def seed_server(
 def from_env() -> OpenAIEngine:
     """``seed_server`` configured by ``SEED_ENGINE`` and ``SEED_FLAGS`` (a command-line string),
     for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
-    ``scripts/seed_matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
+    ``engines/seed/matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
     ``SEED_CLAIMS=0``: no claim sources (see :func:`seed_server`)."""
     engine = os.environ.get("SEED_ENGINE", "")
     if not engine:

@@ -1,16 +1,16 @@
 """The findings of one vLLM CPU mode, and the table of all of them (used by vllm_cpu.sh).
 
 Each mode's directory (``$VLLM_REPORTS/vllm-<mode>/``) holds what one run of
-``scripts/vllm_cpu.sh verify`` wrote there: ``suite.json`` (the plugin's JSON report of the
-built-in suite), ``checks.xml`` (JUnit XML of tests/test_adapters_vllm.py, run with
-``--runxfail``) and ``checks.jsonl``. The row and the counterexamples are scripts/seed_findings.py's
+``engines/vllm/run.sh verify`` wrote there: ``suite.json`` (the plugin's JSON report of the
+built-in suite), ``checks.xml`` (JUnit XML of engines/vllm/test_vllm_cpu.py, run with
+``--runxfail``) and ``checks.jsonl``. The row and the counterexamples are engines/seed/findings.py's
 (same fields, same corpus layout); what differs: the targeted checks' expected failures come
-from tests/test_adapters_vllm.py, and efficiency is also given against the block-rounded oracle
+from engines/vllm/test_vllm_cpu.py, and efficiency is also given against the block-rounded oracle
 (vLLM reuses whole 32-token blocks and recomputes at least the last prompt token).
 
-    python scripts/vllm_findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
-    python scripts/vllm_findings.py table REPORTS                 prints the Markdown table
-    python scripts/vllm_findings.py save REPORTS CORPUS           copies each failure's shrunk
+    python engines/vllm/findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
+    python engines/vllm/findings.py table REPORTS                 prints the Markdown table
+    python engines/vllm/findings.py save REPORTS CORPUS           copies each failure's shrunk
                                                                    counterexample into CORPUS
                                                                    (not the negative control's)
 """
@@ -22,10 +22,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import seed_findings
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
+from lab import findings as common  # noqa: E402
 
 BLOCK = 32
-SCRIPT = "scripts/vllm_cpu.sh"
+SCRIPT = "engines/vllm/run.sh"
 MODES = {
     "text": "tiny-llama-hf, text",
     "vl": "tiny-qwen2-vl-hf, images",
@@ -34,8 +36,8 @@ MODES = {
 
 
 def checks(path: Path, mode: str) -> dict[str, str]:
-    """What happened to the checks of tests/test_adapters_vllm.py in ``mode``."""
-    return seed_findings.mode_checks(path, "test_adapters_vllm", "VLLM_MODE", mode)
+    """What happened to the checks of engines/vllm/test_vllm_cpu.py in ``mode``."""
+    return common.mode_checks(path, "test_vllm_cpu", "VLLM_MODE", mode, HERE)
 
 
 def block_oracle(suite: dict[str, Any]) -> tuple[int, int]:
@@ -54,8 +56,7 @@ def block_oracle(suite: dict[str, Any]) -> tuple[int, int]:
 
 
 def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
-    r = seed_findings.row(directory, engine, version, mode)
-    r["checks"] = checks(directory / "checks.xml", mode)
+    r = common.row(directory, engine, version, mode, checks(directory / "checks.xml", mode))
     suite_path = directory / "suite.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
     r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
@@ -84,13 +85,13 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             f"{head} {r['requests']} ({r['cache_hits']} hits) | "
             f"{_pct(r['reused_tokens'], r['oracle_tokens'])} | "
             f"{_pct(r['block_reused'], r['block_oracle_tokens'])} | {r['worst_diff']:g} | "
-            f"{seed_findings._failures(r, corpus_link)} |"
+            f"{common._failures(r, corpus_link)} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    return seed_findings.engine_main(
+    return common.engine_main(
         argv,
         row=row,
         table=table,

@@ -1,4 +1,4 @@
-"""Negative control for scripts/vllm_cpu.sh: vLLM whose prefix-cache keys ignore images.
+"""Negative control for engines/vllm/run.sh: vLLM whose prefix-cache keys ignore images.
 
 Put this directory first on PYTHONPATH of a vLLM server (mode ``vl-patched``): every Python
 process of that server, the engine core included, runs it at start. When vLLM's

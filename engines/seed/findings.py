@@ -2,17 +2,17 @@
 seed_engines.sh); the row, checks and counterexample helpers are shared with the llama and vLLM
 findings modules.
 
-A run of ``scripts/seed_engines.sh verify ENGINE...`` leaves in ``$SEED_DIR/reports/``: a run
+A run of ``engines/seed/run.sh verify ENGINE...`` leaves in ``$SEED_DIR/reports/``: a run
 directory ``run-<engines>/`` with ``suite.json`` (the plugin's JSON report of the matrix run of
-scripts/seed_matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
+engines/seed/matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
 request of a combination, the reuse the API reported and the reuse the logit tap saw) and the
 failures' saved streams; per combination, ``<engine>-<labels>/checks.xml`` (JUnit XML of
-tests/test_adapters_seed.py) and ``checks.jsonl``.
+engines/seed/test_seed_engines.py) and ``checks.jsonl``.
 
-    python scripts/seed_findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
+    python engines/seed/findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
                                         writes REPORTS/<engine>-<labels>/row.json per combination
-    python scripts/seed_findings.py table REPORTS                 prints the Markdown table
-    python scripts/seed_findings.py save REPORTS CORPUS           copies each failure's shrunk
+    python engines/seed/findings.py table REPORTS                 prints the Markdown table
+    python engines/seed/findings.py save REPORTS CORPUS           copies each failure's shrunk
                                                                    counterexample into CORPUS
 """
 
@@ -24,8 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when it is loaded by path
-from findings_common import (  # the llama and vLLM findings modules use them from here
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
+from lab import findings as common  # noqa: E402
+from lab.findings import (  # noqa: E402 (after the path)
     _entries,
     _failures,
     _prefill,
@@ -40,21 +42,20 @@ from findings_common import (  # the llama and vLLM findings modules use them fr
 
 __all__ = ["engine_main", "mode_checks", "row", "save", "table"]
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
 #: The targeted check whose failures are claims disagreements (its own table column).
 CLAIMS_TEST = "test_claims_agree_with_the_tap"
 
 
 def known() -> dict[tuple[str, str, str], str]:
-    """tests/test_adapters_seed.py's xfail reasons, by (engine, mode, test)."""
-    sys.path.insert(0, str(TESTS))
-    import test_adapters_seed
+    """engines/seed/test_seed_engines.py's xfail reasons, by (engine, mode, test)."""
+    sys.path.insert(0, str(HERE))
+    import test_seed_engines
 
-    return dict(test_adapters_seed.KNOWN)
+    return dict(test_seed_engines.KNOWN)
 
 
 def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
-    """``junit_outcomes`` against tests/test_adapters_seed.py's strict xfails."""
+    """``junit_outcomes`` against engines/seed/test_seed_engines.py's strict xfails."""
     reasons = known()
     return junit_outcomes(
         path,
@@ -66,10 +67,9 @@ def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
 
 def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
     """A mode's row from its directory's suite.json, tap.jsonl and checks.xml."""
-    suite_path = directory / "suite.json"
-    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
-    outcomes = checks(directory / "checks.xml", engine, mode)
-    return suite_row(suite, directory, engine, version, mode, outcomes)
+    return common.row(
+        directory, engine, version, mode, checks(directory / "checks.xml", engine, mode)
+    )
 
 
 def matrix_rows(

@@ -1,4 +1,4 @@
-"""scripts/seed_findings.py: a combination's row from a matrix report, and the table's claims,
+"""engines/seed/findings.py: a combination's row from a matrix report, and the table's claims,
 per-step and other-failures columns (from saved report files; no engine)."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from typing import Any
 
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+from pytest_prefixcache import Message, Request
+from pytest_prefixcache.output.streams import load_stream, save_stream
+
+HERE = Path(__file__).resolve().parent
 CLAIM = (
     "claims: cached run: stats GET /v1/cache/stats engine_cache.mllm_cache.tokens_saved (delta) "
     "claims 67 prompt token(s) reused, but the model prefilled 82 of 82 prompt tokens"
@@ -34,12 +37,12 @@ path = { text = "", mllm = "--mllm" }
 
 @pytest.fixture
 def findings() -> Iterator[ModuleType]:
-    spec = importlib.util.spec_from_file_location("seed_findings", SCRIPTS / "seed_findings.py")
+    spec = importlib.util.spec_from_file_location("seed_findings", HERE / "findings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     yield module
-    sys.modules.pop("test_adapters_seed", None)
+    sys.modules.pop("test_seed_engines", None)
 
 
 def config(name: str, failures: list[dict[str, Any]], steps: int) -> dict[str, Any]:
@@ -91,3 +94,26 @@ def test_rows_from_a_matrix_report_and_their_columns(findings: ModuleType, tmp_p
     assert cells[7].startswith("claims: cached run: stats GET /v1/cache/stats engine_cache.mllm")
     assert cells[8].startswith("claims: cached run: the API's per-step logprobs do not align")
     assert cells[9] == "fault: 503 model replacement"
+
+
+def test_the_seed_script_saves_each_distinct_counterexample_once_with_a_description(
+    findings: ModuleType, tmp_path: Path
+) -> None:
+    stream = [Request((Message("user", ("describe the image",)),))]
+    failures = save_stream(stream, tmp_path / "run" / ".prefixcache" / "failures" / "abc")
+    summary = "reuse bound: cached_tokens=21 exceeds the maximum valid reuse of 0 tokens"
+    failure = {"check": "reuse bound", "summary": summary, "stream_dir": str(failures.parent)}
+    # a matrix combination's row: its labels name the counterexample, its flags describe it
+    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "text,paged"}
+    row["flags"] = "--use-paged-cache"
+    row["failures"] = [dict(failure, test="streams"), dict(failure, test="state machine")]
+    (tmp_path / "run" / "row.json").write_text(json.dumps(row))
+    name = "rapid-mlx-text-paged-reuse-bound"
+    assert findings.save(tmp_path, tmp_path / "corpus") == [name]
+    saved, meta = load_stream(tmp_path / "corpus" / name)
+    assert saved == tuple(stream)
+    assert meta["description"].startswith("rapid-mlx 0.16.10, --use-paged-cache, found by")
+    assert meta["description"].endswith(summary) and meta["check"] == "reuse bound"
+    assert [
+        f["saved"] for f in json.loads((tmp_path / "run" / "row.json").read_text())["failures"]
+    ] == [name] * 2

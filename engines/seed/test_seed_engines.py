@@ -1,7 +1,7 @@
 """Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
 
-Skipped unless scripts/seed_engines.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
-SEED_FLAGS (the serve flags of one combination of scripts/seed_matrix.toml), SEED_MODE (its
+Skipped unless engines/seed/run.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
+SEED_FLAGS (the serve flags of one combination of engines/seed/matrix.toml), SEED_MODE (its
 labels, e.g. ``cb,text,paged,whole,full``: the key of the known findings) and SEED_DIR (the
 engines' environments). The servers are ``adapters.seed.seed_server``'s: the engine under the
 tap with those flags, and a cache-less cold server. Every comparison uses the tap's
@@ -15,7 +15,9 @@ import shlex
 from collections.abc import Iterator
 
 import pytest
-from adapter_support import SYSTEM, assistant, img, record_finding, req, user, worst_diff
+from adapter_support import worst_diff
+from lab.records import record_finding
+from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.adapters.seed import seed_server
@@ -24,14 +26,10 @@ from pytest_prefixcache.checks.claims import claim_problems
 ENGINE = os.environ.get("SEED_ENGINE", "")
 FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
 MODE = os.environ.get("SEED_MODE", "")
-pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run scripts/seed_engines.sh")
+pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run engines/seed/run.sh")
 
 IMAGES = "--mllm" in FLAGS
 CLAIMS_TEST = "test_claims_agree_with_the_tap"
-A, B = img(1), img(2)
-TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats."))
-TEXT_NEXT = req(*TEXT.messages, assistant("fine"), user("and now?"))
-IMAGE = req(SYSTEM, user(A, "What is in this image?"))
 
 
 MROPE_STALE = (
@@ -234,16 +232,7 @@ def test_claims_agree_with_the_tap(engine: OpenAIEngine) -> None:
 
 
 @pytest.mark.skipif(not IMAGES, reason="text-only mode")
-@pytest.mark.parametrize(
-    "history, final",
-    [
-        ([IMAGE], req(SYSTEM, user(B, "What is in this image?"))),
-        ([req(SYSTEM, user(A, "and", B, "compare"))], req(SYSTEM, user(B, "and", A, "compare"))),
-        ([IMAGE], req(*IMAGE.messages, assistant("a cat"), user("and the colour?"))),
-        ([IMAGE], IMAGE),
-    ],
-    ids=["other-image-same-size", "swapped-order", "next-turn", "repeat"],
-)
+@pytest.mark.parametrize("history, final", image_streams())
 def test_image_streams(engine: OpenAIEngine, history: list[object], final: object) -> None:
     for request in history:
         engine.run(request, use_cache=True)  # type: ignore[arg-type]
