@@ -8,7 +8,7 @@
 #   git -C ATOM_CLONE archive HEAD atom | tar -x -C /tmp/atom-main
 #   git -C ATOM_CLONE fetch origin pull/1358/head && git -C ATOM_CLONE archive FETCH_HEAD atom | tar -x -C /tmp/atom-pr1358
 # HARNESS_ENGINE labels the source ("atom main ffdf3bb5d", "atom pr1358 ab292ea1f": the keys of
-# the strict xfails in tests/test_block_manager_engines.py).
+# the strict xfails in engines/lab/test_block_managers.py).
 # PREFIXCACHE_BLOCK_MANAGER_IMAGES=1 passes images through (ATOM serves VLMs; its hashing is
 # token-only). msgspec and xxhash (the block manager's only third-party imports) go into the
 # git-ignored .engines/atom/site.
@@ -28,9 +28,9 @@ export PREFIXCACHE_BLOCK_MANAGER=atom_harness:block_manager
 export PREFIXCACHE_SEQUENCE=atom_harness:sequence
 export PREFIXCACHE_NUM_BLOCKS=${PREFIXCACHE_NUM_BLOCKS:-64}
 # runs in the caller's working directory (its .prefixcache/ holds reports and shrunk failures);
-# TARGETED=1 runs the targeted checks and their strict xfails (tests/test_block_manager_engines.py)
+# TARGETED=1 runs the targeted checks and their strict xfails (engines/lab/test_block_managers.py)
 if [ "${TARGETED:-0}" = 1 ]; then
-  exec "$py" -m pytest -p no:cacheprovider "$here/tests/test_block_manager_engines.py" "$@"
+  exec "$py" -m pytest -p no:cacheprovider "$here/engines/lab/test_block_managers.py" "$@"
 fi
 exec "$py" -m pytest -p no:cacheprovider --prefixcache-verify \
   --prefixcache-engine=reference_engine.harness:from_env --pyargs pytest_prefixcache.suite "$@"

@@ -43,9 +43,9 @@ export PREFIXCACHE_SEQUENCE=nanovllm.engine.sequence:Sequence
 export PREFIXCACHE_SCHEDULER=nanovllm.engine.scheduler:Scheduler
 export PREFIXCACHE_NUM_BLOCKS=${PREFIXCACHE_NUM_BLOCKS:-64}
 # runs in the caller's working directory (its .prefixcache/ holds reports and shrunk failures);
-# TARGETED=1 runs the targeted checks and their strict xfails (tests/test_block_manager_engines.py)
+# TARGETED=1 runs the targeted checks and their strict xfails (engines/lab/test_block_managers.py)
 if [ "${TARGETED:-0}" = 1 ]; then
-  exec "$py" -m pytest -p no:cacheprovider "$here/tests/test_block_manager_engines.py" "$@"
+  exec "$py" -m pytest -p no:cacheprovider "$here/engines/lab/test_block_managers.py" "$@"
 fi
 exec "$py" -m pytest -p no:cacheprovider --prefixcache-verify \
   --prefixcache-engine=reference_engine.harness:from_env --pyargs pytest_prefixcache.suite "$@"
