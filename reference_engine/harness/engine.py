@@ -144,6 +144,12 @@ class BlockManagerEngine:
             table = list(seq.block_table)
             cache = model.restore(self.paged.windows(table, start), start, end)
             if prefill:
+                if end > len(ids) or start < state.get("first", start):
+                    raise EngineError(
+                        f"{self.name}: the scheduler prefills positions [{start}, {end}) again "
+                        f"(a preempted sequence: no free block to decode into; give it more "
+                        f"than {self.num_blocks} blocks)"
+                    )
                 if "embeds" not in state:  # the rows of every position the manager did not cache
                     state["first"] = start
                     state["embeds"], state["merges"] = ref.suffix_embeddings(
