@@ -2,12 +2,13 @@
 block-manager harness, on CPU: written here, importing ATOM's own modules from the source
 tree ``ATOM_SRC`` names (a checkout outside this repository; nothing of ATOM is copied).
 
-ATOM's package ``__init__`` and its ``atom.config`` import torch, transformers and the ROCm
-runtime; the block manager needs only ``Config``'s attributes. So ``atom`` and
+ATOM's ``atom.config`` imports torch and transformers (and its package ``__init__`` a plugin
+module); the block manager needs only ``Config``'s attributes. So ``atom`` and
 ``atom.distributed`` are entered as bare packages (``__path__`` only, their ``__init__``
 skipped) and ``atom.config`` as a stand-in defining the two names the block manager imports.
-Its scheduler needs the GPU runtime (model runner, ZMQ, aiter): the harness drives the block
-manager alone, in nano-vllm's call order (reference_engine/harness/driver.py).
+Its scheduler imports torch (``atom.utils``) and exchanges ``ScheduledBatch`` objects with the
+model runner, not nano-vllm's interface: the harness drives the block manager alone, in
+nano-vllm's call order (reference_engine/harness/driver.py).
 
     ATOM_SRC=DIR PREFIXCACHE_BLOCK_MANAGER=atom_harness:block_manager \
     PREFIXCACHE_SEQUENCE=atom_harness:sequence  (engines/atom/run.sh sets these)
