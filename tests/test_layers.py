@@ -34,7 +34,7 @@ ENGINE_LAYERS = (
     ("the model", {"kv", "model"}),
     ("the engine", {"engine", "__init__"}),
     ("the HTTP API", {"openai_api"}),
-    ("the server and the bug zoo", {"server", "mutants"}),
+    ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
 )
 #: The plugin's modules the reference engine may import: the contract.
 CONTRACT = {"", "types", "errors", "package_data", "image_io"}
