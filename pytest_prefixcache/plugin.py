@@ -18,7 +18,7 @@ from .errors import PrefixCacheError
 from .output.report import FailureRecord, Report
 from .output.streams import load_stream
 from .package_data import MODEL_ENV
-from .session import settings
+from .session import option_table, settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
 from .session.failures import (
@@ -89,25 +89,15 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--prefixcache-replay={replay}: {exc}") from None
     isolation = bool(config.getoption("prefixcache_isolation"))
     s = settings.Settings(
+        **option_table.settings_values(config.getoption),
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
         model=model,
         model_source=model_source,
         server_cmd=os.environ["PREFIXCACHE_SERVER_CMD"] if source == SERVER_SOURCE else None,
-        server_body=config.getoption("prefixcache_server_body"),
-        examples=config.getoption("prefixcache_examples"),
         seed=settings.Settings.random_seed() if given_seed is None else given_seed,
         seed_given=given_seed is not None,
-        report=None
-        if config.getoption("prefixcache_report") is None
-        else Path(config.getoption("prefixcache_report")),
-        timeout=config.getoption("prefixcache_timeout"),
-        atol=config.getoption("prefixcache_atol"),
-        rtol=config.getoption("prefixcache_rtol"),
-        kl=config.getoption("prefixcache_kl"),
-        min_efficiency=config.getoption("prefixcache_min_efficiency"),
-        min_speedup=config.getoption("prefixcache_min_speedup"),
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
         isolation=isolation,
@@ -117,13 +107,6 @@ def pytest_configure(config: pytest.Config) -> None:
         database=config.getoption("prefixcache_database")
         or _env_database()
         or settings.DEFAULT_DATABASE,
-        progress=config.getoption("prefixcache_progress"),
-        budget=config.getoption("prefixcache_budget"),
-        allow_partial=bool(config.getoption("prefixcache_allow_partial")),
-        strict_render=bool(config.getoption("prefixcache_strict_render")),
-        failures_to=None
-        if config.getoption("prefixcache_failures_dir") is None
-        else Path(config.getoption("prefixcache_failures_dir")),
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(

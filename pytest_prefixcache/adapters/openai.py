@@ -191,6 +191,9 @@ class OpenAIEngine:
         self._owner = True  # fresh instances (copies) leave the shared servers alone
         #: The baseline audit starts a new server per audited request (fresh_instance).
         self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        #: Audited requests one fresh server may answer (the audit keeps them from sharing
+        #: anything it could carry); set by the presets of slow servers.
+        self.fresh_instance_share = 1
         self.fresh_instances_missing = (
             "a server given by URL: no fresh server can be started"
             if audit

@@ -28,7 +28,7 @@ from ..checks.references import CacheDesign
 from ..errors import EngineError
 from ..images import ImageFactory
 from ..types import Engine, Request, ShortRepr
-from ..verify.audit import Audit
+from ..verify.audit import Audit, fresh_share
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
 from .settings import DEFAULT_ENGINE, Settings
@@ -147,10 +147,11 @@ def load_engine_with_audit(
     if getattr(engine, "supports_fresh_instances", True) is False:
         why = getattr(engine, "fresh_instances_missing", None)
         return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
+    share = fresh_share(engine)
     fresh = getattr(engine, "fresh_instance", None)  # cheaper than the factory (one server)
     if callable(fresh):
-        return engine, Audit(fresh)
-    return engine, Audit(functools.partial(_build, spec, obj, kwargs))
+        return engine, Audit(fresh, share=share)
+    return engine, Audit(functools.partial(_build, spec, obj, kwargs), share=share)
 
 
 @pytest.fixture(scope="session")
@@ -201,6 +202,8 @@ def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) ->
     slot.built = (engine, audit)
     slot.report.server = getattr(engine, "coverage_hints", "") == "server"
     yield engine
+    if slot.worker.dead is None:  # the audit's held fresh instance (fresh_instance_share)
+        slot.worker.call(audit.close, timeout=s.timeout, what="closing the audit's instance")
     close = getattr(engine, "close", None)
     if slot.target is not None and callable(close) and slot.worker.dead is None:
         # a matrix configuration's engine (its servers) goes before the next one starts
