@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,12 +56,12 @@ def _one_error(result: pytest.RunResult, tmp: Path, needle: str) -> dict[str, ob
 
 
 @pytest.fixture
-def server_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An in-process session with --prefixcache-server-cmd exports PREFIXCACHE_SERVER_CMD and
-    PREFIXCACHE_EXTRA_BODY into this process: put them back as they were afterwards."""
-    for name in ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY"):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
+def server_env() -> Iterator[None]:
+    """An in-process session with --prefixcache-server-cmd exports PREFIXCACHE_SERVER_CMD (and
+    PREFIXCACHE_EXTRA_BODY) for its engine factory: it leaves them as they were."""
+    before = {k: os.environ.get(k) for k in ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY")}
+    yield
+    assert {k: os.environ.get(k) for k in before} == before
 
 
 def _args(*more: str) -> list[str]:
