@@ -135,7 +135,10 @@ def _head(report: Report) -> list[Line]:
         )
     if side_by_side:
         out.append(Line("references", side_by_side))
-    if report.warm_seconds > 0:
+    if report.speedup_not_measured:
+        why = report.speedup_not_measured
+        out.append(Line("time", f"time on cache hits: no speedup computed ({why})"))
+    elif report.warm_seconds > 0:
         speedup = report.cold_seconds / report.warm_seconds
         out.append(
             Line(
@@ -179,11 +182,26 @@ def _findings(report: Report) -> list[Line]:
 
 
 def _skipped(report: Report) -> list[Line]:
+    """The skipped tests, one line each; tests skipped for the same reason (the engine could
+    not be built, or died) share one line."""
     if not report.skipped:
         return []
+    by_reason: dict[str, list[str]] = {}
+    for line in report.skipped:
+        test, _, reason = line.partition(": ")
+        by_reason.setdefault(reason, []).append(test)
     return [
         Line("skipped", f"skipped: {len(report.skipped)} verification test(s)"),
-        *(Line("skip", line, sub=True) for line in report.skipped),
+        *(
+            Line(
+                "skip",
+                f"{tests[0]}: {reason}"
+                if len(tests) == 1
+                else f"{len(tests)} tests ({tests[0]}, ...): {reason}",
+                sub=True,
+            )
+            for reason, tests in by_reason.items()
+        ),
     ]
 
 
