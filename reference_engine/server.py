@@ -232,17 +232,18 @@ class _Server(ThreadingHTTPServer):
     def __init__(
         self, addr: tuple[str, int], engine: Engine, model_name: str, verbose: bool
     ) -> None:
+        # Engine calls run on long-lived worker threads (a thread that ran MLX work and ended
+        # can abort the interpreter at exit): one per request the engine serves at once (its
+        # max_concurrency; the reference engine interleaves them, bit-exact). Made before the
+        # bind, which calls server_close() when it fails (a busy port).
+        workers = getattr(engine, "max_concurrency", 1)
+        workers = workers if isinstance(workers, int) and workers > 0 else 1
+        self._worker = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
         super().__init__(addr, _Handler)
         self.engine = engine
         self.model_name = model_name
         self.verbose = verbose
         self.created = int(time.time())
-        # Engine calls run on long-lived worker threads (a thread that ran MLX work and ended
-        # can abort the interpreter at exit): one per request the engine serves at once
-        # (its max_concurrency; the reference engine interleaves them, bit-exact).
-        workers = getattr(engine, "max_concurrency", 1)
-        workers = workers if isinstance(workers, int) and workers > 0 else 1
-        self._worker = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="engine")
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._worker.submit(fn, *args, **kwargs).result()
@@ -304,7 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(str(exc))
     engine = Engine.from_pretrained(path, block_size=args.block_size)
     name = args.served_model_name or path.resolve().name
-    server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
+    try:
+        server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
+    except OSError as exc:  # e.g. "[Errno 98] Address already in use"
+        print(f"cannot listen on {args.host}:{args.port} (port {args.port}): {exc}", flush=True)
+        return 1
     host, port = server.server_address[:2]
     print(f"listening on http://{host!s}:{port}", flush=True)
     try:

@@ -97,6 +97,7 @@ def test_concurrency_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     assert presets.from_env().max_concurrency == 4
 
 
+@pytest.mark.slow
 def test_the_reference_server_serves_waves_in_its_own_order() -> None:
     pytest.importorskip("mlx_vlm")
     engine = presets.reference_server(concurrency=4)

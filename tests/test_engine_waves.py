@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from pytest_prefixcache import Message, Request, Verifier
 from pytest_prefixcache.images import make_image
 from pytest_prefixcache.types import Wave
@@ -19,6 +21,7 @@ def _req(text: str, *images: Any, ns: str = "", new: int = 2) -> Request:
     return Request((Message("system", (SYSTEM,)), Message("user", (*images, text))), ns, new)
 
 
+@pytest.mark.slow
 def test_waves_of_shared_prefixes_are_bit_exact_and_served_in_order(model: Any) -> None:
     engine = Engine(model)
     assert engine.max_concurrency > 1

@@ -12,12 +12,15 @@ import threading
 from typing import Any
 
 import numpy as np
+import pytest
 
 from pytest_prefixcache import Message, Request
 from reference_engine.engine import Engine
 from reference_engine.mutants import MUTANTS
 
 SYSTEM = "You are a careful assistant. Answer every question precisely and briefly. " * 3
+pytestmark = pytest.mark.slow  # each builds engines and runs the model (about 30 s in all)
+
 LONG = "Explain in detail how a prefix cache keeps its blocks consistent. " * 3
 
 

@@ -22,6 +22,7 @@ def _replay_path(stdout: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_failure_is_saved_and_replays_exactly(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     first = run_suite(pytester, "ignore_digest", "-k", "request_streams", examples=30)
@@ -86,7 +87,7 @@ def test_corpus_runs_first_and_a_project_corpus_is_added(pytester: pytest.Pytest
     (pytester.path / "fixtures" / "corpus").mkdir(parents=True)
     (pytester.path / "fixtures" / "corpus" / "zz_mine.json").write_text(json.dumps(mine))
     result = run_suite(pytester, "good", "-v")
-    lines = [ln for ln in result.stdout.lines if "verification.py::" in ln]
+    lines = [ln for ln in result.stdout.lines if ln.startswith("verification.py::")]
     names = [ln.split("::")[1].split()[0] for ln in lines]
     assert names[:6] == [
         "test_corpus[agent_loop_growing_turns]",

@@ -165,6 +165,7 @@ def test_malformed_waves_name_the_field(waves: object, message: str) -> None:
         waves_from((_req("a"), _req("b")), {"waves": waves})
 
 
+@pytest.mark.slow
 def test_suite_runs_waves_only_where_the_engine_declares_concurrency(
     pytester: pytest.Pytester,
 ) -> None:
@@ -175,6 +176,7 @@ def test_suite_runs_waves_only_where_the_engine_declares_concurrency(
     run_suite(pytester, "concurrent", "-k", "test_waves").assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_suite_catches_mixed_rows_and_the_saved_wave_replays(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     first = run_suite(pytester, "concurrent_mix_rows", "-k", "test_waves", examples=100)
