@@ -22,6 +22,7 @@ from ..package_data import engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
+from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "mlx_lm_server",
     "mlx_vlm_server",
     "reference_server",
+    "sglang_server",
     "vllm_server",
 ]
 

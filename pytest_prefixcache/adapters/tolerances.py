@@ -17,7 +17,15 @@ import json
 import os
 from pathlib import Path
 
-__all__ = ["SPLIT_ATOL", "model_type_of", "split_atol", "split_rule"]
+__all__ = [
+    "ENGINE_ATOL",
+    "SPLIT_ATOL",
+    "engine_atol",
+    "engine_rule",
+    "model_type_of",
+    "split_atol",
+    "split_rule",
+]
 
 #: (library, model_type) -> atol on every step's logprobs: the worst difference measured, times
 #: about 6 (``results/split_tolerance.json``; the margin covers longer prompts than measured).
@@ -52,4 +60,32 @@ def split_rule(library: str, model_type: str) -> str:
     return (
         f"{library} {model_type}: a split prefill is not bit-exact on CPU; atol {atol:g} on "
         "every step's logprobs, greedy tokens equal (benchmarks/split_tolerance.py)"
+    )
+
+
+#: (engine, model_type or "*") -> atol on every step's logprobs of a server whose cached and
+#: cold runs are not bit-identical (a third-party engine on its own kernels): the worst
+#: difference measured over many requests, times about 10 (a PLACEHOLDER until measured).
+ENGINE_ATOL: dict[tuple[str, str], float] = {
+    ("sglang", "*"): 1e-5,
+}
+#: Where each engine's figure comes from.
+ENGINE_SOURCE = {"sglang": "engines/sglang/tolerance.py"}
+
+
+def engine_atol(engine: str, model_type: str) -> float | None:
+    """The atol ``engine``'s preset declares for a model of ``model_type`` (its own entry,
+    else the engine's ``"*"``); None where it is exact."""
+    return ENGINE_ATOL.get((engine, model_type)) or ENGINE_ATOL.get((engine, "*")) or None
+
+
+def engine_rule(engine: str, model_type: str) -> str:
+    """How the report names the engine's rule (empty where none applies)."""
+    atol = engine_atol(engine, model_type)
+    if atol is None:
+        return ""
+    return (
+        f"{engine} {model_type or 'any model'}: cached and cold runs are not bit-exact on CPU; "
+        f"atol {atol:g} on every step's logprobs, greedy tokens equal "
+        f"({ENGINE_SOURCE.get(engine, 'measured')})"
     )
