@@ -216,3 +216,42 @@ def test_cached_tokens_and_the_metric_are_both_claims(
     assert honest[0][1] == honest[1][1] and (honest[0][1] or 0) > 0
     lying = figures("metric_overclaims")  # negative control: the counter says 4 more
     assert lying[1][1] == (lying[0][1] or 0) + 4
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "engines" / "sglang" / "results"
+
+
+def test_the_measured_rule_is_named_and_clears_the_smallest_bug(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_prefixcache.adapters.tolerances import engine_atol, engine_rule
+
+    atol = engine_atol("sglang", "llama")
+    assert atol == engine_atol("sglang", "qwen2_vl") == 2e-5
+    assert engine_rule("sglang", "llama").startswith("sglang llama: cached and cold runs")
+    assert engine_atol("nope", "llama") is None and engine_rule("nope", "llama") == ""
+    figures = json.loads((RESULTS / "tolerance.json").read_text())
+    assert figures["cached_vs_cold_worst"] * 5 < atol  # the rule covers what was measured
+    assert figures["one_token_bug_smallest"] > 100 * atol  # and no real bug
+    engine = preset(tmp_path, metrics=False)
+    assert (engine.atol, engine.tolerance_rule) == (atol, engine_rule("sglang", "llama"))
+    engine.close()
+
+    def verdict(shift: float) -> list[str]:
+        monkeypatch.setenv("STUB_CORRUPT", repr(shift))
+        monkeypatch.setenv("STUB_FAULT", "corrupt")
+        engine = preset(tmp_path, cold="salt", metrics=False)
+        try:
+            engine.run(TEXT, use_cache=True)
+            cached = engine.run(TEXT, use_cache=True)
+            cold = engine.run(TEXT, use_cache=False)
+        finally:
+            engine.close()
+        assert (cached.cached_tokens or 0) > 0 and cached.tokens == cold.tokens
+        return [p.headline for p in compare(cached, cold, Tolerance(atol=engine.atol)).problems]
+
+    # positive control: SGLang's worst measured cached-vs-cold difference passes the rule
+    assert verdict(figures["cached_vs_cold_worst"]) == []
+    # negative control: the smallest one-token cache bug measured is still caught
+    caught = verdict(figures["one_token_bug_smallest"])
+    assert caught == ["logits differ beyond the tolerance (atol=2e-05, rtol=0) at 1 of 3 step(s)"]

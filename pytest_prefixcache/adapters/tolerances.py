@@ -65,9 +65,14 @@ def split_rule(library: str, model_type: str) -> str:
 
 #: (engine, model_type or "*") -> atol on every step's logprobs of a server whose cached and
 #: cold runs are not bit-identical (a third-party engine on its own kernels): the worst
-#: difference measured over many requests, times about 10 (a PLACEHOLDER until measured).
+#: difference measured over many requests, times about 10, far below the smallest one-token
+#: cache bug measured on the same server.
+#: SGLang 0.5.23 on CPU (torch-native attention, float32, tiny-llama-hf; 40 random prompts,
+#: a random prefix cached, 4 steps x 480 logprobs; engines/sglang/results/tolerance.json):
+#: cached vs flushed worst 1.9e-6, median 9.5e-7, 6 of 40 exact; the smallest one-token bug
+#: (one reused token replaced) moves step 0 by 0.020 (median 0.079), 1000x the rule.
 ENGINE_ATOL: dict[tuple[str, str], float] = {
-    ("sglang", "*"): 1e-5,
+    ("sglang", "*"): 2e-5,
 }
 #: Where each engine's figure comes from.
 ENGINE_SOURCE = {"sglang": "engines/sglang/tolerance.py"}
