@@ -12,6 +12,15 @@ This hook waits for that module's import (a ``sys.meta_path`` finder, so the int
 start stays cheap: nothing is imported until torchvision is) and, when the C extension did
 not load, defines the two operators' schemas first, without kernels: the import succeeds, and
 a call of either operator still fails ("no kernel"), as it would have before.
+
+The same for SGLang's own CPU operators: with the CPU engine on, a few model and layer modules
+read ``torch.ops.sgl_kernel.NAME`` at import (``srt/models/qwen3_5.py``, which the Qwen-VL
+processor imports; ``grok.py``; the linear-attention backends), and the CPU build of
+sgl-kernel that registers them is not on the package index. Before the first
+``sglang.srt.models`` or ``sglang.srt.layers`` module is imported, those names are defined
+without kernels (see :data:`SGL_KERNEL_NAMES`): the modules import, and calling one fails
+loudly. None is defined that SGLang probes with ``hasattr`` to choose a path
+(``convert_weight_packed`` keeps its Intel AMX backend off).
 """
 
 from __future__ import annotations
@@ -29,18 +38,47 @@ SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 )
+#: ``torch.ops.sgl_kernel`` names SGLang 0.5.23 reads at import on the CPU engine outside its
+#: Intel AMX paths (found by reading every module-level access in its source).
+SGL_KERNEL_NAMES = (
+    "fused_dual_residual_rmsnorm_cpu",
+    "fused_gdn_gating_cpu",
+    "fused_moe_router_cpu",
+    "fused_qk_gemma_rmsnorm_cpu",
+    "fused_qk_gemma_rmsnorm_with_gate_cpu",
+    "fused_qkvzba_split_reshape_cat_contiguous_cpu",
+    "fused_sigmoid_gating_delta_rule_update_cpu",
+    "fused_sigmoid_mul_cpu",
+    "rmsnorm_cpu",
+)
+SGLANG_MODULES = ("sglang.srt.models", "sglang.srt.layers")
 _LIBRARIES: list[Any] = []  # a torch Library deregisters its definitions when collected
+_DONE: set[str] = set()
 
 
 def define_missing_ops() -> None:
     import torch
     import torchvision.extension
 
-    if torchvision.extension._has_ops() or _LIBRARIES:
+    if torchvision.extension._has_ops() or "torchvision" in _DONE:
         return
+    _DONE.add("torchvision")
     lib = torch.library.Library("torchvision", "FRAGMENT")
     for schema in SCHEMAS:
         lib.define(schema)
+    _LIBRARIES.append(lib)
+
+
+def define_sgl_kernel_names() -> None:
+    import torch
+
+    if "sgl_kernel" in _DONE:
+        return
+    _DONE.add("sgl_kernel")
+    lib = torch.library.Library("sgl_kernel", "FRAGMENT")
+    for name in SGL_KERNEL_NAMES:
+        if not hasattr(torch.ops.sgl_kernel, name):
+            lib.define(f"{name}(Tensor x) -> Tensor")
     _LIBRARIES.append(lib)
 
 
@@ -50,6 +88,8 @@ class _Finder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname == TARGET:
             define_missing_ops()
+        elif fullname in SGLANG_MODULES:
+            define_sgl_kernel_names()
         return None  # the normal finders import the module itself
 
 
