@@ -43,6 +43,9 @@ SGLANG_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",  # is_cpu() is False without it, whatever --device says
     "OMP_NUM_THREADS": "1",
     "SGLANG_CPU_OMP_THREADS_BIND": "all",
+    # its rotary embeddings are torch.compile'd: on CPU, inductor compiles C++ on the first
+    # request of each new shape (an image request took 118 s here, past the HTTP timeout)
+    "TORCHDYNAMO_DISABLE": "1",
     "TMPDIR": "{home}/tmp",
     "DO_NOT_TRACK": "1",
 }
@@ -107,6 +110,7 @@ def sglang_server(
     cache_report: bool = True,
     metrics: bool = True,
     top_logprobs: int = 20,
+    timeout: float = 600.0,
     start_timeout: float = 900.0,
     audit: bool = True,
 ) -> OpenAIEngine:
@@ -126,7 +130,8 @@ def sglang_server(
     ``sglang:cached_tokens_total`` counter (compared with each other: there is no tap).
     Tolerance: the measured rule of ``tolerances.py`` (cached and flushed runs are not
     bit-identical on CPU). Reuse is judged per token, or per page when ``--page-size`` > 1.
-    Starts take minutes on a busy 2-core machine (``start_timeout``); the baseline audit starts
+    Starts take minutes on a busy 2-core machine (``start_timeout``), a request up to
+    ``timeout`` seconds (default 600); the baseline audit starts
     one fresh server per audited request (``audit=False``: not audited, a partial verdict).
     """
     if cold not in COLD:
@@ -158,6 +163,7 @@ def sglang_server(
         supports_images=image_token is not None,
         vocab=vocab,
         env=SGLANG_ENV,
+        timeout=timeout,
         start_timeout=start_timeout,
         audit=audit,
         fork=False,  # SGLang starts its scheduler and detokenizer processes itself
