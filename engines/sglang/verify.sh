@@ -57,7 +57,7 @@ EOF
     ;;
   suite)
     configs=("$@")
-    [ ${#configs[@]} -eq 0 ] && configs=("sglang[radix,whole,p1,report,device]")
+    [ ${#configs[@]} -eq 0 ] && configs=("sglang[radix,whole,p1,report]")
     for config in "${configs[@]}"; do
       slug="$(echo "$config" | tr -c 'A-Za-z0-9_.-' '_')"
       out="$REPORTS/$slug"
