@@ -99,7 +99,9 @@ class SGLangStub:
                     self.cache.add(self._key(salt, ext[:end]))
             self.cached_total += cached + (4 if cached and self.fault == "metric_overclaims" else 0)
         n = int(body.get("max_tokens") or 16)
-        context, tops, out = list(ext), [], []
+        context = list(ext)
+        tops: list[list[tuple[int, float]]] = []
+        out: list[int] = []
         for _ in range(n):
             top = step_top(context)
             if cached and self.fault == "corrupt" and not tops:
