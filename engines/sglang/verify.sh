@@ -6,7 +6,8 @@
 # Usage:
 #   engines/sglang/verify.sh checks            the targeted checks (one server, ~5 min)
 #   engines/sglang/verify.sh suite [CONFIG]... the suite per matrix configuration (default: the
-#                                              plain combination), one report each
+#                                              plain combination), one report each; "all":
+#                                              every combination, one after another
 #   engines/sglang/verify.sh list              the matrix's configuration names
 # Environment: ENGINES_DIR (default: the main checkout's .engines/), PYTHON (this project's
 #   interpreter, default .venv/bin/python of this checkout, else python3), SGLANG_EXAMPLES
@@ -58,6 +59,7 @@ EOF
   suite)
     configs=("$@")
     [ ${#configs[@]} -eq 0 ] && configs=("sglang[radix,whole,p1,report]")
+    [ "${configs[0]}" = all ] && mapfile -t configs < <("$0" list)
     for config in "${configs[@]}"; do
       slug="$(echo "$config" | tr -c 'A-Za-z0-9_.-' '_')"
       out="$REPORTS/$slug"
