@@ -1,5 +1,5 @@
 """The SGLang lab's engine factory for the matrix (engines/sglang/matrix.toml) and the targeted
-tests (tests/test_adapters_sglang.py): where SGLang's interpreter and the tiny HF models are.
+tests (engines/sglang/test_sglang_server.py): where SGLang's interpreter and the tiny HF models are.
 
 ``SGLANG_PYTHON``: the command line of SGLang's interpreter (default: ``nice -n 5`` and
 ``$ENGINES_DIR/sglang/venv/bin/python``); ``SGLANG_MODELS``: the directory

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Verify SGLang 0.5.23 on CPU: the targeted checks (tests/test_adapters_sglang.py) and the
+# Verify SGLang 0.5.23 on CPU: the targeted checks (engines/sglang/test_sglang_server.py) and the
 # plugin's built-in suite over engines/sglang/matrix.toml. Opt-in, NOT part of CI; needs
 # engines/sglang/install.sh first (this script builds the tiny HF models if they are missing).
 #
@@ -53,7 +53,7 @@ EOF
     ;;
   checks)
     mkdir -p "$REPORTS"
-    nice -n 10 "$PYTHON" -m pytest -p no:randomly -q -rfEsx "$ROOT/tests/test_adapters_sglang.py" \
+    nice -n 10 "$PYTHON" -m pytest -p no:randomly -q -rfEsx "$ROOT/engines/sglang/test_sglang_server.py" \
       --junitxml="$REPORTS/checks.xml" 2>&1 | tail -n 20
     ;;
   suite)
