@@ -6,6 +6,11 @@ turn, an edit of an earlier turn (a branch), the same prompt with one image repl
 of the same size, swapped images, the same pixels from another container, or the same
 conversation in another namespace. Draws shrink toward short text, no images, the first
 namespace and ``max_new_tokens=0``.
+
+In a closed-loop stream (``StreamSpec.closed_loop``) an ``append`` move's assistant turn is
+not text the strategy wrote but a :class:`~pytest_prefixcache.types.ReplyOf` marker: the
+engine's own greedy reply to the request it continues, filled in by the verifier at run
+time; every request then asks for ``reply_tokens`` new tokens (shrinking toward the fewest).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from .images import reencode
-from .types import Image, Message, Request
+from .types import Image, Message, ReplyOf, Request
 
 __all__ = ["MOVES", "WORDS", "StreamSpec", "apply_move", "new_conversation"]
 
@@ -61,6 +66,11 @@ class StreamSpec:
     max_new_tokens: int = 2
     max_images_per_message: int = 2
     system_prompts: tuple[str, ...] = SYSTEM_PROMPTS
+    closed_loop: bool = False
+    """``append`` sends the engine's own reply back (a ``ReplyOf`` marker) as the next
+    assistant turn."""
+    reply_tokens: tuple[int, int] = (2, 8)
+    """Fewest and most new tokens per request of a closed-loop stream (its replies)."""
 
 
 def _text(draw: Draw) -> str:
@@ -98,10 +108,26 @@ def new_conversation(
     return tuple(msgs)
 
 
-def _pick(draw: Draw, stream: Sequence[Request]) -> Request:
+def _pick(draw: Draw, stream: Sequence[Request]) -> int:
     # The latest request half of the time (and when shrinking), else any earlier one.
     back = max(0, draw(st.integers(-len(stream), len(stream) - 1)))
-    return stream[len(stream) - 1 - back]
+    return len(stream) - 1 - back
+
+
+def _index_of(stream: Sequence[Request], base: Request) -> int | None:
+    """The stream index of the latest request equal to ``base`` (None when it was not sent)."""
+    for i in range(len(stream) - 1, -1, -1):
+        if stream[i] == base:
+            return i
+    return None
+
+
+def _assistant(draw: Draw, spec: StreamSpec, of: int | None) -> Message:
+    """The assistant turn after request ``of``: its own reply in a closed-loop stream (when
+    the request is known), else text the strategy writes."""
+    if spec.closed_loop and of is not None:
+        return Message("assistant", (ReplyOf(of),))
+    return Message("assistant", (_text(draw),))
 
 
 def _replace_images(req: Request, fn: Callable[[int, Image], Image]) -> tuple[Message, ...]:
@@ -149,16 +175,21 @@ def apply_move(
 ) -> Request:
     """The next request of a stream, made by ``move`` from ``base`` (default: drawn from the
     requests before it, the latest first)."""
-    mnt = st.integers(0, spec.max_new_tokens)
+    lo, hi = spec.reply_tokens if spec.closed_loop else (0, spec.max_new_tokens)
+    mnt = st.integers(lo, hi)
     if (not stream and base is None) or move == "new":
         ns = draw(st.sampled_from(spec.namespaces))
         return Request(new_conversation(draw, pool, spec), ns, draw(mnt))
+    index: int | None
     if base is None:
-        base = _pick(draw, stream)
+        index = _pick(draw, stream)
+        base = stream[index]
+    else:
+        index = _index_of(stream, base)
     if move == "repeat":
         return base
     if move == "append":
-        reply = Message("assistant", (_text(draw),))
+        reply = _assistant(draw, spec, index)
         msgs = (*base.messages, reply, user_message(draw, pool, spec))
         return Request(msgs, base.namespace, draw(mnt))
     if move == "edit":
@@ -184,7 +215,7 @@ def apply_move(
             rest = (
                 base.messages
                 if base.messages[-1].role != "user"
-                else (*base.messages, Message("assistant", (_text(draw),)))
+                else (*base.messages, _assistant(draw, spec, index))
             )
             if spec.max_images_per_message >= 2:
                 extra: tuple[Message, ...] = (Message("user", (_text(draw), one, two)),)

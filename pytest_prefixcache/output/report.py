@@ -45,6 +45,7 @@ _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
     "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
+    "decode_rule_requests",
 )  # fmt: skip
 
 
@@ -59,6 +60,11 @@ class Report:
     """The model directory the engine factories were given (``--prefixcache-model``); None:
     each engine's own."""
     tolerance: str = "exact"
+    decode_rule: str = ""
+    """The decode rule (the tolerance of requests that reused decode-time KV), when the
+    engine declares one."""
+    decode_rule_requests: int = 0
+    """Requests judged by the decode rule."""
     requests: int = 0
     cache_hits: int = 0
     reused_tokens: int = 0
@@ -218,6 +224,12 @@ class Report:
             f"worst |cached - uncached|: {worst}",
             f"merges checked: {self.merges_checked}",
         ]
+        if self.decode_rule:
+            out.insert(
+                1,
+                f"decode rule: {self.decode_rule}; applied to {self.decode_rule_requests} "
+                "request(s) whose cached run reused KV computed while decoding",
+            )
         side_by_side = references_line(self)
         if side_by_side:
             out.append(side_by_side)
@@ -271,6 +283,7 @@ class Report:
         self.model = self.model or other.model
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
+        self.decode_rule = self.decode_rule or other.decode_rule
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
@@ -288,6 +301,8 @@ class Report:
             "engine": self.engine,
             "model": self.model,
             "tolerance": self.tolerance,
+            "decode_rule": self.decode_rule,
+            "decode_rule_requests": self.decode_rule_requests,
             "workers": self.workers,
             "streams": self.streams,
             "requests": self.requests,

@@ -58,8 +58,8 @@ def _involved_span(problem: Problem, ctx: Context) -> tuple[int, int, str] | Non
     cached = o.cached_tokens or 0
     if problem.position is not None:
         pos = problem.position
-    elif ctx.match is not None and cached > ctx.match.max_reuse:
-        pos = ctx.match.max_reuse
+    elif ctx.match is not None and cached > ctx.match.limit:
+        pos = ctx.match.limit
     else:
         pos = cached
     for p in (pos, pos - 1):
