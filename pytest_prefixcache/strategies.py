@@ -19,10 +19,13 @@ from ._moves import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversat
 from .images import PATTERNS, make_image
 from .types import Image, Message, Request
 
-__all__ = ["conversations", "image_pools", "images", "request_streams"]
+__all__ = ["CLOSED_LOOP_SHARE", "conversations", "image_pools", "images", "request_streams"]
 
 #: A stream goes on after each request with odds CONTINUE_ODDS : 1 (until max_requests).
 CONTINUE_ODDS = 5
+#: The share of streams ``--prefixcache-verify`` generates closed-loop (the engine's own
+#: replies sent back as the next assistant turns; ``request_streams(closed_loop=...)``).
+CLOSED_LOOP_SHARE = 0.5
 
 
 def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
@@ -254,6 +257,9 @@ def request_streams(
     share = _share(closed_loop)
     lo, hi = _reply_tokens(reply_tokens)
     looped = dataclasses.replace(spec, closed_loop=True, reply_tokens=(lo, hi))
+    # uniform over 100 slots (st.integers favours small values), open-loop ones first
+    closed_slots = round(share * 100)
+    loops = st.sampled_from([False] * (100 - closed_slots) + [True] * closed_slots)
     pools = _pool_strategy(pool)
     # Conversations grow turn by turn in real traffic: draw "append" twice as often.
     weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
@@ -262,7 +268,7 @@ def request_streams(
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
         imgs = draw(pools)
         # Per stream, shrinking toward open loop (draws of 0); a share of 0 or 1 draws nothing.
-        closed = share >= 1.0 or (share > 0.0 and draw(st.integers(0, 99)) >= 100 - share * 100)
+        closed = share >= 1.0 or (share > 0.0 and draw(loops))
         spec_ = looped if closed else spec
         stream: list[Request] = []
         while len(stream) < max_requests:
