@@ -98,6 +98,12 @@ def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = (
         lines.append(reuse)
         if ctx.match is not None and ctx.match.snapshot is not None and not _named(problem):
             lines.append(f"  {ctx.match.references()}")
+        start = None if ctx.match is None else ctx.match.decode_start
+        if start is not None and (o.cached_tokens or 0) > start:
+            lines.append(
+                f"  positions from {start} on continue an earlier request's own reply: their "
+                "reused KV may have been computed while decoding"
+            )
         span = _involved_span(problem, ctx)
         if span is not None:
             k = list(o.image_spans or ()).index(span)
