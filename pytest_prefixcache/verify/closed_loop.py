@@ -9,16 +9,31 @@ replay holds that text, not the marker (a replay is exact, and engine-independen
 
 An engine that reports no text cannot close the loop: the marker's placeholder text is sent
 instead, and the coverage row :data:`CLOSED_LOOP` counts the request under :data:`NO_TEXT`.
+
+The decode rule: on some families a one-token decode step and a prefill of the same position
+are not bit-exact, so a correct cache that reused KV its decode computed differs from a cold
+run. An engine declares ``decode_atol`` (measured: ``adapters/tolerances.py``); it applies ONLY
+to a request whose cached run reused past ``Match.decode_start`` (:func:`tolerance_for`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..checks import Match, Tolerance
 from ..errors import RequestError
-from ..types import Message, ReplyOf, Request
+from ..types import Message, Outcome, ReplyOf, Request
 
-__all__ = ["CLOSED_LOOP", "NO_TEXT", "fill_replies", "markers"]
+__all__ = [
+    "CLOSED_LOOP",
+    "NO_TEXT",
+    "decode_atol_of",
+    "fill_replies",
+    "judged_line",
+    "markers",
+    "rule_name",
+    "tolerance_for",
+]
 
 #: The coverage row of requests that carry an earlier request's reply.
 CLOSED_LOOP = "closed loop"
@@ -60,3 +75,42 @@ def fill_replies(request: Request, replies: Sequence[str | None]) -> tuple[Reque
                 parts.append(p)
         messages.append(Message(m.role, tuple(parts)))  # type: ignore[arg-type]
     return Request(tuple(messages), request.namespace, request.max_new_tokens), filled, missing
+
+
+def decode_atol_of(engine: object, override: float | None = None) -> float:
+    """The decode rule's atol: ``override`` (``VerifyOptions.decode_atol``), else the engine's
+    own ``decode_atol``; 0.0 (exact, as every other request) when neither is above 0."""
+    atol = getattr(engine, "decode_atol", None) if override is None else override
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol <= 0:
+        return 0.0
+    return float(atol)
+
+
+def tolerance_for(tol: Tolerance, atol: float, cached: Outcome, match: Match | None) -> Tolerance:
+    """The decode rule (``tol`` with atol raised to ``atol``) when the cached run reused past
+    ``match.decode_start``, positions whose KV an earlier decode computed; ``tol`` itself
+    otherwise (also under a KL rule, or when ``tol`` already allows as much)."""
+    if (
+        not atol
+        or tol.kl is not None
+        or atol <= tol.atol
+        or match is None
+        or match.decode_start is None
+        or (cached.cached_tokens or 0) <= match.decode_start
+    ):
+        return tol
+    return Tolerance(atol, tol.rtol, None)
+
+
+def rule_name(engine: object) -> str:
+    """How the report names the engine's decode rule."""
+    return str(getattr(engine, "decode_rule", "") or "the engine's decode_atol")
+
+
+def judged_line(engine: object, atol: float, match: Match | None) -> str:
+    """The failure's line naming the decode rule it was judged by."""
+    start = None if match is None else match.decode_start
+    return (
+        f"judged by the decode rule (atol {atol:g}: {rule_name(engine)}): the cached run "
+        f"reused positions from {start} on, whose KV an earlier request's decode computed"
+    )

@@ -11,7 +11,7 @@ token oracle would fire, :data:`FINDINGS`) are recorded, not failed; render hygi
 with ``strict_render``. In a closed-loop stream, a request's reply markers are filled with
 the earlier cached runs' reply text first (:mod:`.closed_loop`), and a request whose cached
 run reused past ``Match.decode_start`` (KV an earlier decode computed) is compared under the
-decode rule (:meth:`Verifier.tolerance_for`). The first problem found becomes a
+decode rule (:func:`.closed_loop.tolerance_for`). The first problem found becomes a
 :class:`~pytest_prefixcache.errors.VerificationFailure` whose message names the request, the
 positions, the values and the replay command.
 """
@@ -56,7 +56,15 @@ from ..output.reuse import add_reuse
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr
 from .audit import Audit
-from .closed_loop import CLOSED_LOOP, NO_TEXT, fill_replies
+from .closed_loop import (
+    CLOSED_LOOP,
+    NO_TEXT,
+    decode_atol_of,
+    fill_replies,
+    judged_line,
+    rule_name,
+    tolerance_for,
+)
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
 from .worker import CallTimedOut, EngineWorker
@@ -104,8 +112,7 @@ class Verifier(ShortRepr):
         self.oracle.design = design
         self.report.reference, self.report.block_size = design.reference, design.block_size
         if self.decode_atol and not self.report.decode_rule:
-            rule = getattr(self.engine, "decode_rule", "") or "the engine's decode_atol"
-            self.report.decode_rule = f"atol {self.decode_atol:g} ({rule})"
+            self.report.decode_rule = f"atol {self.decode_atol:g} ({rule_name(self.engine)})"
 
     def __repr__(self) -> str:
         return f"<Verifier engine={type(self.engine).__name__} stream={len(self.stream)} requests>"
@@ -237,7 +244,9 @@ class Verifier(ShortRepr):
         if tolerance is not self.options.tolerance:
             self.report.decode_rule_requests += 1
             comparison.problems[:1] = [
-                dataclasses.replace(p, details=(*p.details, self.decode_rule(match)))
+                dataclasses.replace(
+                    p, details=(*p.details, judged_line(self.engine, self.decode_atol, match))
+                )
                 for p in comparison.problems[:1]
             ]
         for check, outcome in coverage_of(
@@ -280,40 +289,12 @@ class Verifier(ShortRepr):
 
     @property
     def decode_atol(self) -> float:
-        """The atol for requests that reused decode-time KV: the options', else the engine's
-        own ``decode_atol`` (0: exact, as every other request)."""
-        atol = self.options.decode_atol
-        if atol is None:
-            atol = getattr(self.engine, "decode_atol", None)
-        if isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol <= 0:
-            return 0.0
-        return float(atol)
+        """The decode rule's atol (:func:`.closed_loop.decode_atol_of`)."""
+        return decode_atol_of(self.engine, self.options.decode_atol)
 
     def tolerance_for(self, cached: Outcome, match: Match | None) -> Tolerance:
-        """The tolerance of this request: the decode rule (the run's tolerance with atol at
-        least :attr:`decode_atol`) when its cached run reused past ``match.decode_start``,
-        positions whose KV an earlier decode computed; the run's tolerance otherwise."""
-        tol = self.options.tolerance
-        atol = self.decode_atol
-        if (
-            not atol
-            or tol.kl is not None
-            or atol <= tol.atol
-            or match is None
-            or match.decode_start is None
-            or (cached.cached_tokens or 0) <= match.decode_start
-        ):
-            return tol
-        return Tolerance(atol, tol.rtol, None)
-
-    def decode_rule(self, match: Match | None) -> str:
-        """How a failure names the decode rule it was judged by."""
-        start = None if match is None else match.decode_start
-        rule = getattr(self.engine, "decode_rule", "") or "the engine's decode_atol"
-        return (
-            f"judged by the decode rule (atol {self.decode_atol:g}: {rule}): the cached run "
-            f"reused positions from {start} on, whose KV an earlier request's decode computed"
-        )
+        """This request's tolerance (:func:`.closed_loop.tolerance_for`)."""
+        return tolerance_for(self.options.tolerance, self.decode_atol, cached, match)
 
     def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
         """The problems that fail: :data:`FINDINGS` are recorded instead (render hygiene
