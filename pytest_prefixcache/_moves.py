@@ -24,7 +24,15 @@ from hypothesis import strategies as st
 from .images import reencode
 from .types import Image, Message, ReplyOf, Request
 
-__all__ = ["MOVES", "WORDS", "StreamSpec", "apply_move", "new_conversation"]
+__all__ = [
+    "MOVES",
+    "WORDS",
+    "ReplySlot",
+    "StreamSpec",
+    "apply_move",
+    "close_loop",
+    "new_conversation",
+]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -71,6 +79,21 @@ class StreamSpec:
     assistant turn."""
     reply_tokens: tuple[int, int] = (2, 8)
     """Fewest and most new tokens per request of a closed-loop stream (its replies)."""
+    defer_replies: bool = False
+    """Write assistant turns as :class:`ReplySlot` texts, so that a stream drawn open-loop can
+    be closed afterwards (:func:`close_loop`) with the same draws."""
+
+
+class ReplySlot(str):
+    """Written assistant text after stream request ``request``: :func:`close_loop` turns it
+    into a ``ReplyOf(request)`` marker in a closed-loop stream, or plain text otherwise."""
+
+    request: int
+
+    def __new__(cls, text: str, request: int) -> ReplySlot:
+        self = super().__new__(cls, text)
+        self.request = request
+        return self
 
 
 def _text(draw: Draw) -> str:
@@ -127,7 +150,35 @@ def _assistant(draw: Draw, spec: StreamSpec, of: int | None) -> Message:
     the request is known), else text the strategy writes."""
     if spec.closed_loop and of is not None:
         return Message("assistant", (ReplyOf(of),))
-    return Message("assistant", (_text(draw),))
+    text = _text(draw)
+    if spec.defer_replies and of is not None:
+        return Message("assistant", (ReplySlot(text, of),))
+    return Message("assistant", (text,))
+
+
+def close_loop(stream: Sequence[Request], closed: bool, spec: StreamSpec) -> tuple[Request, ...]:
+    """A stream drawn with ``defer_replies``, finished: closed-loop (every :class:`ReplySlot`
+    a ``ReplyOf`` marker, and each request's ``max_new_tokens`` mapped from ``[0,
+    max_new_tokens]`` onto ``reply_tokens``) or open-loop (plain text, unchanged counts)."""
+    lo, hi = spec.reply_tokens
+    top = max(1, spec.max_new_tokens)
+    memo: dict[int, Message] = {}
+
+    def part(p: str | Image) -> str | Image:
+        if isinstance(p, ReplySlot):
+            return ReplyOf(p.request) if closed else str.__str__(p)
+        return p
+
+    def message(m: Message) -> Message:
+        if id(m) not in memo:
+            memo[id(m)] = Message(m.role, tuple(part(p) for p in m.content))
+        return memo[id(m)]
+
+    out = []
+    for r in stream:
+        n = lo + r.max_new_tokens * (hi - lo) // top if closed else r.max_new_tokens
+        out.append(Request(tuple(message(m) for m in r.messages), r.namespace, n))
+    return tuple(out)
 
 
 def _replace_images(req: Request, fn: Callable[[int, Image], Image]) -> tuple[Message, ...]:

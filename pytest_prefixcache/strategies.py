@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from ._moves import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
+from ._moves import (
+    MOVES,
+    SYSTEM_PROMPTS,
+    StreamSpec,
+    apply_move,
+    close_loop,
+    new_conversation,
+)
 from .images import PATTERNS, make_image
 from .types import Image, Message, Request
 
@@ -257,9 +264,11 @@ def request_streams(
     share = _share(closed_loop)
     lo, hi = _reply_tokens(reply_tokens)
     looped = dataclasses.replace(spec, closed_loop=True, reply_tokens=(lo, hi))
+    deferred = dataclasses.replace(spec, defer_replies=True, reply_tokens=(lo, hi))
     # uniform over 100 slots (st.integers favours small values), open-loop ones first
     closed_slots = round(share * 100)
     loops = st.sampled_from([False] * (100 - closed_slots) + [True] * closed_slots)
+    mixed = 0.0 < share < 1.0
     pools = _pool_strategy(pool)
     # Conversations grow turn by turn in real traffic: draw "append" twice as often.
     weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
@@ -267,9 +276,10 @@ def request_streams(
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
         imgs = draw(pools)
-        # Per stream, shrinking toward open loop (draws of 0); a share of 0 or 1 draws nothing.
-        closed = share >= 1.0 or (share > 0.0 and draw(loops))
-        spec_ = looped if closed else spec
+        # A share of 0 or 1 draws nothing; a mixed one draws the same stream either way and
+        # decides at the end (shrinking toward open loop), so that the draw of the choice
+        # leaves the stream's own draws where they were.
+        spec_ = looped if share >= 1.0 else deferred if mixed else spec
         stream: list[Request] = []
         while len(stream) < max_requests:
             # One "more?" draw per request (like st.lists), so shrinking deletes requests.
@@ -277,6 +287,8 @@ def request_streams(
                 break
             move = draw(st.sampled_from(weighted)) if stream else "new"
             stream.append(apply_move(draw, move, stream, imgs, spec_))
+        if mixed:
+            return close_loop(stream, draw(loops), deferred)
         return tuple(stream)
 
     return build()

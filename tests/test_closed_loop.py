@@ -13,6 +13,7 @@ from hypothesis.errors import InvalidArgument
 from plugin_engines import FakeEngine
 
 from pytest_prefixcache import Message, Request, VerificationFailure, Verifier
+from pytest_prefixcache._moves import ReplySlot
 from pytest_prefixcache.checks import CacheDesign, ReuseOracle
 from pytest_prefixcache.errors import RequestError
 from pytest_prefixcache.strategies import request_streams
@@ -77,7 +78,11 @@ def test_closed_loop_share_and_validation() -> None:
     @settings(max_examples=60, suppress_health_check=list(HealthCheck), deadline=None)
     @given(stream=request_streams(closed_loop=0.5, min_requests=3, moves=("append",)))
     def count(stream: tuple[Request, ...]) -> None:
-        found["closed" if any(markers(r) for r in stream) else "open"] += 1
+        closed = any(markers(r) for r in stream)
+        found["closed" if closed else "open"] += 1
+        for r in stream:  # finished either way: no deferred slot leaks into a request
+            assert not any(isinstance(p, ReplySlot) for m in r.messages for p in m.content)
+            assert 2 <= r.max_new_tokens <= 8 if closed else r.max_new_tokens <= 2
 
     count()
     assert found["closed"] and found["open"]
