@@ -321,7 +321,11 @@ class Engine(Protocol):
     ``reuse_reference = "token" | "snapshot" | "block"`` (default ``"token"``) with, for
     ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
     efficiency and positive control are judged against; see
-    :class:`~pytest_prefixcache.checks.references.CacheDesign`).
+    :class:`~pytest_prefixcache.checks.references.CacheDesign`), and ``caches_output = True``
+    (the cache also stores the KV computed while decoding, under prompt + output tokens: the
+    references then count output tokens as reusable), and ``decode_atol: float`` with
+    ``decode_rule: str`` (the tolerance of a request whose cached run reused such KV, and its
+    name in the report; every other request keeps the run's tolerance).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

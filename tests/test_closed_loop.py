@@ -192,3 +192,11 @@ def test_a_real_bug_in_decode_time_kv_is_caught_under_the_rule() -> None:
     with pytest.raises(VerificationFailure) as info:
         Verifier(engine).run(conversation())
     assert "judged by the decode rule (atol 1e-05" in str(info.value)
+
+
+def test_a_server_reply_gives_its_content_as_text() -> None:
+    from pytest_prefixcache.adapters.replies import parse_reply
+
+    reply = {"choices": [{"message": {"role": "assistant", "content": "hi there"}}], "usage": {}}
+    assert parse_reply(reply).text == "hi there"
+    assert parse_reply({"choices": [{"message": {}}], "usage": {}}).text is None

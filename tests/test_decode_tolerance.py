@@ -36,7 +36,7 @@ def test_where_the_rule_applies() -> None:
 
 def _last(lm: Any, chunks: list[list[int]]) -> np.ndarray:
     cache = lm.make_cache()
-    out = None
+    out: Any = None
     for chunk in chunks:
         out = lm(mx.array([chunk]), cache=cache)
     logits = getattr(out, "logits", out)[0, -1].astype(mx.float32)
