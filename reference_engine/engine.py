@@ -22,7 +22,10 @@ default) stores the prompt's KV only; ``prompt+output`` also stores the rows the
 computed (every output token but the last, which is never fed back), so that the next turn,
 whose prompt carries the reply, reuses them up to the first token where the chat template's
 re-tokenised reply differs from the generated ids (the pool's token-granular match stops
-there by itself).
+there by itself). The engine declares no decode rule (``decode_atol``): it reuses
+decode-time KV only on full-attention models, where a decode step and a prefill agree bit
+for bit on the fixtures (``benchmarks/decode_tolerance.py``: qwen2_vl 0.0); on a model with
+sliding-window or recurrent layers it resumes at snapshots, never inside a reply.
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -40,7 +43,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from pytest_prefixcache.adapters.tolerances import decode_atol, decode_rule
 from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.types import Outcome, Request
 
@@ -165,21 +167,6 @@ class Engine:
             vision_entries=vision_entries,
             cache_output=cache_output,
         )
-
-    @property
-    def decode_atol(self) -> float | None:
-        """The decode rule of the prompt+output design on this model family (a request that
-        reused decode-time KV is compared within it): mlx-vlm's measured one-token-step vs
-        prefill difference (``tolerances.DECODE_ATOL``); None where that is exact, or for the
-        prompt design (it never reuses decode-time KV)."""
-        if not self.caches_output:
-            return None
-        return decode_atol("mlx-vlm", self.model.model_type)
-
-    @property
-    def decode_rule(self) -> str:
-        """How the report names :attr:`decode_atol`."""
-        return decode_rule("mlx-vlm", self.model.model_type) if self.caches_output else ""
 
     @property
     def stats(self) -> EngineStats:
