@@ -321,11 +321,14 @@ class Engine(Protocol):
     ``reuse_reference = "token" | "snapshot" | "block"`` (default ``"token"``) with, for
     ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
     efficiency and positive control are judged against; see
-    :class:`~pytest_prefixcache.checks.references.CacheDesign`), and ``caches_output = True``
-    (the cache also stores the KV computed while decoding, under prompt + output tokens: the
-    references then count output tokens as reusable), and ``decode_atol: float`` with
-    ``decode_rule: str`` (the tolerance of a request whose cached run reused such KV, and its
-    name in the report; every other request keeps the run's tolerance).
+    :class:`~pytest_prefixcache.checks.references.CacheDesign`), and
+    ``fresh_instance_share: int`` (default 1: how many audited requests one fresh instance of
+    the baseline audit may answer; they never share an image or a first message), and
+    ``caches_output = True`` (the cache also stores the KV computed while decoding, under
+    prompt + output tokens: the references then count output tokens as reusable), and
+    ``decode_atol: float`` with ``decode_rule: str`` (the tolerance of a request whose cached
+    run reused such KV, and its name in the report; every other request keeps the run's
+    tolerance).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

@@ -293,7 +293,7 @@ bad_merge = _variant(bad_merge=True)
 lie = _variant(lie=True)
 never_store = _variant(never_store=True)
 raises = _variant(raises=True)
-hangs = _variant(hangs=30)
+hangs = _variant(hangs=3600)  # an hour: a session that waited for it would never end in time
 nan = _variant(nan=True)
 wrong_shape = _variant(wrong_shape=True)
 wrong_dtype = _variant(wrong_dtype=True)

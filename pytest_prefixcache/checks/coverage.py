@@ -16,7 +16,8 @@ claims rows (:mod:`.claims`) are required only when the engine declares claim so
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from ..types import Outcome, Request
 from .claims import CLAIMS, STEPS
@@ -31,12 +32,16 @@ __all__ = [
     "NO_LOGPROBS",
     "NO_TAP",
     "REQUIRED",
+    "SERVER_HINTS",
     "UNCLAIMED",
+    "CoverageRow",
     "claims_coverage",
     "coverage_lines",
     "coverage_of",
+    "coverage_rows",
     "gap_lines",
     "missing",
+    "row_lines",
 ]
 
 #: The key under which a check's count of requests it applied to is kept.
@@ -87,6 +92,37 @@ HINTS = {
     "compared with what the model computed",
     "engine from a conftest.py fixture": "name the engine's factory with "
     "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
+}
+
+
+#: What a server user can set instead (``--prefixcache-server-cmd`` and the ``PREFIXCACHE_*``
+#: variables of the README), by reason: a server user cannot change what ``run()`` returns.
+TAP_HINT = (
+    "run the server under the logit tap (PREFIXCACHE_TAP_SERVER=1 and a command "
+    "'{python} -m pytest_prefixcache.tap MODULE:FUNC ...')"
+)
+SERVER_HINTS = {
+    "no token_ids": "set PREFIXCACHE_RENDER=text:DIR or vlm:DIR (render the prompt locally "
+    "with the model directory), or PREFIXCACHE_PROMPT_IDS=reply or tokenize where the server "
+    "returns them (PREFIXCACHE_EXTENSIONS=1 for the reference server)",
+    "no cached_tokens": "the replies carry no usage.prompt_tokens_details.cached_tokens: "
+    + TAP_HINT,
+    "no image_spans": "set PREFIXCACHE_RENDER=vlm:DIR, or PREFIXCACHE_IMAGE_TOKEN_ID with "
+    "PREFIXCACHE_PROMPT_IDS; a server without images: PREFIXCACHE_TEXT_ONLY=1",
+    "no merges": "a server reports no vision merges (the reference server does with "
+    "PREFIXCACHE_EXTENSIONS=1): PREFIXCACHE_TEXT_ONLY=1 sends no images, or "
+    "--prefixcache-allow-partial accepts it",
+    "no step_logits": "the replies carry no logprobs for every decode step: " + TAP_HINT,
+    "step_logits on one side only": "the replies carry no logprobs for every decode step on "
+    "one of the two servers: " + TAP_HINT,
+    "nothing compared": "the replies carry no logprobs (ask with PREFIXCACHE_TOP_LOGPROBS), "
+    "or " + TAP_HINT,
+    "a server given by URL: no fresh server can be started": "give the server's command "
+    "(--prefixcache-server-cmd or PREFIXCACHE_SERVER_CMD) so that fresh servers can "
+    "recompute uncached requests, or accept partial coverage",
+    "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)": "drop "
+    "PREFIXCACHE_AUDIT=0",
+    NO_TAP: TAP_HINT,
 }
 
 
@@ -162,26 +198,63 @@ def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, in
     return out
 
 
-def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
-    """One line per check: the requests it ran on, and why it could not run on the others."""
-    out = []
-    width = max((len(c) for c in coverage), default=0)
+@dataclass(frozen=True)
+class CoverageRow:
+    """One check's row of the coverage table: the requests it ran on, of those that concern
+    it, and why it could not run on the others."""
+
+    check: str
+    ran: int
+    total: int
+    reasons: tuple[tuple[str, int], ...]
+    """(reason, requests) for the requests it did not run on, in the order they were met."""
+    gap: bool
+    """A required check that could not run on some request: the verdict cannot be PASS."""
+
+    @property
+    def why(self) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in self.reasons)
+
+
+def coverage_rows(coverage: Mapping[str, Mapping[str, int]]) -> list[CoverageRow]:
+    """The coverage table: the required checks first, in :data:`REQUIRED` order, then the
+    others by name."""
+    gaps = missing(coverage)
     order = [c for c in REQUIRED if c in coverage]
     order += sorted(set(coverage) - set(order))
-    for check in order:
-        row = coverage[check]
-        why = ", ".join(f"{k}: {v}" for k, v in row.items() if k != APPLIED)
-        ran = f"{row.get(APPLIED, 0)}/{sum(row.values())}"
-        out.append(f"  {check:<{width}}  {ran}" + (f" ({why})" if why else ""))
+    return [
+        CoverageRow(
+            check,
+            coverage[check].get(APPLIED, 0),
+            sum(coverage[check].values()),
+            tuple((k, v) for k, v in coverage[check].items() if k != APPLIED),
+            check in gaps,
+        )
+        for check in order
+    ]
+
+
+def row_lines(rows: Sequence[CoverageRow]) -> list[str]:
+    """The terminal's coverage table: a title, then one line per check."""
+    width = max((len(r.check) for r in rows), default=0)
+    out = [
+        f"  {r.check:<{width}}  {r.ran}/{r.total}" + (f" ({r.why})" if r.why else "") for r in rows
+    ]
     return ["coverage (requests each check ran on / that concern it):", *out] if out else []
 
 
-def gap_lines(gaps: Mapping[str, Mapping[str, int]]) -> list[str]:
+def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """One line per check: the requests it ran on, and why it could not run on the others."""
+    return row_lines(coverage_rows(coverage))
+
+
+def gap_lines(gaps: Mapping[str, Mapping[str, int]], *, server: bool = False) -> list[str]:
     """For every required check that could not run: on how many requests, why, and what the
-    engine must return to enable it."""
+    engine must return to enable it (``server``: what a server's user can set instead)."""
+    hints = {**HINTS, **SERVER_HINTS} if server else HINTS
     return [
         f"  {check}: {n} request(s) with {reason}"
-        + (f": {HINTS[reason]}" if reason in HINTS else "")
+        + (f": {hints[reason]}" if reason in hints else "")
         for check, reasons in gaps.items()
         for reason, n in reasons.items()
     ]
