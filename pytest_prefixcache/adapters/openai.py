@@ -348,6 +348,8 @@ class OpenAIEngine:
             tokens=tokens,
             cached_tokens=parsed.cached_tokens,
             prompt_tokens=parsed.prompt_tokens,
+            # max_tokens is at least 1: a request for none sends no reply back
+            text=parsed.text if request.max_new_tokens else "",
         )
         if self.extensions:
             return with_extension(out, reply, request.max_new_tokens)

@@ -169,6 +169,14 @@ class Reply:
     reported_completion: int | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     completion_token_ids: tuple[int, ...] | None = None
+    text: str | None = None
+    """The reply's ``message.content`` (what a chat client sends back as the next assistant
+    turn), or None when the reply has none."""
+
+
+def _content(choice: Any) -> str | None:
+    content = (choice.get("message") or {}).get("content")
+    return content if isinstance(content, str) else None
 
 
 def _ids(value: Any) -> tuple[int, ...] | None:
@@ -227,6 +235,7 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
             prompt_token_ids=_ids(prompt_ids),
             # vLLM: the choice's token_ids; SGLang 0.5.23: its response_token_ids
             completion_token_ids=_ids(choice.get("token_ids", choice.get("response_token_ids"))),
+            text=_content(choice),
         )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(
