@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Opt-in verification of oMLX (flyto-mlx 0.7.0) over its flag matrix (engines/omlx/matrix.toml).
+#
+# NOT part of CI. Needs the environment engines/omlx/install.sh makes (.engines/omlx/venv, or
+# $OMLX_DIR/venv). The servers run there, under the logit tap, on 127.0.0.1 with ephemeral
+# ports, each with a private HOME (oMLX's base path, its SSD cache and logs go there and are
+# removed with it); the checks run from this project's Python ($PYTHON, default python3). The
+# tap launcher imports pytest_prefixcache from this checkout (PYTHONPATH).
+#
+# Usage: engines/omlx/verify.sh [CONFIG...]   (default: every combination of the matrix file;
+#   CONFIG: a configuration or combination name, e.g. omlx-llama or 'omlx-llama[ssd,b32]')
+# Environment: OMLX_DIR, PYTHON, OMLX_EXAMPLES (per property and combination, default 3),
+#   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
+#   "all"), OMLX_CHECKS=0 (skip the targeted checks, tests/test_adapters_omlx.py),
+#   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
+#   omlx-<combination>-<check>/, e.g. fixtures/corpus/third_party).
+# Results in $OMLX_DIR/reports/run-<name>/: suite.json (one configs row per combination),
+#   suite.log, tap/<slug>.jsonl (per request: the API's vs the tap's reuse), checks.xml (the
+#   targeted checks), findings.md (the table of every combination).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"  # adapters.omlx finds the venv there
+PYTHON="${PYTHON:-python3}"
+EXAMPLES="${OMLX_EXAMPLES:-3}"
+MATRIX="${OMLX_MATRIX:-$ROOT/engines/omlx/matrix.toml}"
+RUN="$OMLX_DIR/reports/run-${OMLX_RUN:-all}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+venv_python="$OMLX_DIR/venv/bin/python"
+[ -x "$venv_python" ] || { echo "no oMLX environment at $OMLX_DIR/venv: run engines/omlx/install.sh" >&2; exit 2; }
+version="$("$venv_python" -c "import importlib.metadata as m; print(m.version('flyto-mlx'))")"
+# the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
+"$venv_python" -c "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
+
+configs=()
+for name in "$@"; do configs+=("--prefixcache-config=$name"); done
+rm -rf "$RUN" && mkdir -p "$RUN/tap"
+if [ "${OMLX_CHECKS:-1}" != 0 ]; then
+  echo "== flyto-mlx $version: targeted checks (tests/test_adapters_omlx.py)"
+  (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEs \
+    --runxfail "$ROOT/tests/test_adapters_omlx.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
+fi
+echo "== flyto-mlx $version: the built-in suite over the matrix (--prefixcache-matrix)"
+(cd "$RUN" && OMLX_TAP_LOGS="$RUN/tap" nice -n 10 "$PYTHON" -m pytest -p no:randomly \
+  -p no:cacheprovider -q -rfE --prefixcache-verify --pyargs pytest_prefixcache.suite \
+  --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
+  --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+  --prefixcache-report="$RUN/suite.json" 2>&1 | tee "$RUN/suite.log" | tail -n 40) || true
+[ -z "${OMLX_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/omlx/findings.py" save "$RUN" "$MATRIX" "$OMLX_CORPUS"
+"$PYTHON" "$ROOT/engines/omlx/findings.py" table "$RUN" "$MATRIX" "$version" | tee "$RUN/findings.md"
