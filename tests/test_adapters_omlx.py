@@ -36,7 +36,7 @@ LONG = req(SYSTEM, user(STORY), max_new_tokens=2)
 LONG_NEXT = req(*LONG.messages, assistant("fine"), user("and now?"), max_new_tokens=2)
 SHORT = req(SYSTEM, user("Hello there, how are you today?"), max_new_tokens=2)
 
-RENDER_502 = (
+RENDER_MISMATCH = (
     f"{VERSION} pins transformers 5.12.1, which loads tiny-qwen3.5's tokenizer as the generic "
     "TokenizersBackend: a 150-word user turn is 802 tokens there and 803 with transformers "
     "5.23's Qwen3_5Tokenizer (the local render), so the adapter refuses the reply (an "
@@ -51,7 +51,21 @@ GEMMA3_TEXT_ONLY = (
 )
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-gemma3", "tiny-qwen3.5"])
+VLM_TEXT_RESUME = (
+    f"{VERSION} on tiny-qwen2-vl (its VLM engine), shipped 256-token blocks: a text-only "
+    "request resumed from its whole cached blocks answers differently from a cold server "
+    "(an identical 843-token repeat reusing 768: |diff| 0.108 on the first token; an "
+    "append-only next turn reusing 768 of 864: 0.122), where split prefill on MLX CPU is "
+    "exact and the text engine (tiny-llama) is: a wrong answer (cause not established; the "
+    "M-RoPE positions of the resumed suffix are a candidate, bug zoo 15)"
+)
+#: Per model: the finding that test_an_append_only_next_turn_reuses_whole_blocks_exactly meets.
+APPEND_FINDINGS = {"tiny-qwen3.5": RENDER_MISMATCH, "tiny-qwen2-vl": VLM_TEXT_RESUME}
+
+
+@pytest.fixture(
+    scope="module", params=["tiny-llama", "tiny-qwen2-vl", "tiny-gemma3", "tiny-qwen3.5"]
+)
 def engine(request: pytest.FixtureRequest) -> Iterator[OpenAIEngine]:
     with omlx_server(request.param, FLAGS, audit=False) as e:
         yield e
@@ -81,8 +95,9 @@ def shared(a: object, b: object) -> int:
 def test_an_append_only_next_turn_reuses_whole_blocks_exactly(
     engine: OpenAIEngine, request: pytest.FixtureRequest
 ) -> None:
-    if engine.model == "tiny-qwen3.5":
-        request.applymarker(pytest.mark.xfail(strict=True, reason=RENDER_502))
+    if engine.model in APPEND_FINDINGS:
+        reason = APPEND_FINDINGS[str(engine.model)]
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     engine.reset()
     first = engine.run(LONG, use_cache=True)
     cached = engine.run(LONG_NEXT, use_cache=True)

@@ -1,11 +1,12 @@
 """oMLX's findings from a matrix run of engines/omlx/verify.sh.
 
 ``findings.py table RUN MATRIX VERSION``: a markdown table, one row per combination of the run
-(``RUN/suite.json``: one ``configs`` row each; ``RUN/tap/<slug>.jsonl``: per request, the API's
-vs the tap's reuse), for docs/engines.md.
+(``RUN/<combination>/suite.json``: a matrix report with its ``configs`` row; ``RUN/tap/<slug>
+.jsonl``: per request, the API's vs the tap's reuse), in the matrix file's order, for
+docs/engines.md.
 ``findings.py save RUN MATRIX CORPUS``: copy every failure's shrunk stream (stream.json + PNGs)
-to ``CORPUS/omlx-<combination>-<check>[-n]/`` with a description naming the engine, version,
-flags and what went wrong.
+to ``CORPUS/omlx-<labels>-<check>[-n]/`` (``omlx-qwen2-vl-ssd-b32-equivalence``) with a
+description naming the engine, version, flags and what went wrong.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ VERSION = "flyto-mlx 0.7.0"
 
 def _targets(matrix: Path) -> dict[str, Any]:
     return {t.name: t for t in read_matrix(matrix)}
+
+
+def _configs(run: Path, targets: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every combination's row of the run, in the matrix file's order."""
+    rows = []
+    for path in sorted(run.glob("*/suite.json")):
+        rows += json.loads(path.read_text()).get("configs", [])
+    order = {name: i for i, name in enumerate(targets)}
+    return sorted(rows, key=lambda c: order.get(c["name"], len(order)))
 
 
 def _tap(path: Path) -> dict[str, int]:
@@ -54,14 +64,14 @@ def _pct(part: int | None, whole: int | None) -> str:
 
 
 def table(run: Path, matrix: Path, version: str) -> str:
-    suite = json.loads((run / "suite.json").read_text())
     targets = _targets(matrix)
+    configs = _configs(run, targets)
     lines = [
         "| combination | flags | verdict | requests (hits) | vs block reference | vs token "
         "oracle | reused, API / tap | worst diff | failures | findings |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for c in suite.get("configs", []):
+    for c in configs:
         t = targets.get(c["name"])
         flags = shlex.join(t.flags or ()) if t is not None else "?"
         if c.get("engine_error"):
@@ -75,7 +85,14 @@ def table(run: Path, matrix: Path, version: str) -> str:
         tap = _tap(run / "tap" / f"{slug(flag_words, model_dir(model))}.jsonl")
         disagree = f" ({tap['disagree']} disagree)" if tap["disagree"] else ""
         fails = "; ".join(f"{k}: {v}" for k, v in sorted(c["failures_by_check"].items()))
-        examples = [_short(f["summary"]) for f in c.get("failures", [])][:2]
+        tests = [str(f.get("test") or "").rpartition("::")[2] for f in c.get("failures", [])]
+        examples = sorted(
+            {
+                t.split("[")[0] + (f" ({t.split('[')[1].split('-omlx')[0]})" if "[" in t else "")
+                for t in tests
+                if t
+            }
+        )
         found = "; ".join(f"{k}: {v}" for k, v in sorted((c.get("findings") or {}).items()))
         size = c.get("block_size")
         lines.append(
@@ -85,25 +102,25 @@ def table(run: Path, matrix: Path, version: str) -> str:
             f"{_pct(c.get('reused_tokens'), c.get('oracle_tokens'))} | "
             f"{tap['api']:,} / {tap['tap']:,}{disagree} | "
             f"{c['worst_diff']:g} | {fails or 'none'}"
-            f"{'<br>' + '<br>'.join(examples) if examples else ''} | {found or 'none'} |"
+            f"{': ' + ', '.join(examples) if examples else ''} | {found or 'none'} |"
         )
-    head = f"oMLX ({version}), {len(suite.get('configs', []))} combinations, seed 1"
+    head = f"oMLX ({version}), {len(configs)} combinations, seed 1"
     return f"{head}\n\n" + "\n".join(lines)
 
 
 def save(run: Path, matrix: Path, corpus: Path) -> list[str]:
-    suite = json.loads((run / "suite.json").read_text())
     targets = _targets(matrix)
     saved: list[str] = []
     seen: dict[str, str] = {}
-    for c in suite.get("configs", []):
+    for c in _configs(run, targets):
         t = targets.get(c["name"])
         flags = shlex.join(t.flags or ()) if t is not None else "?"
         for f in c.get("failures", []):
             source = Path(f.get("stream_dir") or "")
             if not (source / "stream.json").is_file() or str(source) in seen:
                 continue
-            base = "omlx-" + re.sub(r"[^a-z0-9]+", "-", f"{c['name']}-{f['check']}".lower())
+            mode = c["name"].removeprefix("omlx-").replace("[", ",").rstrip("]")
+            base = "omlx-" + re.sub(r"[^a-z0-9]+", "-", f"{mode}-{f['check']}".lower())
             name, n = base.strip("-"), 2
             while name in saved:
                 name, n = f"{base}-{n}", n + 1
@@ -114,10 +131,12 @@ def save(run: Path, matrix: Path, corpus: Path) -> list[str]:
             shutil.copytree(source, target)
             data = json.loads((target / "stream.json").read_text())
             data["description"] = (
-                f"oMLX ({VERSION}), {c['name']} ({flags or 'no flags'}), found by "
-                f"engines/omlx/verify.sh: {_short(f['summary'], 400)}"
+                f"omlx {VERSION.split()[-1]} ({VERSION}, oMLX's server on PyPI), {c['name']} "
+                f"({flags or 'no flags'}), found by engines/omlx/verify.sh: "
+                f"{_short(f['summary'], 400)}"
             )
-            data.update(engine="omlx", version=VERSION, mode=c["name"], check=f["check"])
+            version = VERSION.split()[-1]
+            data.update(engine="omlx", version=version, mode=mode, check=f["check"])
             (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
             saved.append(name)
     return saved

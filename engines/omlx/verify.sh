@@ -13,10 +13,11 @@
 #   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
 #   "all"), OMLX_CHECKS=0 (skip the targeted checks, tests/test_adapters_omlx.py),
 #   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
-#   omlx-<combination>-<check>/, e.g. fixtures/corpus/third_party).
-# Results in $OMLX_DIR/reports/run-<name>/: suite.json (one configs row per combination),
-#   suite.log, tap/<slug>.jsonl (per request: the API's vs the tap's reuse), checks.xml (the
-#   targeted checks), findings.md (the table of every combination).
+#   <combination>-<check>/, e.g. fixtures/corpus/third_party).
+# Results in $OMLX_DIR/reports/run-<name>/: <combination>/suite.json and suite.log (one run
+#   each; a combination with a suite.json is not run again unless OMLX_AGAIN=1),
+#   tap/<slug>.jsonl (per request: the API's vs the tap's reuse), checks.xml (the targeted
+#   checks), findings.md (the table of every combination).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -34,19 +35,37 @@ version="$("$venv_python" -c "import importlib.metadata as m; print(m.version('f
 # the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
 "$venv_python" -c "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
 
-configs=()
-for name in "$@"; do configs+=("--prefixcache-config=$name"); done
-rm -rf "$RUN" && mkdir -p "$RUN/tap"
+combos() {  # the combination names of the matrix file: all, or those named, in that order
+  "$PYTHON" - "$MATRIX" "$@" <<'PY'
+import sys
+from pathlib import Path
+from pytest_prefixcache.session.matrix_file import read_matrix
+targets = read_matrix(Path(sys.argv[1]))
+for name in sys.argv[2:] or [t.name for t in targets]:
+    for t in targets:
+        if name in (t.name, t.base):
+            print(t.name)
+PY
+}
+
+mkdir -p "$RUN/tap"
 if [ "${OMLX_CHECKS:-1}" != 0 ]; then
   echo "== flyto-mlx $version: targeted checks (tests/test_adapters_omlx.py)"
-  (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEs \
-    --runxfail "$ROOT/tests/test_adapters_omlx.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
+  (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsxX \
+    "$ROOT/tests/test_adapters_omlx.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
 fi
-echo "== flyto-mlx $version: the built-in suite over the matrix (--prefixcache-matrix)"
-(cd "$RUN" && OMLX_TAP_LOGS="$RUN/tap" nice -n 10 "$PYTHON" -m pytest -p no:randomly \
-  -p no:cacheprovider -q -rfE --prefixcache-verify --pyargs pytest_prefixcache.suite \
-  --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
-  --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
-  --prefixcache-report="$RUN/suite.json" 2>&1 | tee "$RUN/suite.log" | tail -n 40) || true
+# one pytest run per combination (--prefixcache-matrix with one --prefixcache-config): each
+# writes its own report as soon as it ends, so a long run keeps what it has done
+while read -r combo; do
+  out="$RUN/$(echo "$combo" | tr -c 'A-Za-z0-9.\n-' '_')"
+  [ -f "$out/suite.json" ] && [ "${OMLX_AGAIN:-0}" != 1 ] && { echo "== $combo: done before"; continue; }
+  rm -rf "$out" && mkdir -p "$out"
+  echo "== flyto-mlx $version: $combo (the built-in suite, $EXAMPLES examples)"
+  (cd "$out" && OMLX_TAP_LOGS="$RUN/tap" nice -n 10 "$PYTHON" -m pytest -p no:randomly \
+    -p no:cacheprovider -q -rfE --prefixcache-verify --pyargs pytest_prefixcache.suite \
+    --prefixcache-matrix="$MATRIX" "--prefixcache-config=$combo" --prefixcache-allow-partial \
+    --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+    --prefixcache-report="$out/suite.json" >"$out/suite.log" 2>&1; tail -n 3 "$out/suite.log") || true
+done < <(combos "$@")
 [ -z "${OMLX_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/omlx/findings.py" save "$RUN" "$MATRIX" "$OMLX_CORPUS"
-"$PYTHON" "$ROOT/engines/omlx/findings.py" table "$RUN" "$MATRIX" "$version" | tee "$RUN/findings.md"
+"$PYTHON" "$ROOT/engines/omlx/findings.py" table "$RUN" "$MATRIX" "flyto-mlx $version" | tee "$RUN/findings.md"
