@@ -126,7 +126,7 @@ def rapid_mlx_python() -> tuple[str | None, str]:
         looked.append(str(python.parent.parent))
     return None, (
         "no rapid-mlx venv (looked in " + ", ".join(looked) + "; "
-        "scripts/seed_engines.sh install rapid-mlx makes one)"
+        "engines/seed/run.sh install rapid-mlx makes one)"
     )
 
 

@@ -16,12 +16,11 @@ import argparse
 import importlib.util
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from .output.report import Report
-from .session import settings, sources, targets
-from .verify.worker import DEFAULT_TIMEOUT
+from .session import option_table, settings, sources
 
 __all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "main"]
 
@@ -34,52 +33,12 @@ def _workers(value: str) -> str:
     return value
 
 
-Option = tuple[str, Callable[[str], object], str, "str | None"]
-#: (flag, type, metavar, help) of the engine options both verify and replay take
-ENGINE_OPTIONS: tuple[Option, ...] = (
-    ("--engine", targets.named_engine, "[NAME=]MODULE:ATTR",
-     "an Engine instance or a zero-argument callable returning one (repeatable)"),
-    ("--server-cmd", targets.named_server_cmd, "[NAME=]CMD",
-     "an OpenAI-compatible server command with a {port} placeholder (repeatable)"),
-    ("--model", settings.model_dir, "NAME|DIR",
-     "the model every engine factory loads: a shipped fixture's name or a model directory "
-     "(exported as PREFIXCACHE_MODEL)"),
-    ("--matrix", str, "FILE", "engine configurations in a TOML matrix file (see the README)"),
-    ("--config", str, "NAME", "run only this configuration (repeatable)"),
-    ("--server-body", settings.server_body, "JSON",
-     "fields added to every request body sent to --server-cmd (a JSON object)"),
-    ("--timeout", settings.positive_float, "SECONDS",
-     f"per engine call (default: {DEFAULT_TIMEOUT:g})"),
-    ("--atol", settings.non_negative_float, "X", None),
-    ("--rtol", settings.non_negative_float, "X", None),
-    ("--kl", settings.non_negative_float, "X", None),
-)  # fmt: skip
-#: the options only verify takes
-VERIFY_OPTIONS: tuple[Option, ...] = (
-    ("--examples", settings.positive_int, "N",
-     f"examples per property (default: {settings.DEFAULT_EXAMPLES})"),
-    ("--seed", settings.seed, "S", "default: random, printed"),
-    ("--budget", settings.positive_float, "SECONDS",
-     "keep fuzzing with fresh seeds until SECONDS of wall time are spent"),
-    ("--workers", _workers, "N|auto", "split across pytest-xdist workers, one engine each"),
-    ("--database", settings.database_spec, "DIR|URL|none",
-     "Hypothesis example database (a directory or redis://HOST:PORT/DB)"),
-    ("--min-efficiency", settings.fraction, "F", None),
-)  # fmt: skip
-
-
-#: options given once per configuration
-REPEATABLE = ("--engine", "--server-cmd", "--config")
-
-
-def _add(p: argparse._ActionsContainer, options: Sequence[Option]) -> None:
-    for flag, kind, metavar, help_ in options:
-        action = "append" if flag in REPEATABLE else "store"
-        p.add_argument(flag, type=kind, metavar=metavar, help=help_, action=action)
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    _add(p.add_argument_group("engine (default: the embedded reference engine)"), ENGINE_OPTIONS)
+def _engine_args(p: argparse.ArgumentParser, command: str) -> None:
+    """The plugin's options this subcommand takes (:mod:`.session.option_table`), and --out."""
+    option_table.add_to_cli(
+        p.add_argument_group("options (default engine: the embedded reference engine)"),
+        option_table.cli_options(command),
+    )
     p.add_argument(
         "--out",
         type=Path,
@@ -87,16 +46,6 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="where report.json, junit.xml, report.html and failures/ go "
         "(default: prefixcache-report)",
-    )
-    p.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="pass even when some correctness check could not run (said as PASS (partial))",
-    )
-    p.add_argument(
-        "--strict-render",
-        action="store_true",
-        help="fail on render-hygiene findings (by default reported, not failed)",
     )
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
                    help="more pytest arguments, after --")  # fmt: skip
@@ -111,23 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     v = sub.add_parser("verify", help="run the verification suite and write the reports")
-    _engine_args(v)
-    _add(v, VERIFY_OPTIONS)
-    v.add_argument("--isolation", action="store_true", help="add the timing side-channel test")
+    _engine_args(v, "verify")
+    v.add_argument("--workers", type=_workers, metavar="N|auto",
+                   help="split across pytest-xdist workers, one engine each")  # fmt: skip
     r = sub.add_parser("replay", help="run one saved failing stream (stream.json or its dir)")
     r.add_argument("path", type=Path, metavar="PATH")
-    _engine_args(r)
+    _engine_args(r, "replay")
     h = sub.add_parser("report", help="render a JSON report as a self-contained HTML page")
     h.add_argument("report", type=Path, metavar="REPORT.json")
     h.add_argument("-o", "--output", type=Path, metavar="OUT.html",
                    help="default: next to the JSON file, with .html")  # fmt: skip
     return p
-
-
-def _flag(name: str, value: object) -> list[str]:
-    if isinstance(value, list):
-        return [f"--prefixcache-{name}={v}" for v in value]
-    return [] if value is None or value is False else [f"--prefixcache-{name}={value}"]
 
 
 def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
@@ -136,21 +79,11 @@ def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
     args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
     args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
     args.append(f"--prefixcache-failures-dir={out / 'failures'}")
-    options = ENGINE_OPTIONS + (VERIFY_OPTIONS if a.command == "verify" else ())
-    for flag, *_ in options:
-        if flag != "--workers":  # the same name as the plugin's option, prefixed
-            args += _flag(flag[2:], getattr(a, flag[2:].replace("-", "_")))
-    if a.allow_partial:
-        args.append("--prefixcache-allow-partial")
-    if a.strict_render:
-        args.append("--prefixcache-strict-render")
-    if a.command == "verify":
-        if a.isolation:
-            args.append("--prefixcache-isolation")
-        if a.workers:
-            args += ["-n", a.workers]
-    else:
+    args += option_table.cli_to_pytest(a, option_table.cli_options(a.command))
+    if a.command == "replay":
         args.append(f"--prefixcache-replay={a.path.resolve()}")
+    elif a.workers:
+        args += ["-n", a.workers]
     return args + list(a.pytest_args)
 
 

@@ -18,10 +18,16 @@ from .errors import PrefixCacheError
 from .output.report import FailureRecord, Report
 from .output.streams import load_stream
 from .package_data import MODEL_ENV
-from .session import settings
+from .session import option_table, settings
 from .session import xdist as xd
 from .session.database import DatabaseError, example_database
-from .session.failures import FailedTests, is_flaky, record, verification_failures
+from .session.failures import (
+    ENGINE_ERROR,
+    FailedTests,
+    is_flaky,
+    record,
+    verification_failures,
+)
 from .session.progress import Progress
 from .session.slots import (
     CONFIG_PARAM,
@@ -54,6 +60,8 @@ DESELECTED_KEY = pytest.StashKey[str]()
 #: PREFIXCACHE_MODEL as it was before this session exported its model (None: unset).
 MODEL_ENV_KEY = pytest.StashKey["str | None"]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
+#: The exit status of a session whose engine could not be built (as ``prefixcache verify``'s).
+ENGINE_ERROR_EXIT = 2
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,25 +89,15 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--prefixcache-replay={replay}: {exc}") from None
     isolation = bool(config.getoption("prefixcache_isolation"))
     s = settings.Settings(
+        **option_table.settings_values(config.getoption),
         verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
         engine=engine,
         engine_source=source,
         model=model,
         model_source=model_source,
         server_cmd=os.environ["PREFIXCACHE_SERVER_CMD"] if source == SERVER_SOURCE else None,
-        server_body=config.getoption("prefixcache_server_body"),
-        examples=config.getoption("prefixcache_examples"),
         seed=settings.Settings.random_seed() if given_seed is None else given_seed,
         seed_given=given_seed is not None,
-        report=None
-        if config.getoption("prefixcache_report") is None
-        else Path(config.getoption("prefixcache_report")),
-        timeout=config.getoption("prefixcache_timeout"),
-        atol=config.getoption("prefixcache_atol"),
-        rtol=config.getoption("prefixcache_rtol"),
-        kl=config.getoption("prefixcache_kl"),
-        min_efficiency=config.getoption("prefixcache_min_efficiency"),
-        min_speedup=config.getoption("prefixcache_min_speedup"),
         replay=None if replay is None else replay_path,
         invocation_dir=invocation,
         isolation=isolation,
@@ -109,13 +107,6 @@ def pytest_configure(config: pytest.Config) -> None:
         database=config.getoption("prefixcache_database")
         or _env_database()
         or settings.DEFAULT_DATABASE,
-        progress=config.getoption("prefixcache_progress"),
-        budget=config.getoption("prefixcache_budget"),
-        allow_partial=bool(config.getoption("prefixcache_allow_partial")),
-        strict_render=bool(config.getoption("prefixcache_strict_render")),
-        failures_to=None
-        if config.getoption("prefixcache_failures_dir") is None
-        else Path(config.getoption("prefixcache_failures_dir")),
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(
@@ -257,10 +248,19 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     return [config.stash[DESELECTED_KEY]] if DESELECTED_KEY in config.stash else []
 
 
+def _needs_engine(item: pytest.Item) -> bool:
+    return any(f in getattr(item, "fixturenames", ()) for f in ENGINE_FIXTURES)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    worker = slot_of(item).worker
-    fixturenames = getattr(item, "fixturenames", ())
-    if worker is not None and worker.dead and any(f in fixturenames for f in ENGINE_FIXTURES):
+    slot = slot_of(item)
+    worker = slot.worker
+    if not _needs_engine(item):
+        return
+    if slot.report.engine_error:  # one error, shown by the first test that needed the engine
+        first = slot.report.engine_error.splitlines()[0][:200]
+        pytest.skip(f"the engine could not be built (the error above): {first}")
+    if worker is not None and worker.dead:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
 
@@ -270,6 +270,10 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     raised = call.excinfo.value if call.excinfo is not None else None
+    if report.failed and report.when == "setup" and _needs_engine(item):
+        error = slot_of(item).report.engine_error
+        if error:  # its engine could not be built: one error, however many workers say so
+            report.user_properties.append((ENGINE_ERROR, error))
     if report.failed:
         for exc in verification_failures(raised):
             if exc.stream:
@@ -297,13 +301,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if nodeid not in recorded:  # a test error, an isolation failure, a crashed worker
             name = getattr(failed, "configs", {}).get(nodeid, "")
             into = slots[name].report if name in slots else rep
-            into.failures.append(FailureRecord("error", nodeid, line))
+            text = getattr(failed, "texts", {}).get(nodeid, "")
+            into.failures.append(FailureRecord("error", nodeid, line, message=text))
     if is_matrix(config):
         assemble(config)
     # A verification that ran no request, or whose correctness checks could not all run,
     # is not a pass (the terminal summary says why).
     if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    # an engine that could not be built (in any configuration) is not a verification failure
+    if rep.engine_error and session.exitstatus in (0, 1):
+        session.exitstatus = ENGINE_ERROR_EXIT
     _verdict_in_junit(config, rep)
 
 

@@ -290,7 +290,9 @@ class Engine(Protocol):
     ``reuse_reference = "token" | "snapshot" | "block"`` (default ``"token"``) with, for
     ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
     efficiency and positive control are judged against; see
-    :class:`~pytest_prefixcache.checks.references.CacheDesign`).
+    :class:`~pytest_prefixcache.checks.references.CacheDesign`), and
+    ``fresh_instance_share: int`` (default 1: how many audited requests one fresh instance of
+    the baseline audit may answer; they never share an image or a first message).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

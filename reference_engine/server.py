@@ -232,13 +232,14 @@ class _Server(ThreadingHTTPServer):
     def __init__(
         self, addr: tuple[str, int], engine: Engine, model_name: str, verbose: bool
     ) -> None:
+        # MLX state is per thread: every engine call runs on this one worker thread. Made
+        # before the bind, which calls server_close() when it fails (a busy port).
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         super().__init__(addr, _Handler)
         self.engine = engine
         self.model_name = model_name
         self.verbose = verbose
         self.created = int(time.time())
-        # MLX state is per thread: every engine call runs on this one worker thread.
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
     def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._worker.submit(fn, *args, **kwargs).result()
@@ -300,7 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser().error(str(exc))
     engine = Engine.from_pretrained(path, block_size=args.block_size)
     name = args.served_model_name or path.resolve().name
-    server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
+    try:
+        server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
+    except OSError as exc:  # e.g. "[Errno 98] Address already in use"
+        print(f"cannot listen on {args.host}:{args.port} (port {args.port}): {exc}", flush=True)
+        return 1
     host, port = server.server_address[:2]
     print(f"listening on http://{host!s}:{port}", flush=True)
     try:

@@ -4,7 +4,7 @@ its block size per family, the launcher's settings, and end to end against tests
 chat template, whole-block reuse, ``cached_tokens``, ``/api/status``, the debug hit line). The
 positive control: the honest stand-in passes with every claim source agreeing with the tap; the
 negative controls: a stand-in that over-claims in one source fails the claims check, naming it.
-(The real engine runs under engines/omlx/verify.sh and tests/test_adapters_omlx.py.)"""
+(The real engine runs under engines/omlx/verify.sh and engines/omlx/test_omlx_engine.py.)"""
 
 from __future__ import annotations
 

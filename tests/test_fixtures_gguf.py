@@ -1,6 +1,6 @@
 """reference_engine/fixtures/gguf_models.py: the fixtures under HF names, and the two changes it
 makes to llama.cpp's converter, checked against a stand-in converter (the real one needs torch
-and runs in scripts/llama_server.sh)."""
+and runs in engines/llama/run.sh)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The tiny HF-format models for vLLM's CPU backend (reference_engine.fixtures.hf_models).
 
 The config checks need neither torch nor vLLM. Building the models needs torch and
-transformers (the vLLM venv of scripts/vllm_cpu.sh has them; CI does not, and skips those
+transformers (the vLLM venv of engines/vllm/run.sh has them; CI does not, and skips those
 tests naming what is missing).
 """
 
@@ -56,7 +56,7 @@ def test_special_ids_and_image_rule_are_the_mlx_fixtures_own() -> None:
 
 
 def _venv_python() -> Path:
-    """The interpreter of scripts/vllm_cpu.sh's venv (torch, transformers, no MLX)."""
+    """The interpreter of engines/vllm/run.sh's venv (torch, transformers, no MLX)."""
     python = Path(os.environ.get("VLLM_VENV_PYTHON", ROOT / ".engines/vllm/venv/bin/python"))
     if not python.is_file():  # a worktree shares the main checkout's .engines/
         common = subprocess.run(
@@ -68,12 +68,12 @@ def _venv_python() -> Path:
         python = Path(common).parent / ".engines/vllm/venv/bin/python" if common else python
     if not python.is_file():
         pytest.skip(f"building the HF models needs torch: no vLLM venv at {python} "
-                    "(scripts/vllm_cpu.sh install, or set VLLM_VENV_PYTHON)")  # fmt: skip
+                    "(engines/vllm/run.sh install, or set VLLM_VENV_PYTHON)")  # fmt: skip
     return python
 
 
 def _build(python: Path, out: Path) -> list[Path]:
-    script = ROOT / "scripts" / "build_hf_models.py"
+    script = ROOT / "engines" / "lab" / "build_hf_models.py"
     done = subprocess.run(
         [str(python), str(script), "--out", str(out)],
         capture_output=True,

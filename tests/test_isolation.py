@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from pytest_prefixcache import Outcome, Request
-from pytest_prefixcache.checks.timing import ALPHA, audit, ks_2samp, timed
+from pytest_prefixcache.checks.timing import ALPHA, ks_2samp
+from pytest_prefixcache.verify.isolation import audit, timed
 
 pytest_plugins = ["pytester"]
 

@@ -1,6 +1,7 @@
 """The plugin's folders are layers: a module imports only from its own layer or those above
 it in the table of docs/architecture.md (a back edge would make a layer impossible to read, or
-to import, on its own)."""
+to import, on its own). The reference engine's modules are layered the same way, and use only
+the plugin's contract (its types, errors and package data): an engine needs nothing else."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import ast
 from pathlib import Path
 
 import pytest_prefixcache
+import reference_engine
 
 PACKAGE = Path(pytest_prefixcache.__file__).parent
+ENGINE = Path(reference_engine.__file__).parent
 #: Top to bottom, as in the table of docs/architecture.md.
 LAYERS = (
     ("the contract", {"types", "errors", "image_io", "package_data"}),
@@ -24,12 +27,29 @@ LAYERS = (
 )
 
 
-def layer(parts: tuple[str, ...]) -> int:
-    return next(i for i, (_, tops) in enumerate(LAYERS) if parts[0] in tops)
+#: The reference engine's layers, top to bottom.
+ENGINE_LAYERS = (
+    ("foundations", {"tokens", "positions", "cpu", "blocks", "fixtures"}),
+    ("inputs and stores", {"families", "render", "vision", "snapshots", "pool"}),
+    ("the model", {"kv", "model"}),
+    ("the engine", {"engine", "__init__"}),
+    ("the HTTP API", {"openai_api"}),
+    ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
+)
+#: The plugin's modules the reference engine may import: the contract.
+CONTRACT = {"", "types", "errors", "package_data", "image_io"}
+#: ... except the bug zoo's tools, which run the verifier and save what it shrinks.
+CONTRACT_EXEMPT = {"mutants/table.py", "mutants/corpus.py"}
 
 
-def imported(path: Path, root: Path) -> list[tuple[int, tuple[str, ...]]]:
-    """(line, module path inside the package) of every import of the package's own modules."""
+def layer(parts: tuple[str, ...], layers: tuple[tuple[str, set[str]], ...] = LAYERS) -> int:
+    return next(i for i, (_, tops) in enumerate(layers) if parts[0] in tops)
+
+
+def imported(
+    path: Path, root: Path, name: str = "pytest_prefixcache"
+) -> list[tuple[int, tuple[str, ...]]]:
+    """(line, module path inside the package ``name``) of every import of its own modules."""
     package = path.relative_to(root).parts[:-1]
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -38,22 +58,47 @@ def imported(path: Path, root: Path) -> list[tuple[int, tuple[str, ...]]]:
         if node.level:
             base = package[: len(package) - node.level + 1]
             names = node.module.split(".") if node.module else [node.names[0].name]
+            here = root.joinpath(*base, *names)
+            if not node.module and not (here.with_suffix(".py").exists() or here.is_dir()):
+                names = ["__init__"]  # a name the package itself defines
             out.append((node.lineno, (*base, *names)))
-        elif node.module and node.module.startswith("pytest_prefixcache."):
+        elif node.module and node.module.startswith(name + "."):
             out.append((node.lineno, tuple(node.module.split(".")[1:])))
+        elif node.module == name:
+            out.append((node.lineno, ("__init__",)))
     return out
 
 
-def back_edges(root: Path = PACKAGE) -> list[str]:
+def back_edges(
+    root: Path = PACKAGE,
+    layers: tuple[tuple[str, set[str]], ...] = LAYERS,
+    name: str = "pytest_prefixcache",
+) -> list[str]:
     edges = []
     for path in sorted(root.rglob("*.py")):
         parts = path.relative_to(root).with_suffix("").parts
-        mine = layer(parts)
-        for line, target in imported(path, root):
-            if target and layer(target) > mine:
-                edges.append(f"{'/'.join(parts)}.py:{line} ({LAYERS[mine][0]}) imports "
-                             f"{'.'.join(target)} ({LAYERS[layer(target)][0]})")  # fmt: skip
+        mine = layer(parts, layers)
+        for line, target in imported(path, root, name):
+            if target and layer(target, layers) > mine:
+                theirs = layers[layer(target, layers)][0]
+                edges.append(f"{'/'.join(parts)}.py:{line} ({layers[mine][0]}) imports "
+                             f"{'.'.join(target)} ({theirs})")  # fmt: skip
     return edges
+
+
+def beyond_the_contract(root: Path = ENGINE) -> list[str]:
+    """Every import, in the reference engine, of a plugin module outside :data:`CONTRACT`."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in CONTRACT_EXEMPT:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                top, _, rest = node.module.partition(".")
+                if top == "pytest_prefixcache" and rest.split(".")[0] not in CONTRACT:
+                    out.append(f"{rel}:{node.lineno} imports {node.module}")
+    return out
 
 
 def test_every_module_has_a_layer() -> None:
@@ -63,6 +108,26 @@ def test_every_module_has_a_layer() -> None:
 
 def test_no_module_imports_a_layer_below_its_own() -> None:
     assert back_edges() == []
+
+
+def test_the_reference_engine_is_layered_and_uses_only_the_contract() -> None:
+    for path in ENGINE.rglob("*.py"):
+        layer(path.relative_to(ENGINE).with_suffix("").parts, ENGINE_LAYERS)
+    assert back_edges(ENGINE, ENGINE_LAYERS, "reference_engine") == []
+    assert beyond_the_contract() == []
+
+
+def test_an_engine_import_beyond_the_contract_is_found(tmp_path: Path) -> None:
+    """Negative control: an engine module that imports an adapter, and the model that imports
+    the engine, are reported."""
+    (tmp_path / "model.py").write_text("from .engine import Engine\n")
+    engine = "from pytest_prefixcache.types import Outcome\n"
+    engine += "from pytest_prefixcache.adapters.chat import x\n"
+    (tmp_path / "engine.py").write_text(engine)
+    assert beyond_the_contract(tmp_path) == ["engine.py:2 imports pytest_prefixcache.adapters.chat"]
+    assert back_edges(tmp_path, ENGINE_LAYERS, "reference_engine") == [
+        "model.py:1 (the model) imports engine (the engine)"
+    ]
 
 
 def test_a_back_edge_is_found(tmp_path: Path) -> None:
@@ -75,3 +140,53 @@ def test_a_back_edge_is_found(tmp_path: Path) -> None:
     assert back_edges(tmp_path) == [
         "checks/reuse.py:2 (checks) imports session.settings (the pytest session)"
     ]
+
+
+ROOT = PACKAGE.parent
+#: The lab (third-party engines' scripts, matrices, findings and opt-in tests) and what its
+#: folders hold as importable modules.
+LAB = ROOT / "engines"
+PRODUCT = ("pytest_prefixcache", "reference_engine", "tests", "benchmarks")
+
+
+def lab_modules(lab: Path = LAB) -> set[str]:
+    """The top-level names the lab's folders make importable: its package and modules."""
+    names = {p.name for p in lab.iterdir() if (p / "__init__.py").is_file()}
+    return names | {p.stem for p in lab.glob("*/*.py") if not (p.parent / "__init__.py").exists()}
+
+
+def lab_imports(root: Path = ROOT, lab: Path = LAB) -> list[str]:
+    """Every import, in the package, the reference engine, the tests or the benchmarks, of a
+    module the lab holds."""
+    mine = lab_modules(lab) - {"conftest"}
+    found = []
+    for top in PRODUCT:
+        for path in sorted((root / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                found += [
+                    f"{path.relative_to(root)}:{node.lineno} imports {n}"
+                    for n in names
+                    if n.split(".")[0] in mine
+                ]
+    return found
+
+
+def test_nothing_in_the_product_or_its_tests_imports_the_lab() -> None:
+    assert "lab" in lab_modules() and "test_seed_engines" in lab_modules()
+    assert lab_imports() == []
+
+
+def test_an_import_of_the_lab_is_found(tmp_path: Path) -> None:
+    """Negative control: a test that imports the lab's findings package is reported."""
+    (tmp_path / "engines" / "lab").mkdir(parents=True)
+    (tmp_path / "engines" / "lab" / "__init__.py").write_text("")
+    for top in PRODUCT:
+        (tmp_path / top).mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("import os\nfrom lab.findings import save\n")
+    assert lab_imports(tmp_path, tmp_path / "engines") == ["tests/test_x.py:2 imports lab.findings"]

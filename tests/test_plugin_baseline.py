@@ -163,3 +163,105 @@ def test_the_cold_baseline_row_counts_audited_against_all_requests(tmp_path: Pat
     row = verifier.report.coverage["cold baseline"]
     assert row == {"applied": 1, NOT_SAMPLED: 2}
     assert "cold baseline" not in missing(verifier.report.coverage)  # not a gap
+
+
+def _opened(text: str, *images: object) -> object:
+    from pytest_prefixcache import Message, Request
+
+    return Request((Message("user", (text, *images)),), max_new_tokens=2)  # type: ignore[arg-type]
+
+
+def test_requests_share_a_fresh_instance_only_when_they_share_nothing() -> None:
+    from pytest_prefixcache import Image, Message, Request
+    from pytest_prefixcache.verify.audit import shares_nothing
+
+    a = Image(np.full((64, 64, 3), 10, dtype=np.uint8))
+    b = Image(np.full((64, 64, 3), 200, dtype=np.uint8))
+    assert shares_nothing(_opened("Apples", a), _opened("Bananas", b))  # type: ignore[arg-type]
+    assert not shares_nothing(_opened("Apples", a), _opened("Bananas", a))  # type: ignore[arg-type]
+    # the same first message: the prompts share a prefix beyond the template
+    first = Message("system", ("Apples",))
+    one = Request((first, Message("user", ("x",))))
+    assert not shares_nothing(one, Request((first, Message("user", ("y",)))))
+    assert shares_nothing(one, _opened("Apples"))  # type: ignore[arg-type]  # another role
+
+
+def test_one_fresh_instance_answers_its_share_of_requests_that_share_nothing(
+    tmp_path: Path,
+) -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify.audit import Audit
+
+    closed: list[int] = []
+
+    class Closing(FakeEngine):
+        def close(self) -> None:
+            closed.append(1)
+
+    stream = [_opened(w) for w in ("Apples", "Bananas", "Cherries", "Dates", "Elderberries")]
+    audit = Audit(Closing, share=3)
+    verifier = Verifier(FakeEngine(), options=VerifyOptions(failures_dir=tmp_path), audit=audit)
+    for request in stream:  # each its own stream: the first request of each is audited
+        verifier.run([request])  # type: ignore[list-item]
+    assert verifier.report.coverage["cold baseline"] == {"applied": 5}
+    assert (audit.built, len(closed)) == (2, 1)  # 3 + 2 requests; the second is still held
+    audit.close()
+    assert len(closed) == 2
+
+
+def test_a_shared_fresh_instance_still_catches_a_stale_cache_of_reordered_images(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Negative control at share=8: [A, B], [A, B], [B, A] share images, so each gets its own
+    fresh instance and the stale set-keyed feature cache is caught. Sharing one instance
+    regardless (the rule switched off) lets the fresh instance inherit the stale entry and
+    the bug through: the rule is what keeps the amortised audit honest."""
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache.errors import VerificationFailure
+    from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify import audit as audit_module
+
+    def verifier() -> Verifier:
+        fresh = audit_module.Audit(lambda: FakeEngine(stale_order=True), share=8)
+        options = VerifyOptions(failures_dir=tmp_path)
+        return Verifier(FakeEngine(stale_order=True), options=options, audit=fresh)
+
+    with pytest.raises(VerificationFailure) as info:
+        verifier().run(_ab_stream())
+    assert info.value.check == "cold baseline"
+    monkeypatch.setattr(audit_module, "shares_nothing", lambda request, earlier: True)
+    blind = verifier()
+    blind.run(_ab_stream())  # passes: the shared instance answers [B, A] as stale as the rest
+    assert blind.audit.built == 1
+
+
+def test_an_engine_declares_its_share_and_a_bad_one_is_named() -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache.errors import EngineError
+    from pytest_prefixcache.verify.audit import fresh_share
+
+    engine = FakeEngine()
+    assert fresh_share(engine) == 1
+    engine.fresh_instance_share = 4  # type: ignore[attr-defined]
+    assert fresh_share(engine) == 4
+    engine.fresh_instance_share = 0  # type: ignore[attr-defined]
+    with pytest.raises(EngineError, match=r"FakeEngine.fresh_instance_share = 0: must be an int"):
+        fresh_share(engine)
+
+
+def test_the_server_presets_read_their_share_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_prefixcache.adapters.presets import audit_share
+    from pytest_prefixcache.errors import EngineError
+
+    assert audit_share("PREFIXCACHE_AUDIT_SHARE", "1") == 1
+    monkeypatch.setenv("PREFIXCACHE_AUDIT_SHARE", "6")
+    assert audit_share("PREFIXCACHE_AUDIT_SHARE", "1") == 6
+    monkeypatch.setenv("PREFIXCACHE_AUDIT_SHARE", "none")
+    with pytest.raises(EngineError, match="PREFIXCACHE_AUDIT_SHARE='none' is not an integer"):
+        audit_share("PREFIXCACHE_AUDIT_SHARE", "1")

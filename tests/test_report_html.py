@@ -392,7 +392,7 @@ def test_an_empty_report_renders(tmp_path: Path) -> None:
         assert not select(page, "rect", "bar")
         assert page.count("no per-request records") == 2
     error = Report(engine_error="ImportError: no module named 'x'")
-    assert "FAIL: engine error" in render_html(error)
+    assert "ERROR: the engine could not be built" in render_html(error)
 
 
 def test_write_html_creates_the_directory(tmp_path: Path, sample: Report) -> None:

@@ -1,6 +1,6 @@
 """The seed-engine preset without the engines: the command lines, the cold baseline's flags,
 the declared claim sources per engine path, and the reset that tolerates vllm-mlx's error.
-(The engines themselves run only under scripts/seed_engines.sh.)"""
+(The engines themselves run only under engines/seed/run.sh.)"""
 
 from __future__ import annotations
 

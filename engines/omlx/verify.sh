@@ -11,7 +11,7 @@
 #   CONFIG: a configuration or combination name, e.g. omlx-llama or 'omlx-llama[ssd,b32]')
 # Environment: OMLX_DIR, PYTHON, OMLX_EXAMPLES (per property and combination, default 3),
 #   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
-#   "all"), OMLX_CHECKS=0 (skip the targeted checks, tests/test_adapters_omlx.py),
+#   "all"), OMLX_CHECKS=0 (skip the targeted checks, engines/omlx/test_omlx_engine.py),
 #   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
 #   <combination>-<check>/, e.g. fixtures/corpus/third_party).
 # Results in $OMLX_DIR/reports/run-<name>/: <combination>/suite.json and suite.log (one run
@@ -50,9 +50,9 @@ PY
 
 mkdir -p "$RUN/tap"
 if [ "${OMLX_CHECKS:-1}" != 0 ]; then
-  echo "== flyto-mlx $version: targeted checks (tests/test_adapters_omlx.py)"
+  echo "== flyto-mlx $version: targeted checks (engines/omlx/test_omlx_engine.py)"
   (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsxX \
-    "$ROOT/tests/test_adapters_omlx.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
+    "$ROOT/engines/omlx/test_omlx_engine.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
 fi
 # one pytest run per combination (--prefixcache-matrix with one --prefixcache-config): each
 # writes its own report as soon as it ends, so a long run keeps what it has done

@@ -13,7 +13,7 @@ is built, so importing this package costs nothing:
   llama-server) and ``from_env`` (configured by ``PREFIXCACHE_*`` variables).
 - :mod:`.seed`: the seed engines (vllm-mlx, rapid-mlx) with any serve flags under the logit
   tap, with their claim sources: ``seed_server(engine, flags)``, a matrix engine factory (used
-  by scripts/seed_engines.sh and scripts/seed_matrix.toml).
+  by engines/seed/run.sh and engines/seed/matrix.toml).
 
 Every adapter has a zero-argument factory, so it can be named on the command line, e.g.
 ``--prefixcache-engine=pytest_prefixcache.adapters.mlx_lm:tiny_llama``. Adapters say

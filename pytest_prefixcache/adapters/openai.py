@@ -103,6 +103,9 @@ class OpenAIEngine:
             Default: ``False`` (a server just started has nothing to empty).
     """
 
+    #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
+    coverage_hints = "server"
+
     def __init__(
         self,
         cmd: Command | None = None,
@@ -188,15 +191,25 @@ class OpenAIEngine:
         self._owner = True  # fresh instances (copies) leave the shared servers alone
         #: The baseline audit starts a new server per audited request (fresh_instance).
         self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        #: Audited requests one fresh server may answer (the audit keeps them from sharing
+        #: anything it could carry); set by the presets of slow servers.
+        self.fresh_instance_share = 1
         self.fresh_instances_missing = (
             "a server given by URL: no fresh server can be started"
             if audit
             else "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)"
         )
-        self.server = self._make(cmd, url)
+        #: Restarts of the cold server that stood in for a reset (it has no reset endpoint).
+        self.restarts_for_cold = 0
+        self.server: Server = ""
         self.cold_server: Server | None = None
-        if cold != "salt":
-            self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
+        try:
+            self.server = self._make(cmd, url)
+            if cold != "salt":
+                self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
+        except BaseException:  # what did start (a server, a fork server) goes now, not at exit
+            self.close()
+            raise
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
@@ -212,6 +225,17 @@ class OpenAIEngine:
         if not self.warm_start:
             self._clean.add(id(proc))
         return proc
+
+    @property
+    def uncached_times_skewed(self) -> str:
+        """Why an uncached run's time is not a cold prefill's ('' when it is): with
+        ``cold="restart"``, or a reset that fell back to restarts, every uncached run starts a
+        server first, so no warm/cold speedup is computed from them."""
+        if self.cold == "restart":
+            return "the uncached runs restart a server (cold='restart')"
+        if self.restarts_for_cold:
+            return "the uncached runs restart a server: it has no cache reset endpoint"
+        return ""
 
     def fresh_instance(self) -> OpenAIEngine:
         """An engine whose every run goes, uncached, to a server started just for it from
@@ -257,14 +281,19 @@ class OpenAIEngine:
         if proc is not None and id(proc) in self._clean:
             return  # started and not used since: nothing to empty
         base = proc.url if proc is not None else str(server)
-        if not reset_caches(
-            base,
-            self.resets,
-            self.timeout,
-            can_restart=proc is not None,
-            tolerated=self.reset_tolerated,
-        ):
+        try:
+            done = reset_caches(
+                base,
+                self.resets,
+                self.timeout,
+                can_restart=proc is not None,
+                tolerated=self.reset_tolerated,
+            )
+        except EngineError as exc:
+            raise EngineError(f"{exc}{proc.log_note() if proc else ''}") from None
+        if not done:
             assert proc is not None
+            self.restarts_for_cold += proc is self.cold_server
             self._start(proc)
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
@@ -380,5 +409,8 @@ class OpenAIEngine:
                 f"POST {base}/v1/chat/completions: {connection_problem(exc, base, proc)}"
             ) from exc
         if status != 200:
-            raise EngineError(f"{base}/v1/chat/completions answered {status}: {str(reply)[:500]}")
+            log = target.log_note() if isinstance(target, ServerProcess) else ""
+            raise EngineError(
+                f"{base}/v1/chat/completions answered {status}: {str(reply)[:500]}{log}"
+            )
         return reply

@@ -27,6 +27,7 @@ from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
     "TAP",
+    "audit_share",
     "from_env",
     "llama_server",
     "mlx_lm_server",
@@ -159,6 +160,7 @@ def vllm_server(
     start_timeout: float = 600.0,
     top_logprobs: int = 20,
     audit: bool = True,
+    audit_share: int = 8,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -172,8 +174,8 @@ def vllm_server(
     server reset through all three reset endpoints). Tolerance: exact (cold and warm were
     bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
     (246 s on a busy 2-core machine: the start timeout is 600 s),
-    and the baseline audit starts one fresh server per audited request (``audit=False``: not
-    audited, a partial verdict).
+    and the baseline audit starts a fresh server for up to ``audit_share`` audited requests
+    that share nothing (``audit=False``: not audited, a partial verdict).
     """
     config = _config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -201,6 +203,7 @@ def vllm_server(
         start_timeout=start_timeout,
         audit=audit,
     )
+    engine.fresh_instance_share = audit_share
     return engine
 
 
@@ -269,7 +272,7 @@ def _json_object(name: str) -> dict[str, Any]:
 
 
 def from_env() -> OpenAIEngine:
-    """An adapter configured by environment variables (used by scripts/seed_engines.sh and
+    """An adapter configured by environment variables (used by engines/seed/run.sh and
     ``--prefixcache-server-cmd``):
 
     ``PREFIXCACHE_SERVER_CMD`` or ``PREFIXCACHE_SERVER_URL``; ``PREFIXCACHE_COLD``
@@ -314,7 +317,7 @@ def from_env() -> OpenAIEngine:
     block = e.get("PREFIXCACHE_BLOCK_SIZE", "").strip()
     if block and not block.isdigit():
         raise EngineError(f"PREFIXCACHE_BLOCK_SIZE={block!r} is not a positive int")
-    return OpenAIEngine(
+    engine = OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
         cold=e.get("PREFIXCACHE_COLD", "reset"),  # type: ignore[arg-type]
@@ -347,3 +350,18 @@ def from_env() -> OpenAIEngine:
         if e.get("PREFIXCACHE_CLAIMS")
         else None,
     )
+    engine.fresh_instance_share = audit_share("PREFIXCACHE_AUDIT_SHARE", "1")
+    return engine
+
+
+def audit_share(name: str, default: str) -> int:
+    """The environment variable ``name`` (audited requests one fresh server may answer), an
+    int >= 1, else an :class:`EngineError` naming it."""
+    value = os.environ.get(name, default)
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise EngineError(f"{name}={value!r} is not an integer >= 1")
+    return n

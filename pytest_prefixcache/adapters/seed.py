@@ -3,7 +3,7 @@ under the logit tap, with any of their serve flags (``seed_server``; a matrix ``
 config passes its flag combination as ``flags``).
 
 The server runs the engine's CLI in its own virtual environment (``python``, default
-``$SEED_DIR/<engine>/bin/python``; ``scripts/seed_engines.sh install`` makes them) on the model
+``$SEED_DIR/<engine>/bin/python``; ``engines/seed/run.sh install`` makes them) on the model
 ``PREFIXCACHE_MODEL`` names (``--prefixcache-model``), else the tiny fixtures: tiny-qwen2-vl
 with ``--mllm``, else tiny-llama (a vision-language model with ``--mllm``, a text one without:
 the other kind is refused). The cold baseline is a second server
@@ -31,7 +31,7 @@ from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
 from .claims import ClaimWatch, sources_from_json
 from .openai import OpenAIEngine
-from .presets import with_split_rule
+from .presets import audit_share, with_split_rule
 from .render import TextRenderer, VlmRenderer
 
 __all__ = [
@@ -176,6 +176,7 @@ def seed_server(
     start_timeout: float = 300.0,
     audit: bool = True,
     claims: bool = True,
+    audit_share: int = 8,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -187,11 +188,13 @@ def seed_server(
     and the API's ``cached_tokens`` is still checked against it): for a run that must get past
     replies whose logprobs miss steps (rapid-mlx 0.16.10 on tiny-qwen3.5: 4 entries for 8
     generated tokens where the text held undecodable bytes), which the claims check fails on a
-    stream's first request."""
+    stream's first request. The baseline audit's fresh server (15-40 s to start) answers up to
+    ``audit_share`` audited requests that share nothing (``SEED_AUDIT_SHARE`` in
+    :func:`from_env`)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
-            f"no {engine} environment at {python}: run 'scripts/seed_engines.sh install "
+            f"no {engine} environment at {python}: run 'engines/seed/run.sh install "
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
@@ -231,13 +234,14 @@ def seed_server(
     # the measured rule where the library's own split prefill is not exact on the family
     # (mlx-vlm's qwen3_5, a last token run alone on gemma3; measured on mlx-lm 0.32.2 and
     # mlx-vlm 0.7.10, the seed engines pin mlx-lm 0.31.3 and mlx-vlm 0.7.10 / 0.7.2)
+    engine_.fresh_instance_share = audit_share
     return with_split_rule(engine_, "mlx-vlm" if images else "mlx-lm", model)
 
 
 def from_env() -> OpenAIEngine:
     """``seed_server`` configured by ``SEED_ENGINE`` and ``SEED_FLAGS`` (a command-line string),
     for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
-    ``scripts/seed_matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
+    ``engines/seed/matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
     ``SEED_CLAIMS=0``: no claim sources (see :func:`seed_server`)."""
     engine = os.environ.get("SEED_ENGINE", "")
     if not engine:
@@ -245,4 +249,5 @@ def from_env() -> OpenAIEngine:
     audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
     claims = os.environ.get("SEED_CLAIMS", "1") != "0"
     flags = shlex.split(os.environ.get("SEED_FLAGS", ""))
-    return seed_server(engine, flags, audit=audit, claims=claims)
+    share = audit_share("SEED_AUDIT_SHARE", "8")
+    return seed_server(engine, flags, audit=audit, claims=claims, audit_share=share)

@@ -30,7 +30,10 @@ from ..errors import EngineError
 from .forkserver import ForkedProcess, ForkServer
 
 __all__ = [
+    "PORT_TAKEN",
+    "START_TRIES",
     "ServerProcess",
+    "absolute_paths",
     "connection_problem",
     "free_port",
     "http_json",
@@ -113,6 +116,32 @@ def connection_problem(exc: OSError, url: str, server: ServerProcess | None = No
     return f"{what} ({state}; its log, {server.log_path}:\n{server.log_tail()})"
 
 
+#: Attempts at starting a server whose picked port was taken before it could bind it.
+START_TRIES = 3
+#: What a server's log says when its port was taken (errno EADDRINUSE's text).
+PORT_TAKEN = "Address already in use"
+
+
+def absolute_paths(argv: Sequence[str], base: str) -> list[str]:
+    """``argv`` with every argument (or ``--option=VALUE``'s value) that is a relative path
+    to something that exists under ``base`` made absolute: a server runs in its private HOME,
+    where the caller's relative paths (``--model fixtures/tiny-llama``) would not resolve.
+    The program itself (``argv[0]``) is left to PATH unless it names a file under ``base``."""
+    out = []
+    for i, arg in enumerate(argv):
+        prefix, value = "", arg
+        if arg.startswith("-"):
+            prefix, sep, value = arg.partition("=")
+            prefix, value = (prefix + sep, value) if sep else (arg, "")
+        if value and not os.path.isabs(value) and "{" not in value:
+            candidate = os.path.join(base, value)
+            is_path = i > 0 or os.sep in value
+            if is_path and os.path.exists(candidate):
+                value = os.path.normpath(candidate)
+        out.append(prefix + value)
+    return out
+
+
 def remove_quietly(path: str) -> None:
     """Remove a file if it exists."""
     if path:
@@ -183,6 +212,9 @@ class ServerProcess:
         self.start_timeout = start_timeout
         self.extra_env = dict(env or {})
         self.forker = forker
+        #: Relative paths in the command are resolved against the caller's directory (the
+        #: server's own working directory is its private HOME).
+        self.base_dir = os.getcwd()
         self.proc: Proc | None = None
         self.port = 0
         self.home = ""
@@ -198,46 +230,74 @@ class ServerProcess:
 
     def log_tail(self, n: int = 30) -> str:
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+            lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
         except OSError:
-            return ""
+            return "(no log)"
+        return "\n".join(lines) or "(the log is empty)"
+
+    def log_note(self) -> str:
+        """The end of an error message about this server: the last lines of its log."""
+        return f"\nthe server's log, {self.log_path}, ends:\n{self.log_tail()}"
 
     def start(self) -> ServerProcess:
-        """Start on a fresh port in a fresh HOME and wait until the health check answers."""
+        """Start on a fresh port in a fresh HOME and wait until the health check answers.
+
+        Everything, retries included, happens within ``start_timeout``: a server that exits
+        because its port was taken between :func:`free_port` and its bind (``Address already
+        in use`` in its log) is started again on another port, at most :data:`START_TRIES`
+        times while time is left; any other failure is raised at once."""
         self.stop()
-        last = ""
-        for _attempt in range(3):  # a picked port can be taken before the server binds it
+        deadline = time.monotonic() + self.start_timeout
+        for attempt in range(1, START_TRIES + 1):
             try:
-                self._start_once()
+                self._start_once(deadline)
                 return self
             except EngineError as exc:
-                last = str(exc)
+                taken = PORT_TAKEN in self.log_tail()
                 self.stop()
-        raise EngineError(last)
+                if not taken or attempt == START_TRIES or time.monotonic() >= deadline:
+                    raise EngineError(str(exc)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    def _start_once(self) -> None:
+    def _start_once(self, deadline: float) -> None:
         self.port = free_port()
         self.home = tempfile.mkdtemp(prefix="prefixcache-server-")
-        env = isolated_env(self.home, self.extra_env)
-        os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
-        if env.get("TMPDIR", "").startswith(self.home):
-            os.makedirs(env["TMPDIR"], exist_ok=True)
         argv = [a.format(port=self.port, python=sys.executable) for a in self.cmd]
-        if self.forker is not None:
-            self.proc = self.forker.spawn(argv, env, cwd=self.home, log=str(self.log_path))
-        else:
-            with open(self.log_path, "wb") as log:
-                self.proc = subprocess.Popen(
-                    argv,
-                    env=env,
-                    cwd=self.home,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
+        try:  # relative paths in the extra environment too (``PREFIXCACHE_SERVER_ENV``)
+            extra = {k: absolute_paths([v], self.base_dir)[0] for k, v in self.extra_env.items()}
+            env = isolated_env(self.home, extra)
+            os.makedirs(env["HF_HUB_CACHE"], exist_ok=True)
+            if env.get("TMPDIR", "").startswith(self.home):
+                os.makedirs(env["TMPDIR"], exist_ok=True)
+            argv = absolute_paths(argv, self.base_dir)
+            if self.forker is not None:
+                self.proc = self.forker.spawn(argv, env, cwd=self.home, log=str(self.log_path))
+            else:
+                with open(self.log_path, "wb") as log:
+                    self.proc = subprocess.Popen(
+                        argv,
+                        env=env,
+                        cwd=self.home,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+        except (OSError, EngineError) as exc:  # no process: nothing to stop, HOME goes now
+            shutil.rmtree(self.home, ignore_errors=True)
+            self.proc = None
+            if isinstance(exc, EngineError):
+                raise
+            hint = ""
+            if isinstance(exc, FileNotFoundError) and os.sep not in argv[0]:
+                hint = (
+                    f" ({argv[0]!r} is not on PATH; a Python module runs as "
+                    "'{python} -m MODULE', with the interpreter running pytest)"
                 )
+            raise EngineError(
+                f"cannot start the server {shlex.join(argv)!r}: {exc}{hint}"
+            ) from None
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.home)
-        deadline = time.monotonic() + self.start_timeout
         pause = 0.005  # a forked server answers within ~0.2 s, a started one within seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -246,7 +306,8 @@ class ServerProcess:
                     f"was ready; log:\n{self.log_tail()}"
                 )
             try:
-                status, _ = http_json("GET", self.url + self.health_path, timeout=5)
+                wait = max(0.05, min(5.0, deadline - time.monotonic()))
+                status, _ = http_json("GET", self.url + self.health_path, timeout=wait)
                 if status == 200:
                     return
             except OSError:
@@ -255,7 +316,7 @@ class ServerProcess:
             pause = min(2 * pause, 0.1)
         raise EngineError(
             f"server {shlex.join(argv)!r} did not answer {self.health_path} within "
-            f"{self.start_timeout:g} s; log:\n{self.log_tail()}"
+            f"{self.start_timeout:g} s (PREFIXCACHE_START_TIMEOUT); log:\n{self.log_tail()}"
         )
 
     def alive(self) -> bool:

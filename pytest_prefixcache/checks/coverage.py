@@ -31,6 +31,7 @@ __all__ = [
     "NO_LOGPROBS",
     "NO_TAP",
     "REQUIRED",
+    "SERVER_HINTS",
     "UNCLAIMED",
     "claims_coverage",
     "coverage_lines",
@@ -87,6 +88,37 @@ HINTS = {
     "compared with what the model computed",
     "engine from a conftest.py fixture": "name the engine's factory with "
     "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
+}
+
+
+#: What a server user can set instead (``--prefixcache-server-cmd`` and the ``PREFIXCACHE_*``
+#: variables of the README), by reason: a server user cannot change what ``run()`` returns.
+TAP_HINT = (
+    "run the server under the logit tap (PREFIXCACHE_TAP_SERVER=1 and a command "
+    "'{python} -m pytest_prefixcache.tap MODULE:FUNC ...')"
+)
+SERVER_HINTS = {
+    "no token_ids": "set PREFIXCACHE_RENDER=text:DIR or vlm:DIR (render the prompt locally "
+    "with the model directory), or PREFIXCACHE_PROMPT_IDS=reply or tokenize where the server "
+    "returns them (PREFIXCACHE_EXTENSIONS=1 for the reference server)",
+    "no cached_tokens": "the replies carry no usage.prompt_tokens_details.cached_tokens: "
+    + TAP_HINT,
+    "no image_spans": "set PREFIXCACHE_RENDER=vlm:DIR, or PREFIXCACHE_IMAGE_TOKEN_ID with "
+    "PREFIXCACHE_PROMPT_IDS; a server without images: PREFIXCACHE_TEXT_ONLY=1",
+    "no merges": "a server reports no vision merges (the reference server does with "
+    "PREFIXCACHE_EXTENSIONS=1): PREFIXCACHE_TEXT_ONLY=1 sends no images, or "
+    "--prefixcache-allow-partial accepts it",
+    "no step_logits": "the replies carry no logprobs for every decode step: " + TAP_HINT,
+    "step_logits on one side only": "the replies carry no logprobs for every decode step on "
+    "one of the two servers: " + TAP_HINT,
+    "nothing compared": "the replies carry no logprobs (ask with PREFIXCACHE_TOP_LOGPROBS), "
+    "or " + TAP_HINT,
+    "a server given by URL: no fresh server can be started": "give the server's command "
+    "(--prefixcache-server-cmd or PREFIXCACHE_SERVER_CMD) so that fresh servers can "
+    "recompute uncached requests, or accept partial coverage",
+    "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)": "drop "
+    "PREFIXCACHE_AUDIT=0",
+    NO_TAP: TAP_HINT,
 }
 
 
@@ -176,12 +208,13 @@ def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
     return ["coverage (requests each check ran on / that concern it):", *out] if out else []
 
 
-def gap_lines(gaps: Mapping[str, Mapping[str, int]]) -> list[str]:
+def gap_lines(gaps: Mapping[str, Mapping[str, int]], *, server: bool = False) -> list[str]:
     """For every required check that could not run: on how many requests, why, and what the
-    engine must return to enable it."""
+    engine must return to enable it (``server``: what a server's user can set instead)."""
+    hints = {**HINTS, **SERVER_HINTS} if server else HINTS
     return [
         f"  {check}: {n} request(s) with {reason}"
-        + (f": {HINTS[reason]}" if reason in HINTS else "")
+        + (f": {hints[reason]}" if reason in hints else "")
         for check, reasons in gaps.items()
         for reason, n in reasons.items()
     ]

@@ -1,6 +1,7 @@
 """The timing checks: the opt-in floor on the speedup of cache hits
-(``--prefixcache-min-speedup``), and the timing side channel: does time to first token reveal
-another namespace's cached prefix?
+(``--prefixcache-min-speedup``), and the judgement of the timing side channel: does time to
+first token reveal another namespace's cached prefix? (The measurement, which drives an
+engine, is :mod:`pytest_prefixcache.verify.isolation`'s.)
 
 Following Gu et al., "Auditing Prompt Caching in Language Model APIs" (ICML 2025), bug zoo
 class 24 (CVE-2025-46570). Each sample uses fresh random prompts:
@@ -19,50 +20,29 @@ The KS test is implemented here with numpy (scipy is not a dependency).
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from ..errors import VerificationFailure
-from ..types import Engine, Message, Outcome, Request
 from .problem import Problem
 
 __all__ = [
     "ALPHA",
-    "SAMPLES",
     "SPEEDUP_MIN_SECONDS",
-    "WORDS",
     "IsolationFailure",
     "IsolationResult",
     "KSResult",
-    "TimedRun",
-    "audit",
     "ks_2samp",
     "speedup_problem",
-    "timed",
 ]
 
 #: Significance level of both KS tests.
 ALPHA = 1e-3
-#: Timed requests per group (candidate, fresh, control hit, control miss).
-SAMPLES = 30
-#: Words per prompt: long enough that a cache hit is clearly faster than a prefill.
-WORDS = 80
 #: --prefixcache-min-speedup applies to a stream only when its cache hits took this long cold.
 SPEEDUP_MIN_SECONDS = 0.02
-_WARMUP = 3
-_VOCAB = (
-    "amber basalt cedar delta ember fjord granite harbor island juniper kestrel lagoon meadow "
-    "nectar orchid pebble quartz raven saffron tundra umber valley willow xenon yarrow zephyr "
-    "anchor beacon canyon dune estuary falcon glacier heron inlet jasper kelp lantern marble "
-    "nimbus oasis prairie quiver reef summit thistle upland vortex wharf yonder zenith"
-).split()
-
-TimedRun = Callable[[Request], tuple[Outcome, float]]
-"""Runs a request with the cache on and returns its outcome and seconds to first token."""
 Verdict = Literal["pass", "leak", "inconclusive"]
 
 
@@ -160,87 +140,6 @@ class IsolationResult:
                 f"cached_tokens reported for another namespace's prefix: max {max(reported)}"
             )
         return out
-
-
-def timed(engine: Engine) -> TimedRun:
-    """A :data:`TimedRun` that calls ``engine.run(request, use_cache=True)`` directly."""
-
-    def run(request: Request) -> tuple[Outcome, float]:
-        start = time.perf_counter()
-        out = engine.run(request, use_cache=True)
-        return out, time.perf_counter() - start
-
-    return run
-
-
-def _prompt(rng: np.random.Generator, words: int) -> str:
-    return " ".join(_VOCAB[i] for i in rng.integers(0, len(_VOCAB), size=words))
-
-
-def _request(text: str, namespace: str) -> Request:
-    return Request((Message("user", (text,)),), namespace=namespace)
-
-
-def audit(
-    run: TimedRun,
-    *,
-    samples: int = SAMPLES,
-    words: int = WORDS,
-    alpha: float = ALPHA,
-    seed: int = 0,
-    reset: Callable[[], object] | None = None,
-) -> IsolationResult:
-    """Measure time to first token across namespaces and within one (the positive control).
-
-    Args:
-        run: runs one request with the cache on; returns the outcome and its seconds.
-        samples: timed requests per group. Default: ``SAMPLES``.
-        words: words per prompt. Default: ``WORDS``.
-        alpha: significance level. Default: ``ALPHA``.
-        seed: seed of the prompts and of the order within each sample. Default: ``0``.
-        reset: called first and last (the engine's ``reset``), if given. Default: ``None``.
-    """
-    if samples < 2 or words < 1 or not 0 < alpha < 1:
-        raise ValueError(f"need samples >= 2, words >= 1, 0 < alpha < 1: {samples=} {words=} "
-                         f"{alpha=}")  # fmt: skip
-    rng = np.random.default_rng(seed)
-    if reset is not None:
-        reset()
-    for i in range(_WARMUP):
-        run(_request(_prompt(rng, words), f"warmup-{i}"))
-    candidate: list[float] = []
-    fresh: list[float] = []
-    hit: list[float] = []
-    miss: list[float] = []
-    cached: list[int | None] = []
-    for _ in range(samples):
-        shared, other, own, new = (_prompt(rng, words) for _ in range(4))
-        run(_request(shared, "A"))  # the victim caches a prefix
-        run(_request(own, "A"))
-        order = rng.permutation(4)
-        for k in order:
-            if k == 0:
-                out, t = run(_request(shared, "B"))
-                candidate.append(t)
-                cached.append(out.cached_tokens)
-            elif k == 1:
-                fresh.append(run(_request(other, "B"))[1])
-            elif k == 2:
-                hit.append(run(_request(own, "A"))[1])
-            else:
-                miss.append(run(_request(new, "A"))[1])
-    if reset is not None:
-        reset()
-    return IsolationResult(
-        cross=ks_2samp(candidate, fresh),
-        control=ks_2samp(hit, miss),
-        candidate=tuple(candidate),
-        fresh=tuple(fresh),
-        control_hit=tuple(hit),
-        control_miss=tuple(miss),
-        candidate_cached=tuple(cached),
-        alpha=alpha,
-    )
 
 
 def speedup_problem(warm: float, cold: float, speedup: float) -> Problem | None:

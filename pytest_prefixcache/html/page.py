@@ -30,16 +30,16 @@ def _seconds(x: float) -> str:
 
 
 def verdict(report: Report) -> tuple[str, str]:
-    """``(css class, text)``, from the report's own verdict: fail on any failure or engine
-    error, empty when nothing ran, partial or incomplete when a check could not run."""
-    if report.failures or report.engine_error or report.verdict == "fail":
+    """``(css class, text)``, from the report's own verdict: ERROR when the engine could not
+    be built, fail on any failure, empty when nothing ran, partial or incomplete when a check
+    could not run."""
+    if report.engine_error or report.verdict == "error":
+        return "fail", "ERROR: the engine could not be built"
+    if report.failures or report.verdict == "fail":
         n = len(report.failures)
         if n:
             return "fail", f"FAIL: {n} failure{'s' if n != 1 else ''}"
-        return (
-            "fail",
-            "FAIL: engine error" if report.engine_error else "FAIL: see the configurations",
-        )
+        return "fail", "FAIL: see the configurations"
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
     gaps = ", ".join(report.not_checked) or "see the configurations"

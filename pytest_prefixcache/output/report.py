@@ -85,6 +85,9 @@ class Report:
     """Engine time of the cached runs that hit the cache."""
     cold_seconds: float = 0.0
     """Engine time of the uncached runs of the same requests."""
+    speedup_not_measured: str = ""
+    """Why no warm/cold time was compared (the engine's ``uncached_times_skewed``: e.g. its
+    uncached runs restart a server), else empty."""
     failures: list[FailureRecord] = field(default_factory=list)
     records: list[RequestRecord] = field(default_factory=list)
     records_dropped: int = 0
@@ -92,6 +95,9 @@ class Report:
     """pytest-xdist workers merged into this report (0: the run was not distributed)."""
     engine_error: str = ""
     """Why the engine could not be built, when it could not."""
+    server: bool = False
+    """The engine is an OpenAI-compatible server (its ``coverage_hints`` is ``"server"``):
+    the verdict's advice names the ``PREFIXCACHE_*`` settings, not Outcome fields."""
     coverage: dict[str, dict[str, int]] = field(default_factory=dict)
     """check -> {"applied": requests it applied to, reason: requests it could not run on}."""
     allow_partial: bool = False
@@ -127,13 +133,15 @@ class Report:
     @property
     def verdict(self) -> str:
         """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
-        ``fail`` (a failure, or the engine could not be built) or ``incomplete`` (no request
-        was verified, or a correctness check could not run and partial coverage was not
-        accepted). A matrix run's is the worst of its configurations' (an engine that could not
-        be built counts as fail)."""
+        ``fail`` (a failure), ``error`` (the engine could not be built: nothing was verified)
+        or ``incomplete`` (no request was verified, or a correctness check could not run and
+        partial coverage was not accepted). A matrix run's is the worst of its
+        configurations'."""
         if self.configs:
-            return worst(c["verdict"] for c in self.configs).replace("error", "fail")
-        if self.failures or self.engine_error:
+            return worst(c["verdict"] for c in self.configs)
+        if self.engine_error:
+            return "error"
+        if self.failures:
             return "fail"
         if self.requests == 0:
             return "incomplete"
@@ -148,6 +156,7 @@ class Report:
         word = {
             "pass": "PASS",
             "fail": "FAIL",
+            "error": "ERROR: the engine could not be built (exit code 2)",
             "partial": f"PASS (partial: not checked on every request: {names})",
             "incomplete": "INCOMPLETE: "
             + (
@@ -159,7 +168,7 @@ class Report:
         }[self.verdict]
         if self.configs:
             return [*config_lines(self.configs), f"verdict: {word} (the worst configuration's)"]
-        return [f"verdict: {word}", *gap_lines(gaps)]
+        return [f"verdict: {word}", *gap_lines(gaps, server=self.server)]
 
     @property
     def efficiency(self) -> float | None:
@@ -223,7 +232,9 @@ class Report:
             out.append(side_by_side)
         if self.engine_error:
             out.insert(1, f"engine could not be built: {self.engine_error}")
-        if self.warm_seconds > 0:
+        if self.speedup_not_measured:
+            out.append(f"time on cache hits: no speedup computed ({self.speedup_not_measured})")
+        elif self.warm_seconds > 0:
             out.append(
                 f"time on cache hits: {self.warm_seconds:.2f} s warm vs {self.cold_seconds:.2f} s "
                 f"cold (speedup {self.cold_seconds / self.warm_seconds:.2f}x)"
@@ -268,6 +279,8 @@ class Report:
             self.add_record(r if r.worker else replace(r, worker=worker))
         self.workers += 1 if worker else other.workers
         self.engine_error = self.engine_error or other.engine_error
+        self.speedup_not_measured = self.speedup_not_measured or other.speedup_not_measured
+        self.server = self.server or other.server
         self.model = self.model or other.model
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
@@ -304,7 +317,9 @@ class Report:
             "steps_aligned": self.steps_aligned,
             "warm_seconds": self.warm_seconds,
             "cold_seconds": self.cold_seconds,
+            "speedup_not_measured": self.speedup_not_measured,
             "engine_error": self.engine_error,
+            "server": self.server,
             "failures_by_check": self.failures_by_check,
             "verdict": self.verdict,
             "findings": self.findings,

@@ -16,7 +16,7 @@ from ..output.streams import save_stream
 from ..types import Request
 from .slots import CONFIG_PARAM, slot_of
 
-__all__ = ["FailedTests", "is_flaky", "record", "verification_failures"]
+__all__ = ["ENGINE_ERROR", "FailedTests", "is_flaky", "record", "verification_failures"]
 
 
 def verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
@@ -66,21 +66,49 @@ def record(
         report.sections.append(("prefixcache replay", command))
 
 
+#: The user property of a test report whose setup failed because the engine could not be
+#: built (its value: why). Under pytest-xdist every worker builds its own engine.
+ENGINE_ERROR = "prefixcache_engine_error"
+
+
 class FailedTests:
     """Remembers every failed test (on the controller, crashed xdist workers included): one
-    without a recorded verification failure becomes an "error" record of the report."""
+    without a recorded verification failure becomes an "error" record of the report, with its
+    traceback. An engine that could not be built is one error: under pytest-xdist, the same
+    error from another worker (or configuration's test) is reported as a skip."""
 
     def __init__(self) -> None:
         self.lines: dict[str, str] = {}
+        self.texts: dict[str, str] = {}
+        """nodeid -> the failure's full text (its traceback)."""
         self.configs: dict[str, str] = {}
         """nodeid -> the matrix configuration of the failed test."""
+        self._engine_errors: set[str] = set()
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.failed:
-            name = dict(report.user_properties).get(CONFIG_PARAM)
-            if name is not None:
-                self.configs[report.nodeid] = str(name)
-            crash = getattr(report.longrepr, "reprcrash", None)
-            text = getattr(crash, "message", None) or str(report.longrepr).strip()
-            line = (text.splitlines() or [""])[-1 if crash is None else 0][:300]
-            self.lines.setdefault(report.nodeid, f"{report.when}: {line}")
+        if not report.failed:
+            return
+        props = dict(report.user_properties)
+        name = props.get(CONFIG_PARAM)
+        why = props.get(ENGINE_ERROR)
+        if why is not None:
+            key = f"{name}\n{why}"
+            if key in self._engine_errors:  # already shown once (another xdist worker)
+                _as_skip(report, f"the engine could not be built (the error above): {why}")
+                return
+            self._engine_errors.add(key)
+        if name is not None:
+            self.configs[report.nodeid] = str(name)
+        crash = getattr(report.longrepr, "reprcrash", None)
+        text = getattr(crash, "message", None) or str(report.longrepr).strip()
+        line = (text.splitlines() or [""])[-1 if crash is None else 0][:300]
+        self.lines.setdefault(report.nodeid, f"{report.when}: {line}")
+        self.texts.setdefault(report.nodeid, report.longreprtext[:MAX_MESSAGE])
+
+
+def _as_skip(report: pytest.TestReport, reason: str) -> None:
+    """Turn a failed setup report into a skip (before the terminal and JUnit see it)."""
+    path, lineno, _ = report.location
+    report.outcome = "skipped"
+    report.longrepr = (str(path), (lineno or 0) + 1, f"Skipped: {reason.splitlines()[0][:200]}")

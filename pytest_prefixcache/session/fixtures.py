@@ -28,7 +28,7 @@ from ..checks.references import CacheDesign
 from ..errors import EngineError
 from ..images import ImageFactory
 from ..types import Engine, Request, ShortRepr
-from ..verify.audit import Audit
+from ..verify.audit import Audit, fresh_share
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
 from .settings import DEFAULT_ENGINE, Settings
@@ -147,10 +147,11 @@ def load_engine_with_audit(
     if getattr(engine, "supports_fresh_instances", True) is False:
         why = getattr(engine, "fresh_instances_missing", None)
         return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
+    share = fresh_share(engine)
     fresh = getattr(engine, "fresh_instance", None)  # cheaper than the factory (one server)
     if callable(fresh):
-        return engine, Audit(fresh)
-    return engine, Audit(functools.partial(_build, spec, obj, kwargs))
+        return engine, Audit(fresh, share=share)
+    return engine, Audit(functools.partial(_build, spec, obj, kwargs), share=share)
 
 
 @pytest.fixture(scope="session")
@@ -172,6 +173,7 @@ def prefixcache_settings(prefixcache_config: Slot) -> Settings:
 @pytest.fixture(scope="session")
 def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) -> Iterator[Engine]:
     """The engine under test (override this fixture in conftest.py to build your own)."""
+    __tracebackhide__ = True  # an engine that cannot be built shows its error, not this code
     slot = prefixcache_config
     s = slot.settings
     kwargs = {} if slot.target is None else slot.target.factory_kwargs()
@@ -187,20 +189,36 @@ def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) ->
         slot.report.engine_error = str(exc)
         raise
     if res.error is not None:
-        if isinstance(res.error, EngineError):
-            error = EngineError(str(res.error))
-        else:
-            kind = type(res.error).__name__
-            error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
-        slot.report.engine_error = str(error)  # the CLI exits 2 on this
-        raise error from res.error
+        # one error for the session: the first test that needs the engine shows it, the
+        # others are skipped (plugin.pytest_runtest_setup), and the run exits 2
+        if isinstance(res.error, EngineError):  # our own words (a server's log included)
+            slot.report.engine_error = str(res.error)
+            raise EngineError(str(res.error)) from None
+        kind = type(res.error).__name__
+        error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
+        slot.report.engine_error = str(error)
+        raise error from _without_our_frames(res.error)
     engine, audit = res.value
     slot.built = (engine, audit)
+    slot.report.server = getattr(engine, "coverage_hints", "") == "server"
     yield engine
+    if slot.worker.dead is None:  # the audit's held fresh instance (fresh_instance_share)
+        slot.worker.call(audit.close, timeout=s.timeout, what="closing the audit's instance")
     close = getattr(engine, "close", None)
     if slot.target is not None and callable(close) and slot.worker.dead is None:
         # a matrix configuration's engine (its servers) goes before the next one starts
         slot.worker.call(close, timeout=s.timeout, what="engine.close()")
+
+
+def _without_our_frames(exc: BaseException) -> BaseException:
+    """``exc`` with the plugin's own leading frames (the worker thread, the loader) dropped
+    from its traceback, so that it starts in the user's factory; unchanged when every frame
+    is the plugin's."""
+    package = str(Path(__file__).resolve().parent.parent)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(package):
+        tb = tb.tb_next
+    return exc if tb is None else exc.with_traceback(tb)
 
 
 def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = None) -> Verifier:

@@ -240,20 +240,9 @@ class Settings:
             out.append(f"--prefixcache-model={self.model_name}")
         if self.server_body is not None and self.matrix is None:
             out.append(f"--prefixcache-server-body={self.server_body}")
-        if self.atol:
-            out.append(f"--prefixcache-atol={self.atol:g}")
-        if self.rtol:
-            out.append(f"--prefixcache-rtol={self.rtol:g}")
-        if self.kl is not None:
-            out.append(f"--prefixcache-kl={self.kl:g}")
-        if self.min_efficiency is not None:
-            out.append(f"--prefixcache-min-efficiency={self.min_efficiency:g}")
-        if self.min_speedup is not None:
-            out.append(f"--prefixcache-min-speedup={self.min_speedup:g}")
-        if self.strict_render:
-            out.append("--prefixcache-strict-render")
-        if self.timeout != DEFAULT_TIMEOUT:
-            out.append(f"--prefixcache-timeout={self.timeout:g}")
+        from .option_table import replay_flags  # the table imports this module's validators
+
+        out += replay_flags(self)
         return out
 
     @property

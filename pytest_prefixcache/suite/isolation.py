@@ -1,8 +1,9 @@
 """The timing side-channel test that ``--prefixcache-isolation`` adds to the suite.
 
-See :mod:`pytest_prefixcache.checks.timing`: time to first token must not reveal whether another
-namespace cached a prefix, and the same measurement within one namespace must (the positive
-control), else the result is inconclusive and the test is skipped.
+See :mod:`pytest_prefixcache.verify.isolation` (the measurement) and
+:mod:`pytest_prefixcache.checks.timing` (the verdict): time to first token must not reveal
+whether another namespace cached a prefix, and the same measurement within one namespace
+must (the positive control), else the result is inconclusive and the test is skipped.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_prefixcache.checks.timing import IsolationFailure, audit
+from pytest_prefixcache.checks.timing import IsolationFailure
 from pytest_prefixcache.errors import EngineFault, EngineTimeout
 from pytest_prefixcache.session.settings import Settings
 from pytest_prefixcache.types import Outcome, Request
+from pytest_prefixcache.verify.isolation import audit
 from pytest_prefixcache.verify.verifier import Verifier
 from pytest_prefixcache.verify.worker import CallTimedOut
 

@@ -16,8 +16,14 @@ See :mod:`pytest_prefixcache.checks.baseline` for why. The sample, where bugs hi
 A next turn that only adds images is not sampled. The caps keep the default run's cost in
 bounds (``benchmarks/verify_throughput.py --audit-cost``). The coverage row counts audited
 requests against all of them: the others are "not in the audit's sample", which is not a gap.
+
 Each audited request gets a new engine object, so nothing an earlier request left behind can
-leak into it.
+leak into it; unless the engine declares ``fresh_instance_share = N`` (a server that takes
+15-40 s to start): then one fresh instance answers up to N audited requests that share
+nothing it could carry from one to the next (up to ``HELD`` instances are kept at once, and a
+request goes to the first one it shares nothing with; :func:`shares_nothing`: no image, and
+other first messages, so the prompts part inside the first message). A separate namespace
+would not do: the caches the audit exists to catch may ignore namespaces.
 """
 
 from __future__ import annotations
@@ -28,16 +34,28 @@ from dataclasses import dataclass, field, replace
 from ..checks import Comparison, Problem, Tolerance, fault_problems, fresh_problems, fresh_verdict
 from ..checks.baseline import CHECK
 from ..checks.coverage import APPLIED, NOT_SAMPLED
+from ..errors import EngineError
 from ..output.report import Report
 from ..types import Engine, Outcome, Request
 
-__all__ = ["REPEATED_PER_STREAM", "REPLACED_PER_STREAM", "Audit", "rearrangement"]
+__all__ = [
+    "HELD",
+    "REPEATED_PER_STREAM",
+    "REPLACED_PER_STREAM",
+    "Audit",
+    "fresh_share",
+    "rearrangement",
+    "shares_nothing",
+]
 
 
 #: Requests that replace an earlier request's images audited per stream (the first ones).
 REPLACED_PER_STREAM = 2
 #: Requests that repeat an earlier request's image list exactly, audited per stream.
 REPEATED_PER_STREAM = 1
+#: Fresh instances kept at once for their share (``fresh_instance_share`` > 1): a request
+#: goes to the first one it shares nothing with.
+HELD = 4
 
 
 def rearrangement(images: tuple[str, ...], before: tuple[str, ...]) -> str | None:
@@ -56,6 +74,28 @@ def rearrangement(images: tuple[str, ...], before: tuple[str, ...]) -> str | Non
     return None
 
 
+def shares_nothing(request: Request, earlier: Request) -> bool:
+    """True when a fresh instance that answered ``earlier`` (uncached) can carry nothing into
+    ``request`` that would change its answer: no image in common, and other first messages,
+    so the two prompts part inside the first message (after the chat template's opening and
+    at most a few words)."""
+    if {i.digest for i in request.images} & {i.digest for i in earlier.images}:
+        return False
+    return request.messages[0] != earlier.messages[0]
+
+
+def fresh_share(engine: object) -> int:
+    """The engine's ``fresh_instance_share`` (audited requests one fresh instance may answer;
+    default 1), checked: an int >= 1."""
+    n = getattr(engine, "fresh_instance_share", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise EngineError(
+            f"{type(engine).__name__}.fresh_instance_share = {n!r}: must be an int >= 1 (how "
+            "many audited requests one fresh instance may answer)"
+        )
+    return n
+
+
 Call = Callable[[str, Callable[[], object]], object]
 """Runs an engine call on the verifier's worker under its timeout: (what, fn) -> result."""
 
@@ -68,8 +108,14 @@ class Audit:
     """Builds a fresh instance of the engine (None: the baseline cannot be audited)."""
     missing: str = "engine given as an instance"
     """Why there is no ``fresh`` (the coverage table shows it)."""
+    share: int = 1
+    """Audited requests one fresh instance may answer (:func:`shares_nothing` between them)."""
+    built: int = 0
+    """Fresh instances built so far."""
     _earlier: list[tuple[str, ...]] = field(default_factory=list)
     _spent: dict[str, int] = field(default_factory=dict)
+    _held: list[tuple[object, list[Request]]] = field(default_factory=list)
+    """Fresh instances kept for their share: each with the requests it answered."""
 
     def reset(self) -> None:
         """A new stream begins."""
@@ -112,17 +158,17 @@ class Audit:
         if not (sampled or comparison.problems):
             report.count(CHECK, NOT_SAMPLED)
             return []
-        engine = call("building a fresh instance of the engine", self.fresh)
+        engine, served = self._instance(request, call)
         run = engine.run  # type: ignore[attr-defined]
         try:
             fresh = call(
                 f"a fresh instance's run(request {index}, use_cache=False)",
                 lambda: run(request, use_cache=False),
             )
-        finally:  # a fresh server, say, is stopped as soon as it has answered
-            close = getattr(engine, "close", None)
-            if callable(close):
-                close()
+        finally:  # a fresh server, say, is stopped as soon as it has answered its share
+            served.append(request)
+            if len(served) >= self.share:
+                self._close(engine)
         faults = fault_problems(fresh, request)
         if faults:
             return [replace(p, headline="fresh instance: " + p.headline) for p in faults]
@@ -134,3 +180,28 @@ class Audit:
             line = fresh_verdict(cached, fresh, tol)
             comparison.problems[0] = replace(first, details=(*first.details, line))
         return problems
+
+    def _instance(self, request: Request, call: Call) -> tuple[object, list[Request]]:
+        """A held fresh instance none of whose requests shares anything with ``request``,
+        else a new one (the oldest held one stopped when ``HELD`` are kept)."""
+        for held in self._held:
+            if all(shares_nothing(request, r) for r in held[1]):
+                return held
+        if len(self._held) >= HELD:
+            self._close(self._held[0][0])
+        assert self.fresh is not None
+        engine = call("building a fresh instance of the engine", self.fresh)
+        self.built += 1
+        self._held.append((engine, []))
+        return self._held[-1]
+
+    def _close(self, engine: object) -> None:
+        self._held = [h for h in self._held if h[0] is not engine]
+        close = getattr(engine, "close", None)
+        if callable(close):
+            close()
+
+    def close(self) -> None:
+        """Stop every held fresh instance (when the session ends)."""
+        while self._held:
+            self._close(self._held[0][0])

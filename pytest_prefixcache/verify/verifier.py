@@ -192,7 +192,11 @@ class Verifier(ShortRepr):
             ctx,
         )
         cold = self._seconds  # before the audit's calls set it again
-        if cached.cached_tokens:
+        skewed = getattr(self.engine, "uncached_times_skewed", "")
+        if skewed:  # e.g. a server restarted for every uncached run: no speedup to compute
+            self.report.speedup_not_measured = str(skewed)
+            self.report.warm_seconds = self.report.cold_seconds = 0.0  # nor shown anywhere
+        elif cached.cached_tokens:
             self._warm += warm
             self._cold += cold
             self.report.warm_seconds += warm

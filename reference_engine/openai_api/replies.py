@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from pytest_prefixcache.adapters.chat import log_softmax
 from pytest_prefixcache.types import Outcome
 
 __all__ = [
@@ -29,10 +28,19 @@ __all__ = [
     "extension",
     "extension_field",
     "generated",
+    "log_softmax",
     "reply_id",
     "text_logprobs",
     "usage",
 ]
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float32 log-softmax over the last axis (float64 accumulation), as the plugin's adapters
+    compute it from a server's logits."""
+    x = np.asarray(logits, dtype=np.float64)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return (shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))).astype(np.float32)
 
 
 @dataclass(frozen=True)

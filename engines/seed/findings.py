@@ -1,0 +1,178 @@
+"""The findings of the seed engines' flag combinations, and their table (used by
+seed_engines.sh); the row, checks and counterexample helpers are shared with the llama and vLLM
+findings modules.
+
+A run of ``engines/seed/run.sh verify ENGINE...`` leaves in ``$SEED_DIR/reports/``: a run
+directory ``run-<engines>/`` with ``suite.json`` (the plugin's JSON report of the matrix run of
+engines/seed/matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
+request of a combination, the reuse the API reported and the reuse the logit tap saw) and the
+failures' saved streams; per combination, ``<engine>-<labels>/checks.xml`` (JUnit XML of
+engines/seed/test_seed_engines.py) and ``checks.jsonl``.
+
+    python engines/seed/findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
+                                        writes REPORTS/<engine>-<labels>/row.json per combination
+    python engines/seed/findings.py table REPORTS                 prints the Markdown table
+    python engines/seed/findings.py save REPORTS CORPUS           copies each failure's shrunk
+                                                                   counterexample into CORPUS
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
+from lab import findings as common  # noqa: E402
+from lab.findings import (  # noqa: E402 (after the path)
+    _entries,
+    _failures,
+    _prefill,
+    _short,
+    engine_main,
+    junit_outcomes,
+    mode_checks,
+    mode_flags,
+    save,
+    suite_row,
+)
+
+__all__ = ["engine_main", "mode_checks", "row", "save", "table"]
+
+#: The targeted check whose failures are claims disagreements (its own table column).
+CLAIMS_TEST = "test_claims_agree_with_the_tap"
+
+
+def known() -> dict[tuple[str, str, str], str]:
+    """engines/seed/test_seed_engines.py's xfail reasons, by (engine, mode, test)."""
+    sys.path.insert(0, str(HERE))
+    import test_seed_engines
+
+    return dict(test_seed_engines.KNOWN)
+
+
+def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
+    """``junit_outcomes`` against engines/seed/test_seed_engines.py's strict xfails."""
+    reasons = known()
+    return junit_outcomes(
+        path,
+        lambda name: (
+            (engine, mode, name) in reasons or (engine, mode, name.split("[")[0]) in reasons
+        ),
+    )
+
+
+def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]:
+    """A mode's row from its directory's suite.json, tap.jsonl and checks.xml."""
+    return common.row(
+        directory, engine, version, mode, checks(directory / "checks.xml", engine, mode)
+    )
+
+
+def matrix_rows(
+    reports: Path, run: Path, matrix: Path, versions: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One row per configuration of the matrix run in ``run`` (its suite.json, its tap/
+    logs), written to ``reports/<engine>-<labels>/row.json`` with the combination's flags and
+    its place in ``matrix``."""
+    from pytest_prefixcache.adapters.seed import slug as tap_name
+    from pytest_prefixcache.session.matrix_file import read_matrix
+
+    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    suite = json.loads((run / "suite.json").read_text())
+    rows = []
+    for config in suite.get("configs", []):
+        order, target = targets[config["name"]]
+        engine = str(target.args["engine"])
+        mode = config["name"].partition("[")[2].rstrip("]")
+        directory = reports / f"{engine}-{mode}"
+        directory.mkdir(parents=True, exist_ok=True)
+        tap = run / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
+        outcomes = checks(directory / "checks.xml", engine, mode)
+        r = suite_row(config, directory, engine, versions[engine], mode, outcomes, tap)
+        r.update(order=order, flags=shlex.join(target.flags))
+        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+        rows.append(r)
+    return rows
+
+
+def _is_claim(f: dict[str, Any]) -> bool:
+    return f["check"] == "claims" and "per-step logprobs" not in f["summary"]
+
+
+def _is_step(f: dict[str, Any]) -> bool:
+    return f["check"] == "claims" and "per-step logprobs" in f["summary"]
+
+
+def _claims(r: dict[str, Any], corpus_link: str) -> str:
+    text = _entries(r, corpus_link, _is_claim)
+    targeted = r["checks"].get(CLAIMS_TEST, "")
+    if targeted.startswith(("failed", "xfailed")):
+        outcome = targeted.split(":")[0]
+        text += ("<br>" if text else "") + f"targeted checks: `{CLAIMS_TEST}` {outcome}"
+    checked = r.get("claims_checked") or 0
+    return text or f"none ({checked:,} figures checked)"
+
+
+def _steps(r: dict[str, Any], corpus_link: str) -> str:
+    text = _entries(r, corpus_link, _is_step)
+    if text:
+        return text
+    if not r.get("steps_aligned"):
+        return "n/a: the API returned no per-step logprobs"
+    return f"none ({r['steps_aligned']:,} steps aligned)"
+
+
+def _rows(reports: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(p.read_text()) for p in reports.glob("*/row.json")]
+    return sorted(rows, key=lambda r: (r["engine"] != "vllm-mlx", r.get("order", 0), r["mode"]))
+
+
+def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
+    lines = [
+        "| engine, version | flags | requests | efficiency vs oracle | prefilled, reported / "
+        "really (tap) | worst diff | claims disagreements | per-step misalignments | "
+        "other failures |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in _rows(reports):
+        flags = mode_flags(r["engine"], r["mode"], r.get("flags"))
+        head = f"| {r['engine']} {r['version']} | {flags} |"
+        if not r["suite_ran"]:
+            why = r.get("engine_error") or "the suite did not run"
+            lines.append(f"{head} {_short(str(why))} | | | | | | |")
+            continue
+        eff = r["efficiency"]
+        eff_text = "n/a" if eff is None else f"{100 * eff:.1f}%"
+        eff_text += f" ({r['reused_tokens']:,} of {r['oracle_tokens']:,})"
+        other = _failures(r, corpus_link, lambda check: check in ("claims", CLAIMS_TEST))
+        lines.append(
+            f"{head} {r['requests']} ({r['cache_hits']} hits) | {eff_text} | "
+            f"{_prefill(r['tap'])} | {r['worst_diff']:g} | {_claims(r, corpus_link)} | "
+            f"{_steps(r, corpus_link)} | {other} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 4 and argv[0] == "matrix":
+        versions = dict(v.split("=", 1) for v in argv[4:])
+        for r in matrix_rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), versions):
+            print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
+        return 0
+    if len(argv) == 2 and argv[0] == "table":
+        print(table(Path(argv[1])))
+        return 0
+    if len(argv) == 3 and argv[0] == "save":
+        for name in save(Path(argv[1]), Path(argv[2])):
+            print(f"saved {Path(argv[2]) / name}")
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
