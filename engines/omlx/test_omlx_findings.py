@@ -26,7 +26,8 @@ def findings() -> ModuleType:
 
 
 def config(name: str, failures: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    row = {"name": name, "verdict": "fail" if failures else "partial", "requests": 10}
+    row: dict[str, Any] = {"name": name, "verdict": "fail" if failures else "partial"}
+    row["requests"] = 10
     row.update(cache_hits=4, block_size=32, block_reused=64, block_tokens=64)
     row.update(reused_tokens=64, oracle_tokens=80, worst_diff=0.25 if failures else 0.0)
     row.update(failures=failures, findings={"render hygiene": 2}, engine_error="")
@@ -38,7 +39,7 @@ def test_table_and_save(tmp_path: Path) -> None:
     run = tmp_path / "run"
     stream = [Request((Message("user", ("hello there",)),))]
     failing = save_stream(stream, run / "b" / ".prefixcache" / "failures" / "abc")
-    failure = {"check": "equivalence", "summary": "equivalence: logits differ"}
+    failure: dict[str, Any] = {"check": "equivalence", "summary": "equivalence: logits differ"}
     failure.update(stream_dir=str(failing.parent), test="suite::test_corpus[agent_loop-omlx-x]")
     rows = {
         "b": config("omlx-qwen2-vl[ssd,b32]", [failure, dict(failure, test="suite::streams")]),
