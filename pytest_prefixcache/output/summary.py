@@ -122,6 +122,15 @@ def _head(report: Report) -> list[Line]:
         ),
         Line("merges", f"merges checked: {report.merges_checked}"),
     ]
+    if report.decode_rule:
+        out.insert(
+            1,
+            Line(
+                "decode-rule",
+                f"decode rule: {report.decode_rule}; applied to {report.decode_rule_requests} "
+                "request(s) whose cached run reused KV computed while decoding",
+            ),
+        )
     if report.engine_error:
         out.insert(
             1, Line("engine-error", f"engine could not be built: {report.engine_error}", "bad")

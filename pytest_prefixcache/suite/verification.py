@@ -23,7 +23,7 @@ from pytest_prefixcache.output.streams import corpus_files, load_stream, waves_f
 from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
-from pytest_prefixcache.strategies import request_streams, request_waves
+from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, request_waves
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.verifier import Verifier
@@ -115,7 +115,7 @@ def _stream_kwargs(verifier: Verifier) -> dict[str, Any]:
     images, namespaces = _capabilities(verifier)
     moves = [m for m in MOVES if (images or m not in IMAGE_MOVES)]
     moves = [m for m in moves if (namespaces or m != "namespace")]
-    kwargs: dict[str, Any] = {"moves": tuple(moves)}
+    kwargs: dict[str, Any] = {"moves": tuple(moves), "closed_loop": CLOSED_LOOP_SHARE}
     if not images:
         kwargs["max_images_per_message"] = 0
     if not namespaces:
@@ -191,7 +191,10 @@ def test_waves(
     k = min(MAX_WAVE, max_concurrency(prefixcache_verifier.engine))
     if k < 2:
         pytest.skip("the engine declares no concurrent service (max_concurrency above 1)")
-    waves = request_waves(max_size=k, **_stream_kwargs(prefixcache_verifier))
+    kwargs = _stream_kwargs(prefixcache_verifier)
+    for closed_loop_only in ("closed_loop", "reply_tokens"):  # streams' own knobs
+        kwargs.pop(closed_loop_only, None)
+    waves = request_waves(max_size=k, **kwargs)
     s = prefixcache_settings
     for round_seed in _rounds(pytestconfig, s, shard, share=0.8):
 

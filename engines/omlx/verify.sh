@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Opt-in verification of oMLX (flyto-mlx 0.7.0) over its flag matrix (engines/omlx/matrix.toml).
+#
+# NOT part of CI. Needs the environment engines/omlx/install.sh makes (.engines/omlx/venv, or
+# $OMLX_DIR/venv). The servers run there, under the logit tap, on 127.0.0.1 with ephemeral
+# ports, each with a private HOME (oMLX's base path, its SSD cache and logs go there and are
+# removed with it); the checks run from this project's Python ($PYTHON, default python3). The
+# tap launcher imports pytest_prefixcache from this checkout (PYTHONPATH).
+#
+# Usage: engines/omlx/verify.sh [CONFIG...]   (default: every combination of the matrix file;
+#   CONFIG: a configuration or combination name, e.g. omlx-llama or 'omlx-llama[ssd,b32]')
+# Environment: OMLX_DIR, PYTHON, OMLX_EXAMPLES (per property and combination, default 3),
+#   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
+#   "all"), OMLX_CHECKS=0 (skip the targeted checks, engines/omlx/test_omlx_engine.py),
+#   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
+#   <combination>-<check>/, e.g. fixtures/corpus/third_party).
+# Results in $OMLX_DIR/reports/run-<name>/: <combination>/suite.json and suite.log (one run
+#   each; a combination with a suite.json is not run again unless OMLX_AGAIN=1),
+#   tap/<slug>.jsonl (per request: the API's vs the tap's reuse), checks.xml (the targeted
+#   checks), findings.md (the table of every combination).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"  # adapters.omlx finds the venv there
+PYTHON="${PYTHON:-python3}"
+EXAMPLES="${OMLX_EXAMPLES:-3}"
+MATRIX="${OMLX_MATRIX:-$ROOT/engines/omlx/matrix.toml}"
+RUN="$OMLX_DIR/reports/run-${OMLX_RUN:-all}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+venv_python="$OMLX_DIR/venv/bin/python"
+[ -x "$venv_python" ] || { echo "no oMLX environment at $OMLX_DIR/venv: run engines/omlx/install.sh" >&2; exit 2; }
+version="$("$venv_python" -c "import importlib.metadata as m; print(m.version('flyto-mlx'))")"
+# the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
+"$venv_python" -c "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
+
+combos() {  # the combination names of the matrix file: all, or those named, in that order
+  "$PYTHON" - "$MATRIX" "$@" <<'PY'
+import sys
+from pathlib import Path
+from pytest_prefixcache.session.matrix_file import read_matrix
+targets = read_matrix(Path(sys.argv[1]))
+for name in sys.argv[2:] or [t.name for t in targets]:
+    for t in targets:
+        if name in (t.name, t.base):
+            print(t.name)
+PY
+}
+
+mkdir -p "$RUN/tap"
+if [ "${OMLX_CHECKS:-1}" != 0 ]; then
+  echo "== flyto-mlx $version: targeted checks (engines/omlx/test_omlx_engine.py)"
+  (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsxX \
+    "$ROOT/engines/omlx/test_omlx_engine.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
+fi
+# one pytest run per combination (--prefixcache-matrix with one --prefixcache-config): each
+# writes its own report as soon as it ends, so a long run keeps what it has done
+while read -r combo; do
+  out="$RUN/$(echo "$combo" | tr -c 'A-Za-z0-9.\n-' '_')"
+  [ -f "$out/suite.json" ] && [ "${OMLX_AGAIN:-0}" != 1 ] && { echo "== $combo: done before"; continue; }
+  rm -rf "$out" && mkdir -p "$out"
+  echo "== flyto-mlx $version: $combo (the built-in suite, $EXAMPLES examples)"
+  (cd "$out" && OMLX_TAP_LOGS="$RUN/tap" nice -n 10 "$PYTHON" -m pytest -p no:randomly \
+    -p no:cacheprovider -q -rfE --prefixcache-verify --pyargs pytest_prefixcache.suite \
+    --prefixcache-matrix="$MATRIX" "--prefixcache-config=$combo" --prefixcache-allow-partial \
+    --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+    --prefixcache-report="$out/suite.json" >"$out/suite.log" 2>&1; tail -n 3 "$out/suite.log") || true
+done < <(combos "$@")
+[ -z "${OMLX_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/omlx/findings.py" save "$RUN" "$MATRIX" "$OMLX_CORPUS"
+"$PYTHON" "$ROOT/engines/omlx/findings.py" table "$RUN" "$MATRIX" "flyto-mlx $version" | tee "$RUN/findings.md"
