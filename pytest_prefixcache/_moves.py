@@ -6,6 +6,11 @@ turn, an edit of an earlier turn (a branch), the same prompt with one image repl
 of the same size, swapped images, the same pixels from another container, or the same
 conversation in another namespace. Draws shrink toward short text, no images, the first
 namespace and ``max_new_tokens=0``.
+
+In a closed-loop stream (``StreamSpec.closed_loop``) an ``append`` move's assistant turn is
+not text the strategy wrote but a :class:`~pytest_prefixcache.types.ReplyOf` marker: the
+engine's own greedy reply to the request it continues, filled in by the verifier at run
+time; every request then asks for ``reply_tokens`` new tokens (shrinking toward the fewest).
 """
 
 from __future__ import annotations
@@ -17,9 +22,17 @@ from typing import Any
 from hypothesis import strategies as st
 
 from .images import reencode
-from .types import Image, Message, Request
+from .types import Image, Message, ReplyOf, Request
 
-__all__ = ["MOVES", "WORDS", "StreamSpec", "apply_move", "new_conversation"]
+__all__ = [
+    "MOVES",
+    "WORDS",
+    "ReplySlot",
+    "StreamSpec",
+    "apply_move",
+    "close_loop",
+    "new_conversation",
+]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
 
@@ -61,6 +74,26 @@ class StreamSpec:
     max_new_tokens: int = 2
     max_images_per_message: int = 2
     system_prompts: tuple[str, ...] = SYSTEM_PROMPTS
+    closed_loop: bool = False
+    """``append`` sends the engine's own reply back (a ``ReplyOf`` marker) as the next
+    assistant turn."""
+    reply_tokens: tuple[int, int] = (2, 8)
+    """Fewest and most new tokens per request of a closed-loop stream (its replies)."""
+    defer_replies: bool = False
+    """Write assistant turns as :class:`ReplySlot` texts, so that a stream drawn open-loop can
+    be closed afterwards (:func:`close_loop`) with the same draws."""
+
+
+class ReplySlot(str):
+    """Written assistant text after stream request ``request``: :func:`close_loop` turns it
+    into a ``ReplyOf(request)`` marker in a closed-loop stream, or plain text otherwise."""
+
+    request: int
+
+    def __new__(cls, text: str, request: int) -> ReplySlot:
+        self = super().__new__(cls, text)
+        self.request = request
+        return self
 
 
 def _text(draw: Draw) -> str:
@@ -98,10 +131,54 @@ def new_conversation(
     return tuple(msgs)
 
 
-def _pick(draw: Draw, stream: Sequence[Request]) -> Request:
+def _pick(draw: Draw, stream: Sequence[Request]) -> int:
     # The latest request half of the time (and when shrinking), else any earlier one.
     back = max(0, draw(st.integers(-len(stream), len(stream) - 1)))
-    return stream[len(stream) - 1 - back]
+    return len(stream) - 1 - back
+
+
+def _index_of(stream: Sequence[Request], base: Request) -> int | None:
+    """The stream index of the latest request equal to ``base`` (None when it was not sent)."""
+    for i in range(len(stream) - 1, -1, -1):
+        if stream[i] == base:
+            return i
+    return None
+
+
+def _assistant(draw: Draw, spec: StreamSpec, of: int | None) -> Message:
+    """The assistant turn after request ``of``: its own reply in a closed-loop stream (when
+    the request is known), else text the strategy writes."""
+    if spec.closed_loop and of is not None:
+        return Message("assistant", (ReplyOf(of),))
+    text = _text(draw)
+    if spec.defer_replies and of is not None:
+        return Message("assistant", (ReplySlot(text, of),))
+    return Message("assistant", (text,))
+
+
+def close_loop(stream: Sequence[Request], closed: bool, spec: StreamSpec) -> tuple[Request, ...]:
+    """A stream drawn with ``defer_replies``, finished: closed-loop (every :class:`ReplySlot`
+    a ``ReplyOf`` marker, and each request's ``max_new_tokens`` mapped from ``[0,
+    max_new_tokens]`` onto ``reply_tokens``) or open-loop (plain text, unchanged counts)."""
+    lo, hi = spec.reply_tokens
+    top = max(1, spec.max_new_tokens)
+    memo: dict[int, Message] = {}
+
+    def part(p: str | Image) -> str | Image:
+        if isinstance(p, ReplySlot):
+            return ReplyOf(p.request) if closed else str.__str__(p)
+        return p
+
+    def message(m: Message) -> Message:
+        if id(m) not in memo:
+            memo[id(m)] = Message(m.role, tuple(part(p) for p in m.content))
+        return memo[id(m)]
+
+    out = []
+    for r in stream:
+        n = lo + r.max_new_tokens * (hi - lo) // top if closed else r.max_new_tokens
+        out.append(Request(tuple(message(m) for m in r.messages), r.namespace, n))
+    return tuple(out)
 
 
 def _replace_images(req: Request, fn: Callable[[int, Image], Image]) -> tuple[Message, ...]:
@@ -149,16 +226,21 @@ def apply_move(
 ) -> Request:
     """The next request of a stream, made by ``move`` from ``base`` (default: drawn from the
     requests before it, the latest first)."""
-    mnt = st.integers(0, spec.max_new_tokens)
+    lo, hi = spec.reply_tokens if spec.closed_loop else (0, spec.max_new_tokens)
+    mnt = st.integers(lo, hi)
     if (not stream and base is None) or move == "new":
         ns = draw(st.sampled_from(spec.namespaces))
         return Request(new_conversation(draw, pool, spec), ns, draw(mnt))
+    index: int | None
     if base is None:
-        base = _pick(draw, stream)
+        index = _pick(draw, stream)
+        base = stream[index]
+    else:
+        index = _index_of(stream, base)
     if move == "repeat":
         return base
     if move == "append":
-        reply = Message("assistant", (_text(draw),))
+        reply = _assistant(draw, spec, index)
         msgs = (*base.messages, reply, user_message(draw, pool, spec))
         return Request(msgs, base.namespace, draw(mnt))
     if move == "edit":
@@ -184,7 +266,7 @@ def apply_move(
             rest = (
                 base.messages
                 if base.messages[-1].role != "user"
-                else (*base.messages, Message("assistant", (_text(draw),)))
+                else (*base.messages, _assistant(draw, spec, index))
             )
             if spec.max_images_per_message >= 2:
                 extra: tuple[Message, ...] = (Message("user", (_text(draw), one, two)),)

@@ -26,6 +26,7 @@ from .session.failures import (
     FailedTests,
     is_flaky,
     record,
+    record_skip,
     verification_failures,
 )
 from .session.progress import Progress
@@ -59,6 +60,9 @@ pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.sess
 DESELECTED_KEY = pytest.StashKey[str]()
 #: PREFIXCACHE_MODEL as it was before this session exported its model (None: unset).
 MODEL_ENV_KEY = pytest.StashKey["str | None"]()
+#: The variables a --prefixcache-server-cmd session exports, as they were before it.
+SERVER_ENV = ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY")
+SERVER_ENV_KEY = pytest.StashKey["dict[str, str | None]"]()
 ENGINE_FIXTURES = ("prefixcache_engine", "prefixcache_verifier", "prefixcache_verify")
 #: The exit status of a session whose engine could not be built (as ``prefixcache verify``'s).
 ENGINE_ERROR_EXIT = 2
@@ -68,6 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "prefixcache: a test of the built-in prefix-cache verification suite"
     )
+    # engine_of exports --prefixcache-server-cmd (and its body) for the factory that reads them
+    config.stash[SERVER_ENV_KEY] = {k: os.environ.get(k) for k in SERVER_ENV}
     engine, source, targets = engine_of(config)
     model, model_source = model_of(config)
     if model is not None:  # every engine factory, server subprocess and fresh instance reads it
@@ -177,6 +183,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             os.environ.pop(MODEL_ENV, None)
         else:
             os.environ[MODEL_ENV] = previous
+    for name, value in config.stash.get(SERVER_ENV_KEY, {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     worker = config.stash.get(WORKER_KEY, None)
     if worker is not None:
         worker.close()
@@ -278,6 +289,8 @@ def pytest_runtest_makereport(
         for exc in verification_failures(raised):
             if exc.stream:
                 record(item, report, exc, flaky=exc is not raised and is_flaky(raised))
+    if _is_suite(item) and report.skipped:
+        record_skip(item, report)
     if _is_suite(item) and report.when == "call":
         xd.attach_progress(item.config, report)
     return report

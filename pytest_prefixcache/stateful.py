@@ -1,8 +1,10 @@
 """A RuleBasedStateMachine that drives the same checks one request at a time.
 
-Each rule sends one request made from an earlier one (kept in the ``requests`` bundle) and
-checks it at once; the model is the verifier's reuse oracle. Use :func:`machine_for` to get a
-machine bound to a verifier (the ``prefixcache_verifier`` fixture gives one)::
+Each rule sends one request made from an earlier one (kept in the ``requests`` bundle, as
+sent: closed-loop replies filled in) and checks it at once (``reply_and_next_turn`` sends
+the engine's own reply to the earlier request back as the assistant turn); the model is the
+verifier's reuse oracle. Use :func:`machine_for` to get a machine bound to a verifier (the
+``prefixcache_verifier`` fixture gives one)::
 
     from hypothesis.stateful import run_state_machine_as_test
     run_state_machine_as_test(machine_for(prefixcache_verifier))
@@ -10,6 +12,7 @@ machine bound to a verifier (the ``prefixcache_verifier`` fixture gives one)::
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from hypothesis import strategies as st
@@ -52,13 +55,16 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.v.reset()
 
     def _send(self, request: Request) -> Request:
+        """Run ``request``; the request as sent (closed-loop replies filled in)."""
         self.clean = False
-        self.v.step(request)
+        sent = self.v.step(request).request
         self.clean = True
-        return request
+        return sent
 
-    def _move(self, data: Any, move: str, base: Request | None = None) -> Request:
-        req = apply_move(data.draw, move, self.v.stream, self.pool, self.spec, base)
+    def _move(
+        self, data: Any, move: str, base: Request | None = None, spec: StreamSpec | None = None
+    ) -> Request:
+        req = apply_move(data.draw, move, self.v.stream, self.pool, spec or self.spec, base)
         return self._send(req)
 
     @initialize(target=requests, pool=image_pools(min_size=2, max_size=4), data=st.data())
@@ -77,6 +83,11 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     @rule(target=requests, base=requests, data=st.data())
     def next_turn(self, base: Request, data: Any) -> Request:
         return self._move(data, "append", base)
+
+    @rule(target=requests, base=requests, data=st.data())
+    def reply_and_next_turn(self, base: Request, data: Any) -> Request:
+        """The engine's own reply to ``base`` as the assistant turn (closed loop)."""
+        return self._move(data, "append", base, dataclasses.replace(self.spec, closed_loop=True))
 
     @rule(target=requests, base=requests, data=st.data())
     def edit_turn(self, base: Request, data: Any) -> Request:

@@ -9,19 +9,30 @@ and shrink well.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from ._moves import MOVES, SYSTEM_PROMPTS, StreamSpec, apply_move, new_conversation
+from ._moves import (
+    MOVES,
+    SYSTEM_PROMPTS,
+    StreamSpec,
+    apply_move,
+    close_loop,
+    new_conversation,
+)
 from .images import PATTERNS, make_image
 from .types import Image, Message, Request
 
-__all__ = ["conversations", "image_pools", "images", "request_streams"]
+__all__ = ["CLOSED_LOOP_SHARE", "conversations", "image_pools", "images", "request_streams"]
 
 #: A stream goes on after each request with odds CONTINUE_ODDS : 1 (until max_requests).
 CONTINUE_ODDS = 5
+#: The share of streams ``--prefixcache-verify`` generates closed-loop (the engine's own
+#: replies sent back as the next assistant turns; ``request_streams(closed_loop=...)``).
+CLOSED_LOOP_SHARE = 0.5
 
 
 def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
@@ -210,6 +221,8 @@ def request_streams(
     max_images_per_message: int = 2,
     pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None = None,
     moves: Sequence[str] = MOVES,
+    closed_loop: bool | float = False,
+    reply_tokens: tuple[int, int] = (2, 8),
 ) -> st.SearchStrategy[tuple[Request, ...]]:
     """Streams of requests that stress a prefix cache, run in order against one cache.
 
@@ -228,9 +241,18 @@ def request_streams(
         max_images_per_message: most images in one user turn. Default: 2.
         pool: the images (sequence or strategy of tuples). Default: ``image_pools()``.
         moves: the moves to draw from. Default: all of them.
+        closed_loop: ``True``: every stream is closed-loop, ``False``: none is, a float in
+            [0, 1]: that share of streams is. In a closed-loop stream an ``append`` move's
+            assistant turn is the engine's own greedy reply to the request it continues (a
+            :class:`~pytest_prefixcache.types.ReplyOf` marker the verifier fills in at run
+            time from the cached run's :attr:`~pytest_prefixcache.types.Outcome.text`), and
+            every request asks for ``reply_tokens`` new tokens. Default: ``False``.
+        reply_tokens: (fewest, most) new tokens per request of a closed-loop stream.
+            Default: ``(2, 8)``.
 
     Shrinks toward ``min_requests`` requests, exact repeats, few short text turns, small
-    solid images, the first namespace and ``max_new_tokens=0``.
+    solid images, the first namespace, ``max_new_tokens=0`` and open-loop streams (in a
+    closed-loop one, toward the fewest ``reply_tokens``).
     """
     _int("min_requests", min_requests, 1, 256)
     _int("max_requests", max_requests, 1, 256)
@@ -239,6 +261,20 @@ def request_streams(
     mv = (moves,) if isinstance(moves, str) else tuple(moves)
     if not mv or any(m not in MOVES for m in mv):
         raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
+    share = _share(closed_loop)
+    lo, hi = _reply_tokens(reply_tokens)
+    looped = dataclasses.replace(spec, closed_loop=True, reply_tokens=(lo, hi))
+    deferred = dataclasses.replace(spec, defer_replies=True, reply_tokens=(lo, hi))
+    # Drawn at the end of a stream, where Hypothesis favours the first value of a
+    # sampled_from or a small integer (4 of 30 streams closed at a share of 0.5, against 11
+    # of 30 with a boolean); open loop first, so streams shrink toward it.
+    closed_slots = round(share * 100)
+    loops = (
+        st.booleans()
+        if closed_slots == 50
+        else st.sampled_from([False] * (100 - closed_slots) + [True] * closed_slots)
+    )
+    mixed = 0.0 < share < 1.0
     pools = _pool_strategy(pool)
     # Conversations grow turn by turn in real traffic: draw "append" twice as often.
     weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
@@ -246,13 +282,43 @@ def request_streams(
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Request, ...]:
         imgs = draw(pools)
+        # A share of 0 or 1 draws nothing; a mixed one draws the same stream either way and
+        # decides at the end (shrinking toward open loop), so that the draw of the choice
+        # leaves the stream's own draws where they were.
+        spec_ = looped if share >= 1.0 else deferred if mixed else spec
         stream: list[Request] = []
         while len(stream) < max_requests:
             # One "more?" draw per request (like st.lists), so shrinking deletes requests.
             if len(stream) >= min_requests and not draw(st.integers(0, CONTINUE_ODDS)):
                 break
             move = draw(st.sampled_from(weighted)) if stream else "new"
-            stream.append(apply_move(draw, move, stream, imgs, spec))
+            stream.append(apply_move(draw, move, stream, imgs, spec_))
+        if mixed:
+            return close_loop(stream, draw(loops), deferred)
         return tuple(stream)
 
     return build()
+
+
+def _share(closed_loop: object) -> float:
+    if isinstance(closed_loop, bool):
+        return float(closed_loop)
+    if not isinstance(closed_loop, (int, float)) or not 0.0 <= closed_loop <= 1.0:
+        raise InvalidArgument(
+            f"closed_loop={closed_loop!r} is not a bool or a share of streams from 0 to 1"
+        )
+    return float(closed_loop)
+
+
+def _reply_tokens(reply_tokens: object) -> tuple[int, int]:
+    if (
+        not isinstance(reply_tokens, tuple)
+        or len(reply_tokens) != 2
+        or not all(isinstance(n, int) and not isinstance(n, bool) for n in reply_tokens)
+        or not 1 <= reply_tokens[0] <= reply_tokens[1] <= 64
+    ):
+        raise InvalidArgument(
+            f"reply_tokens={reply_tokens!r} is not a (fewest, most) pair of ints with "
+            "1 <= fewest <= most <= 64"
+        )
+    return reply_tokens

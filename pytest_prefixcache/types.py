@@ -30,6 +30,7 @@ __all__ = [
     "Message",
     "Outcome",
     "Part",
+    "ReplyOf",
     "Request",
     "StepEntry",
 ]
@@ -113,6 +114,32 @@ class Image(ShortRepr):
 
 
 Part = str | Image
+
+
+class ReplyOf(str):
+    """A closed-loop marker in a generated stream: the engine's own greedy reply to stream
+    request ``request``, decoded to text (:attr:`Outcome.text`).
+
+    It is a ``str`` (so a message holding one is a valid :class:`Message`) whose value is a
+    readable placeholder; the verifier replaces it with the reply of the cached run of request
+    ``request`` before the engine sees the request, and the uncached run gets the same text.
+    Streams saved for replay hold the concrete text, never a marker.
+    """
+
+    request: int
+
+    def __new__(cls, request: int) -> ReplyOf:
+        if isinstance(request, bool) or not isinstance(request, int) or request < 0:
+            raise RequestError(f"ReplyOf request must be a stream index >= 0, got {request!r}")
+        self = super().__new__(cls, f"<the reply to request {request}>")
+        self.request = request
+        return self
+
+    def __repr__(self) -> str:
+        return f"ReplyOf({self.request})"
+
+    def __reduce__(self) -> tuple[type[ReplyOf], tuple[int]]:
+        return (ReplyOf, (self.request,))
 
 
 @dataclass(frozen=True)
@@ -254,6 +281,9 @@ class Outcome(ShortRepr):
             The snapshot-aware reference resumes at these boundaries.
         claims: what the engine claimed against what its model computed (see :class:`Claims`),
             or None when the engine declares no claim sources.
+        text: the greedy continuation decoded to text as a chat client sees it (special
+            tokens left out), or None when not reported. Closed-loop streams send it back as
+            the next assistant turn (:class:`ReplyOf`).
     """
 
     logits: np.ndarray | None = None
@@ -268,6 +298,7 @@ class Outcome(ShortRepr):
     merges: tuple[tuple[int, int], ...] | None = None
     claims: Claims | None = None
     message_starts: tuple[int, ...] | None = None
+    text: str | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape
@@ -292,7 +323,12 @@ class Engine(Protocol):
     efficiency and positive control are judged against; see
     :class:`~pytest_prefixcache.checks.references.CacheDesign`), and
     ``fresh_instance_share: int`` (default 1: how many audited requests one fresh instance of
-    the baseline audit may answer; they never share an image or a first message).
+    the baseline audit may answer; they never share an image or a first message), and
+    ``caches_output = True`` (the cache also stores the KV computed while decoding, under
+    prompt + output tokens: the references then count output tokens as reusable), and
+    ``decode_atol: float`` with ``decode_rule: str`` (the tolerance of a request whose cached
+    run reused such KV, and its name in the report; every other request keeps the run's
+    tolerance).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

@@ -14,7 +14,18 @@ leading positions' KV rows come from the pool:
     (model.py; the other keys hashed meanwhile; cut at the prompt's boundaries on a model with
     non-trimmable layers, snapshotting each one passed) -> store the new blocks and the
     prompt's partial tail (kv.py: one copy of the full-attention layers' rows, a window per
-    block) -> release -> greedy decode (model.py)
+    block) -> release -> greedy decode (model.py) -> with ``cache_output``, store the KV the
+    decode computed under the prompt + output tokens (``store_output``)
+
+Two cache designs (``cache_output``, or ``PREFIXCACHE_REFERENCE_CACHE``): ``prompt`` (the
+default) stores the prompt's KV only; ``prompt+output`` also stores the rows the decode
+computed (every output token but the last, which is never fed back), so that the next turn,
+whose prompt carries the reply, reuses them up to the first token where the chat template's
+re-tokenised reply differs from the generated ids (the pool's token-granular match stops
+there by itself). The engine declares no decode rule (``decode_atol``): it reuses
+decode-time KV only on full-attention models, where a decode step and a prefill agree bit
+for bit on the fixtures (``benchmarks/decode_tolerance.py``: qwen2_vl 0.0); on a model with
+sliding-window or recurrent layers it resumes at snapshots, never inside a reply.
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -32,6 +43,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
+from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, KeyChain, namespace_root
@@ -47,6 +59,23 @@ __all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
 
 #: Default byte budget of the block pool: 1 GiB of KV rows.
 DEFAULT_MAX_BYTES = 1 << 30
+
+#: The cache designs, by the name ``PREFIXCACHE_REFERENCE_CACHE`` takes.
+CACHE_DESIGNS = {"prompt": False, "prompt+output": True}
+CACHE_ENV = "PREFIXCACHE_REFERENCE_CACHE"
+
+
+def cache_output_from_env() -> bool:
+    """Whether ``PREFIXCACHE_REFERENCE_CACHE`` asks for the prompt+output design (unset or
+    empty: ``prompt``); any other value is an EngineError naming it."""
+    value = os.environ.get(CACHE_ENV, "").strip()
+    if not value:
+        return False
+    if value not in CACHE_DESIGNS:
+        raise EngineError(
+            f"{CACHE_ENV}={value!r} is not one of {', '.join(map(repr, CACHE_DESIGNS))}"
+        )
+    return CACHE_DESIGNS[value]
 
 
 @dataclass(frozen=True)
@@ -75,6 +104,9 @@ class Engine:
         block_size: tokens per block. Default: ``16``.
         max_bytes: byte budget of stored KV blocks. Default: ``DEFAULT_MAX_BYTES``.
         vision_entries: images whose embeddings are kept. Default: ``64``.
+        cache_output: also store the KV computed while decoding, under the prompt + output
+            tokens (the ``prompt+output`` design). Default: ``PREFIXCACHE_REFERENCE_CACHE``,
+            else ``False`` (``prompt``: the prompt's KV only).
     """
 
     #: Reuse part of a block (token granularity). False: whole blocks only, as block-granular
@@ -98,10 +130,13 @@ class Engine:
         block_size: int = 16,
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
+        cache_output: bool | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
         self.model = model
+        self.caches_output = cache_output_from_env() if cache_output is None else cache_output
+        """The prompt+output design: the plugin's references count output tokens as reusable."""
         self.block_size = block_size
         self.kv = KVStore(model)
         self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)
@@ -122,6 +157,7 @@ class Engine:
         block_size: int = 16,
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
+        cache_output: bool | None = None,
     ) -> Engine:
         """Load an mlx-vlm model directory (offline) and wrap it in an engine."""
         return cls(
@@ -129,6 +165,7 @@ class Engine:
             block_size=block_size,
             max_bytes=max_bytes,
             vision_entries=vision_entries,
+            cache_output=cache_output,
         )
 
     @property
@@ -314,6 +351,8 @@ class Engine:
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
         tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
+        if use_cache and self.caches_output:
+            self.store_output(cache, rendered, request, tokens)
         return Outcome(
             logits=steps[0],
             tokens=tokens,
@@ -324,7 +363,30 @@ class Engine:
             image_spans=rendered.spans,
             merges=tuple(merges),
             message_starts=rendered.message_starts,
+            text=self.detokenize(tokens),
         )
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """The reply as a chat client sees it: the tokens decoded, special tokens left out."""
+        return str(self.model.tokenizer.decode(list(tokens), skip_special_tokens=True))
+
+    def output_keys(self, rendered: Rendered, request: Request, tokens: Sequence[int]) -> KeyChain:
+        """The block keys of the prompt continued by the output tokens whose KV the decode
+        computed (all but the last: it is never fed back)."""
+        root = namespace_root(self.model.fingerprint, request.namespace)
+        ids = (*rendered.token_ids, *tokens[:-1])
+        return KeyChain(ids, rendered.spans, block_size=self.block_size, root=root)
+
+    def store_output(
+        self, cache: list[Any], rendered: Rendered, request: Request, tokens: Sequence[int]
+    ) -> None:
+        """The prompt+output design: store the rows the decode computed, from the block the
+        prompt ends in, under :meth:`output_keys` (the prompt's partial tail is superseded by
+        the longer block)."""
+        if len(tokens) < 2:
+            return
+        keys = self.output_keys(rendered, request, tokens)
+        self.store(cache, keys, len(rendered.token_ids) // self.block_size)
 
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         """A fresh KV cache holding copies of the reused rows, in chain order, with room for

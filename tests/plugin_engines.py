@@ -78,6 +78,7 @@ class FakeEngine:
             "stale_decode", "scale_drift", "store_half", "rerender_history", "volatile",
             "keep_volatile", "slow_hits", "minimal", "ignore_use_cache",
             "stale_features", "images_never_stored", "stale_order",
+            "cache_output", "decode_drift", "output_off_by_one",
         }  # fmt: skip
         if unknown:
             raise TypeError(f"unknown flags {unknown}")
@@ -93,6 +94,15 @@ class FakeEngine:
         # both paths and kept across reset(): the same images in another order get the first
         # order's features (shows only when images come back reordered)
         self.orders: dict[tuple[str, ...], list[str]] = {}
+        # cache_output: the prompt+output design (decode-time states stored under prompt +
+        # output tokens; replies are printable ASCII, so a reply re-renders to the same ids);
+        # decode_drift: a state that came from a decode step reads 2e-6 off when reused (a
+        # correct engine on a family whose decode step and prefill differ), declared as its
+        # decode rule; output_off_by_one: keys over all k output tokens, state of k - 1 (bug)
+        self.caches_output = bool(flags.get("cache_output") or flags.get("output_off_by_one"))
+        self.decoded: set[bytes] = set()
+        if flags.get("decode_drift"):
+            self.decode_atol = 1e-5
 
     def reset(self) -> None:
         self.cache.clear()
@@ -127,6 +137,32 @@ class FakeEngine:
             keys.append(parent)
         return keys
 
+    def _output_states(
+        self,
+        request: Request,
+        ids: list[int],
+        spans: list,
+        tokens: list[int],
+        state: bytes,
+    ) -> list[tuple[bytes, bytes]]:
+        """The decode-time states of the prompt+output design, per full block past the prompt:
+        over every output token but the last (never fed back); with ``output_off_by_one``,
+        each output position's state is advanced by its predecessor's token (the output's KV
+        stored one position off)."""
+        n = len(ids)
+        keyed = ids + tokens[:-1]
+        ext = keyed
+        if self.flags.get("output_off_by_one"):
+            ext = [*ids, ids[-1], *tokens[:-2]]
+        keys = self._keys(request, keyed, spans)
+        out = []
+        for pos in range(n, len(ext)):
+            state = self._advance(state, ext[pos], b"")
+            if (pos + 1) % BLOCK == 0 and pos // BLOCK < len(keys):
+                out.append((keys[pos // BLOCK], state))
+                self.decoded.add(keys[pos // BLOCK])
+        return out
+
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         self.calls = getattr(self, "calls", 0) + 1
         header = f"x-billing: {self.calls}\n" if self.flags.get("volatile") else ""
@@ -149,11 +185,13 @@ class FakeEngine:
             order[:] = order or [d for _, _, d in spans]
             features = [(s, e, d) for (s, e, _), d in zip(spans, order)]
         state, cached = _h(b"ns", request.namespace.encode()), 0
+        from_decode = False
         if use_cache or self.flags.get("ignore_use_cache"):
             for b, key in enumerate(keys):
                 if (b + 1) * BLOCK > n - 1 or key not in self.cache:
                     break
                 state, cached = self.cache[key], (b + 1) * BLOCK
+                from_decode = from_decode or key in self.decoded
                 self.cache.move_to_end(key)
         hit = cached > 0
         if hit and self.flags.get("raises"):
@@ -174,13 +212,19 @@ class FakeEngine:
             if (pos + 1) % BLOCK == 0:
                 stored.append((keys[pos // BLOCK], state))
         logits = self._logits(state)
+        prompt_state = state
         tokens, steps = [], [logits]
         for _ in range(request.max_new_tokens):
             tok = int(np.argmax(steps[-1]))
+            if self.caches_output:  # printable ASCII: the reply re-renders to these ids
+                tok = 32 + int(np.argmax(steps[-1][32:127]))
             tokens.append(tok)
             state = self._advance(state, tok, b"")
             if len(tokens) < request.max_new_tokens:
                 steps.append(self._logits(state))
+        if from_decode and self.flags.get("decode_drift"):
+            steps = [(x + np.float32(2e-6)).astype(np.float32) for x in steps]
+            logits = steps[0]
         never = self.flags.get("never_store") or (
             self.flags.get("images_never_stored") and request.images
         )
@@ -189,6 +233,8 @@ class FakeEngine:
                 stored[-1] = (stored[-1][0], state)
             if self.flags.get("store_half"):
                 stored = [(k, st) for k, st in stored if keys.index(k) < len(keys) // 2]
+            if self.caches_output and len(tokens) > 1:
+                stored += self._output_states(request, ids, spans, tokens, prompt_state)
             for key, st in stored:
                 self.cache[key] = st
                 self.cache.move_to_end(key)
@@ -211,6 +257,7 @@ class FakeEngine:
         if self.flags.get("lie") and use_cache:  # the uncached run's own lie: ignore_use_cache
             reported = min(n, cached + BLOCK)
         common: dict[str, Any] = dict(
+            text="".join(chr(t) for t in tokens) if self.caches_output else None,
             tokens=tuple(tokens),
             cached_tokens=reported,
             prompt_tokens=n,
@@ -246,7 +293,7 @@ bad_merge = _variant(bad_merge=True)
 lie = _variant(lie=True)
 never_store = _variant(never_store=True)
 raises = _variant(raises=True)
-hangs = _variant(hangs=30)
+hangs = _variant(hangs=3600)  # an hour: a session that waited for it would never end in time
 nan = _variant(nan=True)
 wrong_shape = _variant(wrong_shape=True)
 wrong_dtype = _variant(wrong_dtype=True)

@@ -16,9 +16,15 @@ def with_fakes(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def run_suite(
-    pytester: pytest.Pytester, engine: str, *args: str, examples: int = 5, subprocess: bool = False
+    pytester: pytest.Pytester,
+    engine: str,
+    *args: str,
+    examples: int = 5,
+    subprocess: bool = False,
+    timeout: float | None = None,
 ) -> pytest.RunResult:
-    """Run ``--prefixcache-verify`` on ``fakeengines:<engine>`` with a fixed seed."""
+    """Run ``--prefixcache-verify`` on ``fakeengines:<engine>`` with a fixed seed; ``timeout``
+    (a subprocess run only) guards against a run that hangs: it fails instead."""
     argv = [
         "-p",
         "no:cacheprovider",
@@ -31,5 +37,5 @@ def run_suite(
         *args,
     ]
     if subprocess:
-        return pytester.runpytest_subprocess(*argv)
+        return pytester.runpytest_subprocess(*argv, timeout=timeout)
     return pytester.runpytest(*argv)

@@ -112,6 +112,7 @@ def family_engine(request: pytest.FixtureRequest) -> Iterator[MlxLmEngine]:
     engine.reset()
 
 
+@pytest.mark.slow
 def test_families_are_bit_exact(family_engine: MlxLmEngine) -> None:
     family_engine.reset()
     for request in (FIRST, FIRST, SECOND):
@@ -122,6 +123,7 @@ def test_families_are_bit_exact(family_engine: MlxLmEngine) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=NO_REWIND)
+@pytest.mark.slow
 def test_families_repeat_reuses(family_engine: MlxLmEngine) -> None:
     family_engine.reset()
     family_engine.run(FIRST, use_cache=True)

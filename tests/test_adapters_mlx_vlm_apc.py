@@ -49,6 +49,7 @@ def check(engine: MlxVlmApcEngine, request: Any) -> int:
     return cached.cached_tokens or 0
 
 
+@pytest.mark.slow
 def test_outcome_fields(engine: MlxVlmApcEngine) -> None:
     out = engine.run(req(SYSTEM, user(A, "and", B, "compare")), use_cache=True)
     assert out.logits is not None and out.logits.dtype.name == "float32"

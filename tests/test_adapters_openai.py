@@ -107,6 +107,7 @@ def test_restart_baseline() -> None:
         assert first.poll() is not None  # the old baseline server is gone
 
 
+@pytest.mark.slow
 def test_a_corrupted_cached_result_is_caught() -> None:
     """Negative control: a server that corrupts one restored prefix, seen through the adapter."""
     bad = f"{{python}} {HERE / 'corrupt_reference_server.py'} --port {{port}}"

@@ -40,6 +40,7 @@ def run(pytester: pytest.Pytester, engine: str, *args: str) -> pytest.RunResult:
     )
 
 
+@pytest.mark.slow
 def test_the_suite_passes_on_the_reference_server(pytester: pytest.Pytester) -> None:
     """Every check runs through the preset (it asks for the server's extension: token ids,
     spans, merges), the cold baseline too: the audit starts fresh servers."""
@@ -60,6 +61,7 @@ def test_the_suite_passes_on_the_reference_server(pytester: pytest.Pytester) -> 
     assert result.ret == 0
 
 
+@pytest.mark.slow
 def test_the_suite_catches_a_server_that_corrupts_one_hit(pytester: pytest.Pytester) -> None:
     result = run(pytester, "factories:corrupt_once")
     result.stdout.fnmatch_lines(["*failures by check: equivalence*"])

@@ -68,6 +68,7 @@ def test_unknown_size() -> None:
         wl.workloads("huge")
 
 
+@pytest.mark.slow
 def test_runner_on_two_tiny_requests(model: Any) -> None:
     import side_by_side as sbs
 
@@ -186,6 +187,7 @@ def test_family_workload_shapes() -> None:
     assert swapped.images == first.images[::-1] and first.images[0] != first.images[1]
 
 
+@pytest.mark.slow
 def test_families_side_by_side_on_two_requests(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

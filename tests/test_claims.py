@@ -342,6 +342,7 @@ def test_sources_from_json_as_from_env_reads_them() -> None:
         ClaimWatch([Header("x-cache", "bytes")])  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_mlx_lm_server_claims_and_every_step_agree_with_the_tap() -> None:
     """The positive control on a real server: mlx_lm.server 0.32.2's cached_tokens and its 8
     per-step distributions (matched by id) equal what the tap saw, exactly."""

@@ -46,6 +46,7 @@ def test_verify_passes_and_writes_every_report(workdir: Path) -> None:
     assert f"HTML report written to {out / 'report.html'}" in res.stdout
 
 
+@pytest.mark.slow
 def test_verify_failure_exits_1_and_replay_reproduces_it(workdir: Path) -> None:
     res = prefixcache(
         workdir, "verify", "--engine", "fakeengines:ignore_digest", *FAST[:-2], "--examples", "30",
@@ -108,6 +109,7 @@ def test_report_renders_html_and_rejects_a_malformed_file(workdir: Path) -> None
     assert "bad.json" in res.stderr and "not a pytest-prefixcache report" in res.stderr
 
 
+@pytest.mark.slow
 def test_verify_on_two_workers(workdir: Path) -> None:
     pytest.importorskip("xdist", reason="pytest-xdist is not installed (dev extra)")
     res = prefixcache(workdir, "verify", "--engine", "fakeengines:good", *FAST, "--workers", "2")

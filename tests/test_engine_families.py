@@ -26,9 +26,11 @@ from reference_engine.model import LoadedModel, load_model  # noqa: E402
 from reference_engine.snapshots import boundaries  # noqa: E402
 
 FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3"]
+#: The hybrid recurrent family's tests take 6-13 s each on 2 cores: the slow lane.
+PARAMS = [pytest.param(f, marks=pytest.mark.slow) if "qwen3.5" in f else f for f in FAMILIES]
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=PARAMS)
 def family(request: pytest.FixtureRequest) -> LoadedModel:
     return load_model(fixture_model(request.param))
 
@@ -138,7 +140,7 @@ def test_the_template_image_marker_expands_per_family(family: LoadedModel) -> No
     assert all(ids[s - 1] != family.image_token_id != ids[e] for s, e, _ in spans)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-vl", *FAMILIES])
+@pytest.mark.parametrize("name", ["tiny-qwen2-vl", *PARAMS])
 def test_the_engine_renders_what_mlx_vlms_processor_renders(name: str) -> None:
     """The engine's token ids and image spans equal those of mlx-vlm's own processor (what
     mlx_vlm.server feeds its model; the HTTP adapter's ``VlmRenderer``), on every family:

@@ -342,6 +342,7 @@ def test_mlx_vlm_generate_answers_an_image_request(path: Path) -> None:
     assert steps[0].token == int(mx.argmax(vlm_prefill(path, inputs)[0]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", TEXTS, ids=ids_of)
 def test_mlx_lm_server_serves_the_text_fixture(path: Path) -> None:
     from pytest_prefixcache.adapters.server import ServerProcess, http_json

@@ -121,10 +121,12 @@ def _run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
     )  # fmt: skip
 
 
+@pytest.mark.timing
 def test_option_passes_an_isolated_engine(pytester: pytest.Pytester) -> None:
     _run(pytester, "isolated").assert_outcomes(passed=1)
 
 
+@pytest.mark.timing
 def test_option_fails_an_engine_that_shares_across_namespaces(pytester: pytest.Pytester) -> None:
     result = _run(pytester, "shared")
     result.assert_outcomes(failed=1)
@@ -140,6 +142,7 @@ def test_option_fails_an_engine_that_shares_across_namespaces(pytester: pytest.P
     )
 
 
+@pytest.mark.timing
 def test_option_without_power_is_inconclusive_not_a_pass(pytester: pytest.Pytester) -> None:
     result = _run(pytester, "no_cache")
     result.assert_outcomes(skipped=1)
@@ -167,6 +170,7 @@ def _reference(name: str) -> object:
     return getattr(mutants, name)()
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize(
     ("name", "verdict"), [("reference", "pass"), ("namespace_missing", "leak")]
 )

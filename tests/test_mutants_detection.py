@@ -26,6 +26,9 @@ from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
+#: Every mutant against generated streams: minutes on 2 cores (the slow lane).
+pytestmark = pytest.mark.slow
+
 EXAMPLES = 10
 SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,6 +50,8 @@ def _cases() -> list[object]:
         marks = []
         if m.expected_check not in PROTOCOL_CHECKS:
             marks.append(pytest.mark.skip(reason=f"needs a {m.expected_check} check"))
+        if "min_speedup" in m.verify:  # caught by wall time: warm against cold
+            marks.append(pytest.mark.timing)
         out.append(pytest.param(name, marks=marks, id=name))
     return out
 
@@ -87,7 +92,19 @@ def _config_id(config: Config) -> str:
     return f"{config[0]}-{settings or 'default'}"
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=[_config_id(c) for c in CONFIGS])
+def _config_params() -> list[object]:
+    """One param per configuration; those judged on wall time (min_speedup) marked timing."""
+    return [
+        pytest.param(
+            c,
+            id=_config_id(c),
+            marks=[pytest.mark.timing] if any(k == "min_speedup" for k, _ in c[2]) else [],
+        )
+        for c in CONFIGS
+    ]
+
+
+@pytest.mark.parametrize("config", _config_params())
 def test_unmodified_engine_passes_the_same_run(models: Any, config: Config) -> None:
     fixture, options, verify = config
     engine = Engine(models(fixture), **dict(options))

@@ -199,6 +199,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_finds_its_corpus_and_models(installed: Path, tmp_path: Path) -> None:
     code = (
         "from pytest_prefixcache.package_data import CORPUS, FIXTURES\n"
@@ -226,6 +227,7 @@ def test_the_installed_wheel_finds_its_corpus_and_models(installed: Path, tmp_pa
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_verifies_like_the_clone(installed: Path, tmp_path: Path) -> None:
     """Same tests collected as from the clone; the default verification passes from an empty
     directory; the mutant only the corpus catches fails it; HOME and TMPDIR stay empty.
@@ -257,6 +259,7 @@ def test_the_installed_wheel_verifies_like_the_clone(installed: Path, tmp_path: 
     assert leftovers(tmp_path) == [], "files left in HOME or TMPDIR"
 
 
+@pytest.mark.slow
 def test_the_sdist_carries_and_collects_its_own_tests(tmp_path: Path) -> None:
     """The sdist has the tests' support modules, conftest.py, fixtures and LICENSE, and its
     test suite collects without errors, as many tests as the clone."""

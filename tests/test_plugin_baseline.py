@@ -3,7 +3,6 @@ uncached requests (the baseline audit), and the coverage table says when it coul
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from pytest_prefixcache import Outcome
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.slow
 def test_a_stale_feature_cache_is_caught_and_blamed_on_the_baseline(
     pytester: pytest.Pytester,
 ) -> None:
@@ -89,17 +89,30 @@ def test_a_conftest_engine_is_not_audited_and_says_so(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["  cold baseline * 0/* (engine from a conftest.py fixture: *)"])
 
 
-def test_a_request_record_times_the_uncached_run_not_the_audit(tmp_path: Path) -> None:
-    """The audited fresh run is slow; the record's cold time is still the uncached run's."""
+def test_a_request_record_times_the_uncached_run_not_the_audit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The audited fresh run is slow; the record's cold time is still the uncached run's. The
+    engine calls are timed on a clock the test moves: only the fresh run advances it."""
     from plugin_engines import FakeEngine
 
     from pytest_prefixcache import Message, Request
     from pytest_prefixcache.verify import Verifier, VerifyOptions
+    from pytest_prefixcache.verify import worker as worker_module
     from pytest_prefixcache.verify.audit import Audit
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(worker_module, "time", clock)
 
     class SlowFresh(FakeEngine):
         def run(self, request: Request, *, use_cache: bool) -> Outcome:
-            time.sleep(0.3)
+            clock.now += 100.0  # the audit's fresh instance takes 100 s on this clock
             return super().run(request, use_cache=use_cache)
 
     options = VerifyOptions(failures_dir=tmp_path)
@@ -107,7 +120,8 @@ def test_a_request_record_times_the_uncached_run_not_the_audit(tmp_path: Path) -
     verifier.run([Request((Message("user", ("hello",)),))])
     (record,) = verifier.report.records
     assert verifier.report.coverage["cold baseline"] == {"applied": 1}
-    assert record.cold_seconds < 0.3, record
+    assert clock.now >= 100.0  # the fresh run did run
+    assert record.cold_seconds == 0.0 and record.warm_seconds == 0.0, record
 
 
 def _ab_stream() -> list:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,15 @@ def _one_error(result: pytest.RunResult, tmp: Path, needle: str) -> dict[str, ob
     return report
 
 
+@pytest.fixture
+def server_env() -> Iterator[None]:
+    """An in-process session with --prefixcache-server-cmd exports PREFIXCACHE_SERVER_CMD (and
+    PREFIXCACHE_EXTRA_BODY) for its engine factory: it leaves them as they were."""
+    before = {k: os.environ.get(k) for k in ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY")}
+    yield
+    assert {k: os.environ.get(k) for k in before} == before
+
+
 def _args(*more: str) -> list[str]:
     return ["--prefixcache-report=r.json", "--junitxml=j.xml", "--prefixcache-database=none", *more]
 
@@ -93,7 +103,9 @@ def test_an_engine_that_cannot_be_loaded_is_one_error(
     _one_error(result, pytester.path, needle)
 
 
-def test_a_server_that_does_not_exist_is_one_error(pytester: pytest.Pytester) -> None:
+def test_a_server_that_does_not_exist_is_one_error(
+    pytester: pytest.Pytester, server_env: None
+) -> None:
     result = pytester.runpytest(
         "-p", "no:cacheprovider", "--prefixcache-verify",
         "--prefixcache-server-cmd=no-such-server-binary-xyz --port {port}", *_args(),
@@ -103,7 +115,7 @@ def test_a_server_that_does_not_exist_is_one_error(pytester: pytest.Pytester) ->
 
 
 def test_a_server_that_exits_at_once_is_one_error_ending_with_its_log(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, server_env: None
 ) -> None:
     pytester.makepyfile(dies="import sys\nprint('model file is corrupt')\nsys.exit(3)\n")
     result = pytester.runpytest(
@@ -125,14 +137,23 @@ def test_an_engine_that_builds_is_no_error(pytester: pytest.Pytester) -> None:
     assert '<div id="verdict" class="verdict pass">PASS</div>' in page and "ERROR" not in page
 
 
-def test_under_xdist_each_worker_s_error_is_shown_once(pytester: pytest.Pytester) -> None:
-    """Every xdist worker builds its own engine: the same error from the second worker is
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "--prefixcache-engine=badengine:build",
+        # each worker's message names its own port: still one error
+        "--prefixcache-server-cmd=no-such-server-binary-xyz --port {port}",
+    ],
+)
+def test_under_xdist_each_worker_s_error_is_shown_once(
+    pytester: pytest.Pytester, engine: str
+) -> None:
+    """Every xdist worker builds its own engine: the error from the second worker is
     reported as a skip, so the run still shows one error."""
     pytest.importorskip("xdist")
     pytester.makepyfile(badengine=FACTORY)
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=badengine:build",
-        "-n", "2", *_args(),
+        "-p", "no:cacheprovider", "--prefixcache-verify", engine, "-n", "2", *_args()
     )  # fmt: skip
     out = result.stdout.str()
     assert result.ret == 2, out

@@ -12,6 +12,9 @@ pytest.importorskip("mlx.core")
 
 pytest_plugins = ["pytester"]
 
+#: Whole verifications on each model family: minutes on 2 cores (the slow lane).
+pytestmark = pytest.mark.slow
+
 FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3"]
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -48,6 +48,7 @@ def test_readme_property_test_passes_on_a_correct_engine(pytester: pytest.Pytest
     result.stdout.fnmatch_lines(["*= prefixcache =*", "requests run: *", "failures by check: none"])
 
 
+@pytest.mark.slow
 def test_readme_property_test_catches_a_collision(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     pytester.makeconftest(CONFTEST.format(flags="ignore_digest=True"))

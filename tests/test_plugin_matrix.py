@@ -69,6 +69,7 @@ def _rows(report: dict) -> dict[str, str]:
     return {row["name"]: row["verdict"] for row in report["configs"]}
 
 
+@pytest.mark.slow
 def test_reference_engine_and_a_mutant_get_a_row_each(tmp_path: Path) -> None:
     """The real reference engine and one of its mutants replaying the mutant's saved case: one
     PASS row, one FAIL row, exit 1, each configuration's counters in report.json, and the
@@ -173,6 +174,7 @@ def test_a_factory_without_flags_is_that_configurations_error(pytester: pytest.P
     assert result.ret == 2  # an engine that could not be built: the session exits 2
 
 
+@pytest.mark.slow
 def test_server_commands_get_each_combination_s_flags(tmp_path: Path) -> None:
     """``prefixcache verify --matrix``: a flag product over a stub server, one combination
     excluded; the stub records the command line of every server started, so each surviving
@@ -293,6 +295,7 @@ def test_flag_configurations_are_named_after_the_spec(pytester: pytest.Pytester)
     assert ids == [f"test_request_streams[{n}]" for n in ("good", "good-2", "mine", "stub_openai")]
 
 
+@pytest.mark.slow
 def test_xdist_runs_each_configuration_on_one_worker(pytester: pytest.Pytester) -> None:
     """``-n 2`` with two configurations: each configuration's tests all ran on one worker
     (its row merged from one worker), and the verdicts are the serial run's."""

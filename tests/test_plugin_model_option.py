@@ -330,6 +330,7 @@ def test_a_matrix_config_loads_its_own_model(pytester: pytest.Pytester) -> None:
     assert [r["model"] for r in rows] == [str(mine), LLAMA]
 
 
+@pytest.mark.slow
 def test_xdist_workers_export_the_model(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     _recorded(pytester)
@@ -341,6 +342,7 @@ def test_xdist_workers_export_the_model(pytester: pytest.Pytester) -> None:
     assert _built(pytester) == {LLAMA}
 
 
+@pytest.mark.slow
 def test_the_cli_passes_a_relative_directory_as_an_absolute_one(tmp_path: Path) -> None:
     (tmp_path / "fakeengines.py").write_text(ENGINES_SOURCE, encoding="utf-8")
     (tmp_path / "recorded.py").write_text(RECORDED, encoding="utf-8")

@@ -28,6 +28,7 @@ def test_a_failed_test_without_a_stream_is_an_error_record(pytester: pytest.Pyte
     assert failure["summary"].startswith("call: AssertionError: my own check")
 
 
+@pytest.mark.slow
 def test_a_crashed_xdist_worker_is_recorded(pytester: pytest.Pytester) -> None:
     pytest.importorskip("xdist")
     with_fakes(pytester)

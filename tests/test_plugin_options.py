@@ -237,6 +237,7 @@ def test_rtol_accepts_small_relative_drift(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_kl_rule_accepts_drift_and_still_catches_wrong_reuse(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     ok = run_suite(pytester, "drift", "-k", "request_streams", "--prefixcache-kl=0.001")
@@ -319,6 +320,7 @@ def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester)
             "worst_diff", "merges_checked"} <= set(data)  # fmt: skip
 
 
+@pytest.mark.timing
 def test_min_speedup_catches_a_cache_slower_than_no_cache(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     # A corpus scenario, not generated streams: timing checks and shrinking do not mix.

@@ -71,6 +71,7 @@ def test_a_server_command_run_replays_the_same_server() -> None:
     assert "--prefixcache-server-cmd" not in Settings().replay_command("f/stream.json")
 
 
+@pytest.mark.slow
 def test_prefixcache_verify_reads_no_project_configuration(workdir: Path) -> None:  # noqa: F811
     """A conftest.py fixture and an ini engine in the project: both ignored by the gate."""
     (workdir / "conftest.py").write_text(CONFTEST.format(flags="bad_merge=True"), encoding="utf-8")

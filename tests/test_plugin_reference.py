@@ -16,6 +16,7 @@ needs_mlx = pytest.mark.skipif(
 
 
 @needs_mlx
+@pytest.mark.slow
 def test_default_verification_of_the_reference_engine_passes(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--prefixcache-verify",
                                            "--prefixcache-seed=1", "-v")  # fmt: skip

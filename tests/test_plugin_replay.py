@@ -22,6 +22,7 @@ def _replay_path(stdout: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 def test_failure_is_saved_and_replays_exactly(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     first = run_suite(pytester, "ignore_digest", "-k", "request_streams", examples=30)

@@ -39,6 +39,7 @@ def _junit_properties(pytester: pytest.Pytester, name: str) -> dict[str, str]:
     return found
 
 
+@pytest.mark.slow
 def test_xdist_splits_the_streams_and_merges_the_reports(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     args = ("-k", "request_streams or state_machine", "--prefixcache-database=none")
@@ -78,6 +79,7 @@ def test_xdist_splits_the_streams_and_merges_the_reports(pytester: pytest.Pytest
     assert gw0 != gw1
 
 
+@pytest.mark.slow
 def test_xdist_failures_reach_the_controller(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     res = run_suite(pytester, "ignore_digest", "-k", "request_streams", "-n", "2",
@@ -102,6 +104,7 @@ def _run_db(pytester: pytest.Pytester, db: str, examples: int, seed: int) -> pyt
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_directory_database_replays_a_failure_first(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     # negative control: one example from this seed does not find the bug on its own
@@ -112,6 +115,7 @@ def test_directory_database_replays_a_failure_first(pytester: pytest.Pytester) -
     _run_db(pytester, "none", examples=1, seed=2).assert_outcomes(passed=1)
 
 
+@pytest.mark.slow
 def test_default_database_is_under_dot_prefixcache(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     res = run_suite(pytester, "ignore_digest", "-k", "request_streams", examples=40)
@@ -183,6 +187,7 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 def test_redis_database_shares_failures_between_machines(
     pytester: pytest.Pytester,
     redis_url: str,
@@ -204,6 +209,7 @@ def test_redis_database_shares_failures_between_machines(
     assert not (other / ".prefixcache" / "examples").exists()
 
 
+@pytest.mark.timing
 def test_budget_runs_more_rounds_until_spent(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     args = ("-k", "request_streams", "--prefixcache-database=none")

@@ -33,6 +33,7 @@ def test_server_cmd_and_engine_conflict(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*--prefixcache-server-cmd and --prefixcache-engine both*"])
 
 
+@pytest.mark.slow
 def test_server_cmd_verifies_the_reference_server(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

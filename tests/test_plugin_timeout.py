@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from plugin_support import run_suite, with_fakes
 
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.timing
 def test_hung_engine_fails_then_the_rest_is_skipped(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     pytester.makepyfile(
@@ -21,9 +20,12 @@ def test_hung_engine_fails_then_the_rest_is_skipped(pytester: pytest.Pytester) -
             pass
         """
     )
-    start = time.monotonic()
-    result = run_suite(pytester, "hangs", "--prefixcache-timeout=1", "-rs", subprocess=True)
-    assert time.monotonic() - start < 25, "the session waited for the hung engine"
+    # The engine hangs for an hour on its first cache hit. The session ends anyway (the hung
+    # call is abandoned on its daemon thread); the subprocess's timeout only guards against a
+    # session that waits for it, which would otherwise hang the test run.
+    result = run_suite(
+        pytester, "hangs", "--prefixcache-timeout=1", "-rs", subprocess=True, timeout=600
+    )
     result.stdout.fnmatch_lines(
         [
             "E   pytest_prefixcache.errors.EngineTimeout: timeout: run(request 1, use_cache=True) "

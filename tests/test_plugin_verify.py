@@ -149,6 +149,7 @@ BROKEN = [
 
 
 @pytest.mark.parametrize(("engine", "error", "lines"), BROKEN, ids=[b[0] for b in BROKEN])
+@pytest.mark.slow
 def test_broken_engine_fails_with_a_readable_message(
     pytester: pytest.Pytester, engine: str, error: str, lines: list[str]
 ) -> None:
@@ -185,6 +186,7 @@ def test_top_logprobs_engine_is_compared_exactly(pytester: pytest.Pytester) -> N
         ("top_only_ignore_digest", ["equivalence: step 0: top tokens differ: only cached *"]),
     ],
 )
+@pytest.mark.slow
 def test_top_logprobs_engine_with_a_cache_bug_fails(
     pytester: pytest.Pytester, engine: str, lines: list[str]
 ) -> None:
@@ -238,6 +240,7 @@ def test_corpus_catches_volatile_header_bytes_when_strict(pytester: pytest.Pytes
     )
 
 
+@pytest.mark.slow
 def test_rerendered_history_is_a_finding_and_fails_when_strict(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     lenient = run_suite(pytester, "rerender_history", "-k", "request_streams", examples=30)
@@ -260,6 +263,7 @@ def test_rerendered_history_is_a_finding_and_fails_when_strict(pytester: pytest.
     )
 
 
+@pytest.mark.slow
 def test_an_engine_that_reports_only_logits_is_still_checked(pytester: pytest.Pytester) -> None:
     with_fakes(pytester)
     ok = run_suite(pytester, "minimal", "-k", "request_streams", examples=30)

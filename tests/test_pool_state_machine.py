@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -201,6 +202,7 @@ def test_negative_control_the_machine_catches_a_leaky_release() -> None:
         LeakyMachine.TestCase().runTest()
 
 
+@pytest.mark.slow
 def test_negative_control_the_machine_catches_a_drop_nobody_hears_of() -> None:
     """A pool that evicts without calling ``on_drop`` must fail the dropped-payloads invariant
     (the reference engine would keep the evicted rows' memory alive)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -95,10 +94,11 @@ def _run(pytester: pytest.Pytester, engine: str) -> pytest.RunResult:
         "-p", "no:cacheprovider", "--prefixcache-verify",
         f"--prefixcache-engine=fakeserver:{engine}", "--prefixcache-examples=10",
         "--prefixcache-seed=1", "--prefixcache-timeout=20",
-        "-k", "request_streams", timeout=120,
+        "-k", "request_streams", timeout=600,  # a guard against a hang
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_healthy_fake_server_passes(pytester: pytest.Pytester) -> None:
     """The control: the fake server itself is a correct (cacheless) engine."""
     _run(pytester, "healthy").assert_outcomes(passed=1)
@@ -115,14 +115,14 @@ BROKEN = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("engine", "line"), BROKEN, ids=[b[0] for b in BROKEN])
 def test_a_broken_server_fails_clearly_and_promptly(
     pytester: pytest.Pytester, engine: str, line: str
 ) -> None:
-    start = time.monotonic()
     result = _run(pytester, engine)
-    assert time.monotonic() - start < 60
     result.assert_outcomes(failed=1)
+    result.stdout.no_fnmatch_line("*EngineTimeout*")  # promptly: the server's error, no timeout
     result.stdout.fnmatch_lines(
         [
             f"E *pytest_prefixcache.errors.EngineFault: {line}",

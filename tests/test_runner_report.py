@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -42,12 +41,13 @@ def test_close_keeps_one_idle_daemon_thread() -> None:
 
 
 def test_worker_times_out_and_stays_dead() -> None:
+    """The call is interrupted: it raises while the engine is still hung (``release`` is set
+    only afterwards), and the worker stays dead."""
     w = EngineWorker()
     release = threading.Event()
-    start = time.monotonic()
     with pytest.raises(CallTimedOut, match=r"hang did not answer within 0.2 s"):
         w.call(release.wait, timeout=0.2, what="hang")
-    assert time.monotonic() - start < 2
+    assert not release.is_set()
     assert w.dead == "hang did not answer within 0.2 s"
     with pytest.raises(CallTimedOut):
         w.call(lambda: 1, timeout=5, what="later")

@@ -249,6 +249,7 @@ def test_server_timing_is_the_engines_run(server: Any, monkeypatch: pytest.Monke
 @pytest.mark.parametrize(
     ("flags", "name"), [([], MODEL), (["--served-model-name", "ref-7"], "ref-7")]
 )
+@pytest.mark.slow
 def test_models_list_names_the_model(flags: list[str], name: str) -> None:
     """The id is the model directory's name (the fixture's, wherever it was built) or
     --served-model-name, never a path."""

@@ -100,6 +100,7 @@ EXPECTED = {
 }
 
 
+@pytest.mark.slow
 def test_default_streams_routinely_contain_every_situation() -> None:
     seen: Counter[str] = Counter()
     lengths: list[int] = []
@@ -153,6 +154,7 @@ def test_stream_arguments_are_honoured(stream: tuple[Request, ...]) -> None:
     assert all(len([m for m in r.messages if m.role == "user"]) == 1 for r in stream)
 
 
+@pytest.mark.slow
 def test_streams_shrink_to_a_minimal_collision_pair() -> None:
     def collides(stream: tuple[Request, ...]) -> bool:
         return any(

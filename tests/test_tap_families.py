@@ -33,6 +33,7 @@ def probe(tmp_path: Path, *targets: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_default_targets_all_import_and_record_the_prompt_offset(tmp_path: Path) -> None:
     out = probe(tmp_path)
     assert out["missing"] == [], "default targets that do not import in mlx-lm / mlx-vlm"
@@ -49,6 +50,7 @@ def test_default_targets_all_import_and_record_the_prompt_offset(tmp_path: Path)
     ]
 
 
+@pytest.mark.slow
 def test_a_wrapper_and_the_class_it_calls_record_once(tmp_path: Path) -> None:
     out = probe(tmp_path, "mlx_lm.models.qwen3_5:Model", "mlx_lm.models.qwen3_5:TextModel")
     assert [c[0] for c in out["calls"]["qwen3_5"]] == ["mlx_lm.models.qwen3_5.Model"] * 2

@@ -145,6 +145,7 @@ class MlxLmEngine:
             prompt_tokens=len(prompt),
             token_ids=tuple(prompt),
             image_spans=(),
+            text=str(self.tokenizer.decode(tokens[:n], skip_special_tokens=True)),
         )
 
 

@@ -205,6 +205,11 @@ class MlxVlmApcEngine:
             prompt_tokens=prompt_tokens,
             token_ids=tuple(ids),
             image_spans=spans,
+            text=str(
+                getattr(self.processor, "tokenizer", self.processor).decode(
+                    list(tokens[:n]), skip_special_tokens=True
+                )
+            ),
         )
 
 

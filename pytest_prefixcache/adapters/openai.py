@@ -73,7 +73,8 @@ class OpenAIEngine:
             that mislabel steps, like mlx-lm 0.32.2). Default: ``True``.
         tap: read the logit tap of every server started here. Default: ``False``.
         vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
-            that carry no ``id``. Default: None.
+            that carry no ``id`` (decoded text), or a :class:`.replies.Vocabulary` of another
+            kind (SGLang: ``kind="bytes"``). Default: None.
         extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
             image spans, merges, message starts, full logits). Default: ``False``.
         render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
@@ -132,7 +133,7 @@ class OpenAIEngine:
         timeout: float = 120.0,
         start_timeout: float = 120.0,
         env: Mapping[str, str] | None = None,
-        vocab: str | os.PathLike[str] | None = None,
+        vocab: str | os.PathLike[str] | Vocabulary | None = None,
         extensions: bool = False,
         render: Callable[[Request], tuple[list[int], Spans]] | None = None,
         tap_log: str | os.PathLike[str] | None = None,
@@ -176,7 +177,7 @@ class OpenAIEngine:
         self.claims = claims
         self.timeout = timeout
         self.tap_disagreements: list[str] = []
-        self.vocab = Vocabulary(vocab) if vocab is not None else None
+        self.vocab = vocab if isinstance(vocab, Vocabulary) or vocab is None else Vocabulary(vocab)
         self.extensions = extensions
         self.prompt_ids = PromptIds(prompt_ids, render, image_token_id)
         self.render_mismatches: list[str] = []
@@ -347,6 +348,8 @@ class OpenAIEngine:
             tokens=tokens,
             cached_tokens=parsed.cached_tokens,
             prompt_tokens=parsed.prompt_tokens,
+            # max_tokens is at least 1: a request for none sends no reply back
+            text=parsed.text if request.max_new_tokens else "",
         )
         if self.extensions:
             return with_extension(out, reply, request.max_new_tokens)

@@ -23,6 +23,7 @@ from .claims import ClaimWatch, sources_from_json
 from .omlx import omlx_server
 from .openai import OpenAIEngine
 from .render import TextRenderer, VlmRenderer
+from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "mlx_vlm_server",
     "omlx_server",
     "reference_server",
+    "sglang_server",
     "vllm_server",
 ]
 

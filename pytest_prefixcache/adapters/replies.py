@@ -3,7 +3,8 @@ server's own token ids.
 
 A top_logprobs entry names its token in one of the forms servers use: an ``id`` (llama-server,
 the reference server), a ``token_id:N`` string (vLLM with ``return_tokens_as_token_ids``), or
-text that a :class:`Vocabulary` looks up (``token``, else the UTF-8 ``bytes``). Sorting is done
+text that a :class:`Vocabulary` looks up (``token``, else the UTF-8 ``bytes``; SGLang: the
+token's raw ``bytes``, ``kind="bytes"``). Sorting is done
 here: never trust a step's own ``id``/``token`` label blindly (mlx-lm 0.32.2 reports the first
 element of an unsorted top-k there); :func:`logprob_problems` checks it when asked.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,9 +24,40 @@ import numpy as np
 from ..errors import EngineError
 from ..types import Outcome
 
-__all__ = ["Reply", "Vocabulary", "logprob_problems", "parse_reply", "token_id", "with_extension"]
+__all__ = [
+    "Reply",
+    "Vocabulary",
+    "byte_decoder",
+    "logprob_problems",
+    "parse_reply",
+    "token_id",
+    "with_extension",
+]
 
 TOKEN_ID_PREFIX = "token_id:"
+
+
+KINDS = ("decoded", "raw", "bytes")
+
+
+def byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the character a byte-level BPE vocabulary
+    writes for each byte -> that byte (``bytes_to_unicode`` of GPT-2, Llama 3, Qwen)."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: b for b in kept}
+    moved = (b for b in range(256) if b not in chars)
+    chars.update((b, 256 + n) for n, b in enumerate(moved))
+    return {chr(c): b for b, c in chars.items()}
+
+
+def _is_byte_level(spec: Any) -> bool:
+    """Whether a tokenizer.json pre-tokenizer or decoder (possibly a Sequence) is ByteLevel."""
+    if not isinstance(spec, dict):
+        return False
+    if spec.get("type") == "ByteLevel":
+        return True
+    parts = spec.get("pretokenizers") or spec.get("decoders") or ()
+    return any(_is_byte_level(p) for p in parts)
 
 
 class Vocabulary:
@@ -33,18 +66,31 @@ class Vocabulary:
     ``kind="decoded"`` (mlx-vlm's and vLLM's servers: ``tokenizer.decode([id])``) names an id
     only when exactly one id decodes to that text (byte fragments all decode to U+FFFD, special
     tokens to ``''`` in vLLM); ``kind="raw"`` looks the entry up among the vocabulary's own
-    token strings.
+    token strings; ``kind="bytes"`` (SGLang 0.5.23: each entry's ``bytes`` are the token's
+    raw bytes, read through GPT-2's byte decoder, on a byte-level BPE tokenizer) names an id
+    by its exact bytes, so byte fragments that all decode to U+FFFD are told apart; on a
+    tokenizer that is not byte-level (SGLang then sends the decoded text's UTF-8) it is
+    ``"decoded"``. Bytes or text that several ids share name none of them.
     """
 
     def __init__(self, model_dir: str | os.PathLike[str], kind: str = "decoded") -> None:
         from tokenizers import Tokenizer
 
-        if kind not in ("decoded", "raw"):
-            raise ValueError(f"kind {kind!r} is not 'decoded' or 'raw'")
-        tok = Tokenizer.from_file(os.path.join(os.fspath(model_dir), "tokenizer.json"))
+        if kind not in KINDS:
+            raise ValueError(f"vocabulary kind {kind!r} is not one of {', '.join(KINDS)}")
+        path = os.path.join(os.fspath(model_dir), "tokenizer.json")
+        tok = Tokenizer.from_file(path)
+        self.kind = kind
+        #: The token's raw bytes -> its id (``kind="bytes"`` on a byte-level tokenizer).
+        self.raw_bytes: dict[bytes, int] = {}
         if kind == "raw":
             self.names = {str(t): i for t, i in tok.get_vocab(with_added_tokens=True).items()}
             return
+        if kind == "bytes":
+            with open(path, encoding="utf-8") as f:
+                spec = json.load(f)
+            if _is_byte_level(spec.get("pre_tokenizer")) or _is_byte_level(spec.get("decoder")):
+                self.raw_bytes = _unique(_raw_bytes(tok.get_vocab(with_added_tokens=True)))
         seen: dict[str, int] = {}
         for i in range(tok.get_vocab_size(with_added_tokens=True)):
             text = tok.decode([i], skip_special_tokens=False)
@@ -52,6 +98,13 @@ class Vocabulary:
         self.names = {t: i for t, i in seen.items() if i >= 0}
 
     def __call__(self, entry: Mapping[str, Any]) -> int | None:
+        if self.raw_bytes:
+            raw = entry.get("bytes")
+            if isinstance(raw, list) and raw:
+                try:
+                    return self.raw_bytes.get(bytes(raw))
+                except (ValueError, TypeError):
+                    return None
         token = entry.get("token")
         if not isinstance(token, str):
             raw = entry.get("bytes")
@@ -62,6 +115,25 @@ class Vocabulary:
             except (ValueError, TypeError):
                 return None
         return self.names.get(token)
+
+
+def _raw_bytes(vocab: Mapping[str, int]) -> list[tuple[bytes, int]]:
+    """Each token's raw bytes as SGLang computes them: every character of its vocabulary
+    string through the byte decoder (tokens with a character outside it are left out: SGLang
+    sends their decoded text, which nothing here would tell from a real token's bytes)."""
+    decoder = byte_decoder()
+    out = []
+    for piece, i in vocab.items():
+        if piece and all(ch in decoder for ch in piece):
+            out.append((bytes(decoder[ch] for ch in piece), int(i)))
+    return out
+
+
+def _unique(pairs: list[tuple[bytes, int]]) -> dict[bytes, int]:
+    seen: dict[bytes, int] = {}
+    for key, i in pairs:
+        seen[key] = -1 if key in seen and seen[key] != i else i
+    return {k: i for k, i in seen.items() if i >= 0}
 
 
 def token_id(entry: Mapping[str, Any], vocab: Vocabulary | None = None) -> int | None:
@@ -97,6 +169,14 @@ class Reply:
     reported_completion: int | None = None
     prompt_token_ids: tuple[int, ...] | None = None
     completion_token_ids: tuple[int, ...] | None = None
+    text: str | None = None
+    """The reply's ``message.content`` (what a chat client sends back as the next assistant
+    turn), or None when the reply has none."""
+
+
+def _content(choice: Any) -> str | None:
+    content = (choice.get("message") or {}).get("content")
+    return content if isinstance(content, str) else None
 
 
 def _ids(value: Any) -> tuple[int, ...] | None:
@@ -153,7 +233,9 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
             has_logprobs=logprobs is not None,
             reported_completion=None if reported is None else int(reported),
             prompt_token_ids=_ids(prompt_ids),
-            completion_token_ids=_ids(choice.get("token_ids")),
+            # vLLM: the choice's token_ids; SGLang 0.5.23: its response_token_ids
+            completion_token_ids=_ids(choice.get("token_ids", choice.get("response_token_ids"))),
+            text=_content(choice),
         )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(

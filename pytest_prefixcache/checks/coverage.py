@@ -16,7 +16,8 @@ claims rows (:mod:`.claims`) are required only when the engine declares claim so
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 from ..types import Outcome, Request
 from .claims import CLAIMS, STEPS
@@ -33,11 +34,14 @@ __all__ = [
     "REQUIRED",
     "SERVER_HINTS",
     "UNCLAIMED",
+    "CoverageRow",
     "claims_coverage",
     "coverage_lines",
     "coverage_of",
+    "coverage_rows",
     "gap_lines",
     "missing",
+    "row_lines",
 ]
 
 #: The key under which a check's count of requests it applied to is kept.
@@ -194,18 +198,54 @@ def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, in
     return out
 
 
-def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
-    """One line per check: the requests it ran on, and why it could not run on the others."""
-    out = []
-    width = max((len(c) for c in coverage), default=0)
+@dataclass(frozen=True)
+class CoverageRow:
+    """One check's row of the coverage table: the requests it ran on, of those that concern
+    it, and why it could not run on the others."""
+
+    check: str
+    ran: int
+    total: int
+    reasons: tuple[tuple[str, int], ...]
+    """(reason, requests) for the requests it did not run on, in the order they were met."""
+    gap: bool
+    """A required check that could not run on some request: the verdict cannot be PASS."""
+
+    @property
+    def why(self) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in self.reasons)
+
+
+def coverage_rows(coverage: Mapping[str, Mapping[str, int]]) -> list[CoverageRow]:
+    """The coverage table: the required checks first, in :data:`REQUIRED` order, then the
+    others by name."""
+    gaps = missing(coverage)
     order = [c for c in REQUIRED if c in coverage]
     order += sorted(set(coverage) - set(order))
-    for check in order:
-        row = coverage[check]
-        why = ", ".join(f"{k}: {v}" for k, v in row.items() if k != APPLIED)
-        ran = f"{row.get(APPLIED, 0)}/{sum(row.values())}"
-        out.append(f"  {check:<{width}}  {ran}" + (f" ({why})" if why else ""))
+    return [
+        CoverageRow(
+            check,
+            coverage[check].get(APPLIED, 0),
+            sum(coverage[check].values()),
+            tuple((k, v) for k, v in coverage[check].items() if k != APPLIED),
+            check in gaps,
+        )
+        for check in order
+    ]
+
+
+def row_lines(rows: Sequence[CoverageRow]) -> list[str]:
+    """The terminal's coverage table: a title, then one line per check."""
+    width = max((len(r.check) for r in rows), default=0)
+    out = [
+        f"  {r.check:<{width}}  {r.ran}/{r.total}" + (f" ({r.why})" if r.why else "") for r in rows
+    ]
     return ["coverage (requests each check ran on / that concern it):", *out] if out else []
+
+
+def coverage_lines(coverage: Mapping[str, Mapping[str, int]]) -> list[str]:
+    """One line per check: the requests it ran on, and why it could not run on the others."""
+    return row_lines(coverage_rows(coverage))
 
 
 def gap_lines(gaps: Mapping[str, Mapping[str, int]], *, server: bool = False) -> list[str]:

@@ -7,9 +7,17 @@ offset, and text matches text. The oracle's maximum for a request is the longest
 shared with any earlier request of the same namespace, capped at ``prompt_tokens - 1``
 because at least one prompt token must be computed to produce logits.
 
-That is the token oracle, the correctness bound. Beside it, each :class:`Match` carries the
-snapshot-aware reference (the longest boundary of an earlier prompt within the shared
-prefix) and, for a block-granular design, the whole blocks of it; see :mod:`.references`.
+That is the token oracle. Beside it, each :class:`Match` carries the snapshot-aware
+reference (the longest boundary of an earlier prompt within the shared prefix) and, for a
+block-granular design, the whole blocks of it; see :mod:`.references`.
+
+An earlier request also leaves behind the KV its decode computed: its prompt continued by its
+greedy output tokens. ``Match.bound`` (the correctness bound) counts them for every engine;
+the token oracle counts them only for a design that caches output (``CacheDesign.outputs``).
+``Match.decode_start`` is the first position of the prompt whose KV an earlier decode
+computed (the end of that request's prompt, when this prompt continues it through its
+output): a cached run that reused past it may hold decode-time KV, which on some families is
+not bit-exact against a cold prefill (the decode tolerance rule, :mod:`.equivalence`).
 """
 
 from __future__ import annotations
@@ -66,6 +74,19 @@ class Match:
     """Whole blocks of ``max_reuse``, for a block-granular design (None otherwise)."""
     design: CacheDesign = field(default_factory=CacheDesign)
     """The engine's declared design: which reference judges its efficiency."""
+    bound: int | None = None
+    """The correctness bound: the longest prefix shared with an earlier prompt continued by
+    all its output tokens, capped like ``max_reuse`` (None: ``max_reuse``). The token oracle
+    of a design that caches output counts all but the last output token (a decode never
+    computes the KV of the token it ends on)."""
+    decode_start: int | None = None
+    """The first position of this prompt whose KV an earlier request's decode computed (None
+    when no earlier output continues into this prompt)."""
+
+    @property
+    def limit(self) -> int:
+        """The most any cache can validly reuse (the correctness bound)."""
+        return self.max_reuse if self.bound is None else max(self.bound, self.max_reuse)
 
     @property
     def allowed(self) -> int:
@@ -92,6 +113,8 @@ class _Prompt:
     keys: list[Key]
     bounds: tuple[int, ...]
     starts_known: bool
+    output: tuple[Key, ...] = ()
+    """The output tokens' keys: the KV its decode computed after the prompt."""
 
 
 @dataclass
@@ -114,16 +137,29 @@ class ReuseOracle:
         """What could validly be reused for this prompt, given the prompts seen before."""
         keys = position_keys(token_ids, spans)
         best, source = 0, None
+        full, decode_start = 0, None
+        stored, stored_source = 0, None
         snap, snap_source, known = 0, None, True
         for p in self._history.get(namespace, ()):
             n = shared_prefix(keys, p.keys)
             if n > best:
                 best, source = n, p.index
+            ext = shared_prefix(keys[n:], p.output) if n == len(p.keys) else 0
+            if ext and (decode_start is None or n < decode_start):
+                decode_start = n
+            full = max(full, n + ext)
+            # a decode computes the KV of every output token but the last (never fed back)
+            m = n + min(ext, max(0, len(p.output) - 1))
+            if m > stored:
+                stored, stored_source = m, p.index
             b = last_boundary(p.bounds, min(n, len(keys) - 1))
             if b > snap:
                 snap, snap_source = b, p.index
             known = known and p.starts_known
-        token = max(0, min(best, len(keys) - 1))
+        cap = len(keys) - 1
+        if self.design.outputs and stored > best:
+            best, source = stored, stored_source
+        token = max(0, min(best, cap))
         block = self.design.block_size
         return Match(
             token,
@@ -134,6 +170,8 @@ class ReuseOracle:
             starts_known=known,
             block=None if block is None else block_reuse(token, block),
             design=self.design,
+            bound=max(0, min(full, cap)),
+            decode_start=decode_start if decode_start is not None and decode_start < cap else None,
         )
 
     def add(
@@ -143,9 +181,14 @@ class ReuseOracle:
         token_ids: Sequence[int],
         spans: Sequence[tuple[int, int, str]],
         message_starts: Sequence[int] | None = None,
+        output: Sequence[int] = (),
     ) -> None:
         """Record the prompt of the cached run of stream request ``index`` (with the
-        positions where its messages start, when the engine reported them)."""
+        positions where its messages start, when the engine reported them, and the output
+        tokens its decode computed the KV of)."""
         bounds = boundaries(len(token_ids), spans, message_starts)
-        prompt = _Prompt(index, position_keys(token_ids, spans), bounds, message_starts is not None)
+        out = tuple((int(t), "", -1) for t in output)
+        prompt = _Prompt(
+            index, position_keys(token_ids, spans), bounds, message_starts is not None, out
+        )
         self._history.setdefault(namespace, []).append(prompt)

@@ -13,6 +13,13 @@
 - **Block granularity**: a cache that keeps whole blocks of B tokens only reuses
   ``floor(token_max / B) * B``.
 
+A cache may also store the KV it computed while decoding, under the prompt + output tokens
+(``caches_output = True``), so that the next turn carrying the reply reuses it. The
+correctness bound always counts an earlier request's output tokens as part of what it left
+behind (any design may); the references count them only for a design that declares it: a
+prompt-only cache is not judged for missing the reply's KV. Reuse through output tokens stops
+at the first token where the next prompt's re-tokenised reply differs from the generated ids.
+
 An engine declares the design of its cache (:class:`CacheDesign`); its efficiency, the
 positive control and ``--prefixcache-min-efficiency`` are judged against that reference, the
 reuse bound always against the token oracle.
@@ -55,10 +62,14 @@ class CacheDesign:
             a sliding window that has wrapped) as snapshots. ``"block"``: whole blocks of
             ``block_size`` tokens only.
         block_size: tokens per block: ``"block"`` needs it, and only ``"block"`` takes it.
+        outputs: the cache also stores the KV computed while decoding, under the prompt +
+            output tokens (the engine's ``caches_output``); the references then count an
+            earlier request's output tokens as reusable.
     """
 
     reference: ReuseReference = "token"
     block_size: int | None = None
+    outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.reference not in REUSE_REFERENCES:
@@ -69,6 +80,8 @@ class CacheDesign:
         b = self.block_size
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b <= 0):
             raise EngineError(f"block_size={b!r} is not a positive int")
+        if not isinstance(self.outputs, bool):
+            raise EngineError(f"caches_output={self.outputs!r} is not a bool")
         if (self.reference == "block") != (b is not None):
             raise EngineError(
                 "reuse_reference='block' needs a block_size"
@@ -84,15 +97,17 @@ class CacheDesign:
         not a declaration."""
         reference: Any = getattr(engine, "reuse_reference", "token")
         block = getattr(engine, "block_size", None) if reference == "block" else None
+        outputs: Any = getattr(engine, "caches_output", False)
         try:
-            return cls(reference, block)
+            return cls(reference, block, outputs)
         except EngineError as exc:
             raise EngineError(f"{type(engine).__name__}: {exc}") from None
 
     @property
     def label(self) -> str:
         """The reference, in words: ``"the snapshot-aware reference"``."""
-        return "the " + reference_name(self.reference, self.block_size)
+        what = " (prompt + output tokens)" if self.outputs else ""
+        return "the " + reference_name(self.reference, self.block_size) + what
 
 
 def reference_name(reference: str, block_size: int | None = None) -> str:

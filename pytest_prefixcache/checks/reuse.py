@@ -44,21 +44,26 @@ NOTHING_STORED = (
 
 def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
     """``cached_tokens`` may not exceed the token oracle's maximum valid reuse."""
-    if o.cached_tokens is None or match is None or o.cached_tokens <= match.max_reuse:
+    if o.cached_tokens is None or match is None or o.cached_tokens <= match.limit:
         return []
     src = "no earlier request" if match.source is None else f"request {match.source}"
+    outputs = (
+        f" (through an earlier request's output tokens: {match.limit})"
+        if match.limit > match.max_reuse
+        else ""
+    )
     return [
         Problem(
             "reuse bound",
             f"cached_tokens={o.cached_tokens} exceeds the maximum valid reuse of "
-            f"{match.max_reuse} tokens",
+            f"{match.limit} tokens",
             (
                 f"longest valid shared prefix: {match.shared} tokens, with {src} of the same "
-                "namespace; at least one prompt token must be computed",
+                f"namespace{outputs}; at least one prompt token must be computed",
                 "judged against the token oracle, whatever the engine's declared design: no "
                 "cache can validly reuse more",
             ),
-            position=match.max_reuse,
+            position=match.limit,
         )
     ]
 

@@ -12,17 +12,12 @@ from html import escape
 from ..output.report import RequestRecord
 from .svg import Frame, legend, nice_ticks, num
 
-__all__ = ["MAX_BARS", "DiffBin", "diff_bins", "diff_chart", "is_over", "reuse_chart"]
+__all__ = ["MAX_BARS", "DiffBin", "diff_bins", "diff_chart", "reuse_chart"]
 
 #: Requests drawn one bar each; longer runs are grouped, each bar the maximum of its group.
 MAX_BARS = 1500
 #: Decades of the difference histogram; smaller differences fall into the first bin.
 MAX_DECADES = 14
-
-
-def is_over(r: RequestRecord) -> bool:
-    """The engine reported more reuse than the oracle allows: the dangerous case."""
-    return r.cached_tokens is not None and r.reusable is not None and r.cached_tokens > r.reusable
 
 
 @dataclass
@@ -73,7 +68,7 @@ def _slots(records: Sequence[RequestRecord], group: int) -> list[_Slot]:
                 last=start + len(chunk) - 1,
                 reported=_max([r.cached_tokens for r in chunk]),
                 oracle=_max([r.reusable for r in chunk]),
-                over=sum(is_over(r) for r in chunk),
+                over=sum(r.over for r in chunk),
                 prompt=_max([r.prompt_tokens for r in chunk]),
             )
         )

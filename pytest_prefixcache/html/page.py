@@ -8,10 +8,12 @@ from html import escape
 from pathlib import Path
 
 from ..output.report import FORMAT, FailureRecord, Report
-from .charts import MAX_BARS, diff_chart, is_over, reuse_chart
+from ..output.summary import over_claims, summarize
+from .charts import MAX_BARS, diff_chart, reuse_chart
 from .conversation import find_stream_dir, render_stream
 from .reuse import references_table
 from .style import CSS
+from .summary import summary_sections
 
 __all__ = ["render_html", "write_html"]
 
@@ -50,11 +52,23 @@ def verdict(report: Report) -> tuple[str, str]:
     return "pass", "PASS"
 
 
-def _header(report: Report) -> str:
-    tone, text = verdict(report)
+def _efficiency(report: Report, over: int) -> str:
+    """The efficiency tile: never a figure beside a failed reuse bound (see
+    :mod:`~pytest_prefixcache.output.summary`)."""
     eff = report.efficiency
     reused, reusable = report.judged_reuse()
-    over = sum(is_over(r) for r in report.records)
+    if over:
+        detail = f"{over} request(s) reported more reuse than the token oracle allows"
+        return _stat("Efficiency", "not judged", detail, "bad")
+    if eff is None:
+        return _stat("Efficiency", "n/a", f"nothing was reusable (vs {report.judged_against})")
+    detail = f"{reused} of {reusable} reusable tokens, vs {report.judged_against}"
+    return _stat("Efficiency", f"{eff:.1%}", detail)
+
+
+def _header(report: Report) -> str:
+    tone, text = verdict(report)
+    over = over_claims(report)
     shards = getattr(report, "shards", 1)
     seed_flag = ""
     if report.seed is not None:
@@ -79,13 +93,7 @@ def _header(report: Report) -> str:
             "" if report.workers else "not distributed",
         ),
         _stat("Cache hits", str(report.cache_hits), hits),
-        _stat(
-            "Efficiency",
-            "n/a" if eff is None else f"{eff:.1%}",
-            f"nothing was reusable (vs {report.judged_against})"
-            if eff is None
-            else f"{reused} of {reusable} reusable tokens, vs {report.judged_against}",
-        ),
+        _efficiency(report, over),
         _stat(
             "Reported > oracle",
             str(over),
@@ -262,7 +270,8 @@ def render_html(report: Report, *, base_dir: str | os.PathLike[str] | None = Non
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "img-src data:; style-src 'unsafe-inline'\">"
         f"<title>{escape(title)}</title><style>{CSS}</style></head>"
-        f'<body class="{tone}"><main>{_header(report)}{_configs(report)}{_charts(report)}'
+        f'<body class="{tone}"><main>{_header(report)}{summary_sections(summarize(report))}'
+        f"{_configs(report)}{_charts(report)}"
         f"{_failures(report, base_dir)}"
         "<footer>pytest-prefixcache · report format "
         f"{escape(FORMAT)}</footer></main></body></html>\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from html import escape
 
 from ..output.report import Report
+from ..output.summary import over_claims
 
 __all__ = ["references_table"]
 
@@ -23,7 +24,9 @@ _REFERENCES = {
 
 
 def references_table(report: Report) -> str:
-    """Reuse against every reference side by side; the declared one is marked."""
+    """Reuse against every reference side by side; the declared one is marked. No efficiency
+    is shown when the engine over-claimed (the reuse bound failed)."""
+    over = over_claims(report)
     rows = []
     for ref, (reused, reusable) in report.reuse_totals().items():
         title, what = _REFERENCES[ref]
@@ -31,7 +34,7 @@ def references_table(report: Report) -> str:
             what += f" ({report.block_size} tokens)"
         if ref == "snapshot" and report.starts_unknown:
             what += f"; message boundaries unknown on {report.starts_unknown} request(s)"
-        eff = f"{reused / reusable:.1%}" if reusable else "n/a"
+        eff = "not judged" if over else f"{reused / reusable:.1%}" if reusable else "n/a"
         mark = ' class="judged"' if ref == report.reference else ""
         judged_by = " (judged)" if ref == report.reference else ""
         rows.append(

@@ -102,5 +102,13 @@ img.thumb, .thumb.missing { height: 22px; width: auto; max-width: 66px;
   border: 1px solid var(--line); border-radius: 2px; image-rendering: pixelated; }
 .thumb.missing { display: inline-block; width: 22px; text-align: center; font-size: 12px; }
 figure.image figcaption { font-size: 11px; color: var(--muted); font-family: var(--mono); }
+ul.lines { list-style: none; margin: 4px 0; padding: 0; font-family: var(--mono);
+  font-size: 13px; }
+ul.lines li { padding: 2px 0; word-break: break-word; }
+ul.lines li.sub { padding-left: 24px; color: var(--muted); }
+ul.lines li.bad { color: var(--fail); font-weight: 600; }
+ul.lines li.good { color: var(--pass); }
+table.coverage td.name { font-family: var(--mono); }
+table.coverage tr.gap td { color: var(--fail); font-weight: 600; background: #ffebe9; }
 footer { color: var(--muted); font-size: 12px; text-align: center; margin-top: 24px; }
 """

@@ -44,3 +44,13 @@ class RequestRecord:
     """The snapshot-aware reference's maximum (None without token ids, or an older report)."""
     block: int | None = None
     """Whole blocks of ``reusable``, for a block-granular design."""
+
+    @property
+    def over(self) -> bool:
+        """The engine reported more reuse than the token oracle allows: the dangerous case
+        (the reuse bound)."""
+        return (
+            self.cached_tokens is not None
+            and self.reusable is not None
+            and self.cached_tokens > self.reusable
+        )

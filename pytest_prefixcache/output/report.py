@@ -15,10 +15,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from ..checks.coverage import coverage_lines, gap_lines, missing
+from ..checks.coverage import gap_lines, missing
 from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
-from .reuse import FIELDS, MIXED, efficiency_label, judged, references_line, totals
+from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
+from .summary import summarize
 
 __all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
 
@@ -45,6 +46,7 @@ _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
     "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
+    "over_claims", "decode_rule_requests",
 )  # fmt: skip
 
 
@@ -59,6 +61,11 @@ class Report:
     """The model directory the engine factories were given (``--prefixcache-model``); None:
     each engine's own."""
     tolerance: str = "exact"
+    decode_rule: str = ""
+    """The decode rule (the tolerance of requests that reused decode-time KV), when the
+    engine declares one."""
+    decode_rule_requests: int = 0
+    """Requests judged by the decode rule."""
     requests: int = 0
     cache_hits: int = 0
     reused_tokens: int = 0
@@ -76,6 +83,8 @@ class Report:
     starts_unknown: int = 0
     """Requests with token ids but no message starts (their snapshot-aware boundaries are
     image edges and prompt ends only)."""
+    over_claims: int = 0
+    """Requests whose reported reuse exceeded the token oracle's maximum (the reuse bound)."""
     worst_diff: float = 0.0
     worst_diff_where: str = ""
     worst_kl: float = 0.0
@@ -110,6 +119,8 @@ class Report:
     """Efficiency findings that did not fail the run: check -> how many."""
     finding_examples: list[str] = field(default_factory=list)
     """The first few findings, one line each."""
+    skipped: list[str] = field(default_factory=list)
+    """Verification tests that were skipped, one line each: ``test id: reason``."""
     configs: list[dict[str, Any]] = field(default_factory=list)
     """A matrix run's rows, one per configuration (name, engine, verdict, coverage, counters);
     the verdict is the worst row's."""
@@ -205,63 +216,8 @@ class Report:
             self.records_dropped += 1
 
     def lines(self) -> list[str]:
-        """The terminal summary, one line per item."""
-        eff = self.efficiency
-        reused, reusable = judged(self)
-        eff_text = (
-            "n/a (nothing was reusable)"
-            if eff is None
-            else f"{eff:.1%} ({reused} of {reusable} reusable tokens)"
-        )
-        worst = f"{self.worst_diff:.3g}"
-        if self.worst_diff_where:
-            worst += f" ({self.worst_diff_where})"
-        workers = f" on {self.workers} workers" if self.workers else ""
-        out = [
-            f"engine: {self.engine or '?'}; "
-            + (f"model: {self.model}; " if self.model else "")
-            + f"tolerance: {self.tolerance}",
-            f"requests run: {self.requests} in {self.streams} stream(s){workers}, "
-            f"{self.cache_hits} with cache hits",
-            f"cache efficiency vs {efficiency_label(self)}: {eff_text}",
-            f"worst |cached - uncached|: {worst}",
-            f"merges checked: {self.merges_checked}",
-        ]
-        side_by_side = references_line(self)
-        if side_by_side:
-            out.append(side_by_side)
-        if self.engine_error:
-            out.insert(1, f"engine could not be built: {self.engine_error}")
-        if self.speedup_not_measured:
-            out.append(f"time on cache hits: no speedup computed ({self.speedup_not_measured})")
-        elif self.warm_seconds > 0:
-            out.append(
-                f"time on cache hits: {self.warm_seconds:.2f} s warm vs {self.cold_seconds:.2f} s "
-                f"cold (speedup {self.cold_seconds / self.warm_seconds:.2f}x)"
-            )
-        if self.claims_checked or self.steps_aligned:
-            out.append(
-                f"claims checked against the model: {self.claims_checked} reuse figure(s), "
-                f"{self.steps_aligned} decode step(s) aligned"
-            )
-        if self.worst_kl:
-            out.append(f"worst estimated KL: {self.worst_kl:.3g}")
-        by = self.failures_by_check
-        if by:
-            out.append(
-                "failures by check: " + ", ".join(f"{k}: {v}" for k, v in sorted(by.items()))
-            )
-            out.extend(f"  replay: {f.replay}" for f in self.failures if f.replay)
-        else:
-            out.append("failures by check: none")
-        if self.findings:
-            counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.findings.items()))
-            out.append(f"efficiency findings (not failures; see the README's tiers): {counts}")
-            out.extend(f"  {line}" for line in self.finding_examples[:3])
-        if self.seed is not None:
-            shards = f" --prefixcache-shards={self.shards}" if self.shards > 1 else ""
-            out.append(f"reproduce with --prefixcache-seed={self.seed}{shards}")
-        return out + coverage_lines(self.coverage) + self.verdict_lines()
+        """The terminal summary, one line per item (see :mod:`.summary`)."""
+        return summarize(self).lines()
 
     def merge(self, other: Report, worker: str = "") -> None:
         """Add ``other`` (a worker's report) to this one; its records are tagged ``worker``."""
@@ -284,10 +240,12 @@ class Report:
         self.model = self.model or other.model
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
+        self.decode_rule = self.decode_rule or other.decode_rule
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
         self.finding_examples.extend(other.finding_examples[: max(0, room)])
+        self.skipped.extend(other.skipped)
         for check, row in other.coverage.items():
             mine = self.coverage.setdefault(check, {})
             for key, n in row.items():
@@ -301,12 +259,15 @@ class Report:
             "engine": self.engine,
             "model": self.model,
             "tolerance": self.tolerance,
+            "decode_rule": self.decode_rule,
+            "decode_rule_requests": self.decode_rule_requests,
             "workers": self.workers,
             "streams": self.streams,
             "requests": self.requests,
             "cache_hits": self.cache_hits,
             "reused_tokens": self.reused_tokens,
             "oracle_tokens": self.oracle_tokens,
+            "over_claims": self.over_claims,
             "efficiency": self.efficiency,
             **{name: getattr(self, name) for name in FIELDS},
             "worst_diff": _finite(self.worst_diff),
@@ -324,6 +285,7 @@ class Report:
             "verdict": self.verdict,
             "findings": self.findings,
             "finding_examples": self.finding_examples,
+            "skipped": self.skipped,
             "allow_partial": self.allow_partial,
             "coverage": self.coverage,
             "not_checked": self.not_checked,

@@ -43,6 +43,7 @@ _SHORT = {"token": "token oracle", "snapshot": "snapshot-aware"}
 def add_reuse(report: Report, cached_tokens: int, match: Match) -> None:
     """Count one request's reported reuse against every reference ``match`` carries."""
     report.reused_tokens += min(cached_tokens, match.max_reuse)
+    report.over_claims += cached_tokens > match.max_reuse
     report.oracle_tokens += match.max_reuse
     if match.snapshot is not None:
         report.snapshot_reused += min(cached_tokens, match.snapshot)

@@ -16,7 +16,14 @@ from ..output.streams import save_stream
 from ..types import Request
 from .slots import CONFIG_PARAM, slot_of
 
-__all__ = ["ENGINE_ERROR", "FailedTests", "is_flaky", "record", "verification_failures"]
+__all__ = [
+    "ENGINE_ERROR",
+    "FailedTests",
+    "is_flaky",
+    "record",
+    "record_skip",
+    "verification_failures",
+]
 
 
 def verification_failures(exc: BaseException | None) -> list[VerificationFailure]:
@@ -71,6 +78,15 @@ def record(
 ENGINE_ERROR = "prefixcache_engine_error"
 
 
+def record_skip(item: pytest.Item, report: pytest.TestReport) -> None:
+    """Add a skipped verification test to the session report, with pytest's reason (a
+    scenario the engine cannot run, the checks left after the engine died)."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    slot_of(item).report.skipped.append(f"{item.nodeid}: {reason}")
+
+
 class FailedTests:
     """Remembers every failed test (on the controller, crashed xdist workers included): one
     without a recorded verification failure becomes an "error" record of the report, with its
@@ -93,7 +109,7 @@ class FailedTests:
         name = props.get(CONFIG_PARAM)
         why = props.get(ENGINE_ERROR)
         if why is not None:
-            key = f"{name}\n{why}"
+            key = str(name)  # one per configuration: the workers' messages differ (ports)
             if key in self._engine_errors:  # already shown once (another xdist worker)
                 _as_skip(report, f"the engine could not be built (the error above): {why}")
                 return

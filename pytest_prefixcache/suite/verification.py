@@ -23,7 +23,7 @@ from pytest_prefixcache.output.streams import corpus_files, load_stream
 from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
-from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify.verifier import Verifier
 
@@ -108,7 +108,7 @@ def _stream_kwargs(verifier: Verifier) -> dict[str, Any]:
     images, namespaces = _capabilities(verifier)
     moves = [m for m in MOVES if (images or m not in IMAGE_MOVES)]
     moves = [m for m in moves if (namespaces or m != "namespace")]
-    kwargs: dict[str, Any] = {"moves": tuple(moves)}
+    kwargs: dict[str, Any] = {"moves": tuple(moves), "closed_loop": CLOSED_LOOP_SHARE}
     if not images:
         kwargs["max_images_per_message"] = 0
     if not namespaces:

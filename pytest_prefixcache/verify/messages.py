@@ -58,8 +58,8 @@ def _involved_span(problem: Problem, ctx: Context) -> tuple[int, int, str] | Non
     cached = o.cached_tokens or 0
     if problem.position is not None:
         pos = problem.position
-    elif ctx.match is not None and cached > ctx.match.max_reuse:
-        pos = ctx.match.max_reuse
+    elif ctx.match is not None and cached > ctx.match.limit:
+        pos = ctx.match.limit
     else:
         pos = cached
     for p in (pos, pos - 1):
@@ -98,6 +98,12 @@ def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = (
         lines.append(reuse)
         if ctx.match is not None and ctx.match.snapshot is not None and not _named(problem):
             lines.append(f"  {ctx.match.references()}")
+        start = None if ctx.match is None else ctx.match.decode_start
+        if start is not None and (o.cached_tokens or 0) > start:
+            lines.append(
+                f"  positions from {start} on continue an earlier request's own reply: their "
+                "reused KV may have been computed while decoding"
+            )
         span = _involved_span(problem, ctx)
         if span is not None:
             k = list(o.image_spans or ()).index(span)

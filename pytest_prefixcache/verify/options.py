@@ -31,6 +31,9 @@ class VerifyOptions:
     design: CacheDesign | None = None
     """What the engine's cache can reuse by design (the reference its efficiency and positive
     control are judged against); None: what the engine declares (``CacheDesign.of``)."""
+    decode_atol: float | None = None
+    """The atol for a request whose cached run reused KV an earlier decode computed (the
+    decode rule); None: the engine's own ``decode_atol`` (absent: exact like the rest)."""
     failures_dir: Path = FAILURES_DIR
     replay_command: Callable[[str], str] = default_replay_command
 

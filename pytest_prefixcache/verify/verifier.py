@@ -8,13 +8,17 @@ the reuse bound against the token oracle, the positive control against the refer
 engine's design declares (``CacheDesign``), and render stability; it counts which checks
 could run (the coverage). Efficiency-tier findings (render hygiene; a control that only the
 token oracle would fire, :data:`FINDINGS`) are recorded, not failed; render hygiene fails
-with ``strict_render``. The first problem found becomes a
+with ``strict_render``. In a closed-loop stream, a request's reply markers are filled with
+the earlier cached runs' reply text first (:mod:`.closed_loop`), and a request whose cached
+run reused past ``Match.decode_start`` (KV an earlier decode computed) is compared under the
+decode rule (:func:`.closed_loop.tolerance_for`). The first problem found becomes a
 :class:`~pytest_prefixcache.errors.VerificationFailure` whose message names the request, the
 positions, the values and the replay command.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +34,7 @@ from ..checks import (
     Problem,
     Rendered,
     ReuseOracle,
+    Tolerance,
     baseline_problems,
     claim_problems,
     claims_counts,
@@ -51,6 +56,15 @@ from ..output.reuse import add_reuse
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr
 from .audit import Audit
+from .closed_loop import (
+    CLOSED_LOOP,
+    NO_TEXT,
+    decode_atol_of,
+    fill_replies,
+    judged_line,
+    rule_name,
+    tolerance_for,
+)
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
 from .worker import CallTimedOut, EngineWorker
@@ -85,6 +99,8 @@ class Verifier(ShortRepr):
     audit: Audit = field(default_factory=Audit)
     """A fresh instance recomputes a sample of uncached requests (the baseline audit)."""
     _rendered: list[Rendered] = field(default_factory=list)
+    _replies: list[str | None] = field(default_factory=list)
+    """The text of each cached run's reply so far (what closed-loop markers are filled with)."""
     _seconds: float = 0.0
     _warm: float = 0.0
     _cold: float = 0.0
@@ -95,6 +111,8 @@ class Verifier(ShortRepr):
         design = self.options.design or CacheDesign.of(self.engine)
         self.oracle.design = design
         self.report.reference, self.report.block_size = design.reference, design.block_size
+        if self.decode_atol and not self.report.decode_rule:
+            self.report.decode_rule = f"atol {self.decode_atol:g} ({rule_name(self.engine)})"
 
     def __repr__(self) -> str:
         return f"<Verifier engine={type(self.engine).__name__} stream={len(self.stream)} requests>"
@@ -157,6 +175,7 @@ class Verifier(ShortRepr):
         self.stream.clear()
         self.oracle.reset()
         self._rendered.clear()
+        self._replies.clear()
         self._reused = self._reusable = 0
         self._warm = self._cold = 0.0
         self.audit.reset()
@@ -171,6 +190,9 @@ class Verifier(ShortRepr):
             self.on_step(self.report, self.failing_examples)
         index = len(self.stream)
         prev = self.stream[-1] if self.stream else None
+        request, filled, unfilled = fill_replies(request, self._replies)
+        if filled or unfilled:
+            self.report.count(CLOSED_LOOP, "applied" if not unfilled else NO_TEXT)
         self.stream.append(request)
         ctx = Context(tuple(self.stream), index)
         run = self.engine.run
@@ -181,6 +203,7 @@ class Verifier(ShortRepr):
         )
         self._check(fault_problems(cached, request), ctx, "cached run: ")
         assert isinstance(cached, Outcome)
+        self._replies.append(cached.text)
         warm = self._seconds
         usage = getattr(self.engine, "cache_usage", None)
         if callable(usage):
@@ -214,18 +237,29 @@ class Verifier(ShortRepr):
             spans = cached.image_spans or ()
             match = self.oracle.match(request.namespace, cached.token_ids, spans)
             starts = cached.message_starts
-            self.oracle.add(index, request.namespace, cached.token_ids, spans, starts)
+            self.oracle.add(
+                index, request.namespace, cached.token_ids, spans, starts, cached.tokens
+            )
             self.report.starts_unknown += starts is None
         ctx = Context(ctx.stream, index, cached, match)
         self._account(cached, uncached, match)
-        comparison = compare(cached, uncached, self.options.tolerance)
+        tolerance = self.tolerance_for(cached, match)
+        comparison = compare(cached, uncached, tolerance)
+        if tolerance is not self.options.tolerance:
+            self.report.decode_rule_requests += 1
+            comparison.problems[:1] = [
+                dataclasses.replace(
+                    p, details=(*p.details, judged_line(self.engine, self.decode_atol, match))
+                )
+                for p in comparison.problems[:1]
+            ]
         for check, outcome in coverage_of(
             request, cached, uncached, has_usage=callable(usage), compared=comparison.steps
         ):
             self.report.count(check, outcome)
         self._check(
             self.audit.check(
-                index, request, cached, uncached, comparison, tol=self.options.tolerance,
+                index, request, cached, uncached, comparison, tol=tolerance,
                 call=lambda what, fn: self._call(what, fn, ctx), report=self.report,
             ),
             ctx,
@@ -256,6 +290,15 @@ class Verifier(ShortRepr):
             self.report.steps_aligned += aligned
             self._check(claim_problems(said), ctx, side)
         return Step(request, cached, uncached, match, comparison)
+
+    @property
+    def decode_atol(self) -> float:
+        """The decode rule's atol (:func:`.closed_loop.decode_atol_of`)."""
+        return decode_atol_of(self.engine, self.options.decode_atol)
+
+    def tolerance_for(self, cached: Outcome, match: Match | None) -> Tolerance:
+        """This request's tolerance (:func:`.closed_loop.tolerance_for`)."""
+        return tolerance_for(self.options.tolerance, self.decode_atol, cached, match)
 
     def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
         """The problems that fail: :data:`FINDINGS` are recorded instead (render hygiene

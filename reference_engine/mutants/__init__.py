@@ -48,6 +48,7 @@ from .layers import (
     SnapshotOffByOne,
 )
 from .merge import PartialImageCrash, PartialImageMerge
+from .outputs import OutputKvOffByOne
 from .prompts import HistoryRerendered, VolatileHeaderKept
 from .state import (
     AliasedLiveCache,
@@ -160,6 +161,9 @@ _ALL = (
            "prefill (zeros)", "equivalence", SnapshotBeforePrefill),
     Mutant("snapshot_after_decode", 7, "last stored block holds one row too many "
            "(cache_offset = prompt_len + 1)", "equivalence", SnapshotAfterDecode),
+    Mutant("output_kv_off_by_one", 7, "prompt+output design: the decode's KV rows stored "
+           "one position off (row p - 1 under the key of p)", "equivalence", OutputKvOffByOne,
+           {"cache_output": True}),
     Mutant("empty_suffix_refeed", 8, "exact repeat: last token fed again on top of the "
            "whole prompt's KV", "equivalence", EmptySuffixRefeed, {"block_size": 1}),
     Mutant("aliased_live_cache", 9, "stored blocks are windows on a live cache that later "

@@ -3,11 +3,11 @@
 For each mutant (and the unmodified engine, which must pass) this runs what
 ``pytest --prefixcache-verify`` runs: the scenario corpus (:func:`detect_in_corpus`, each
 scenario with its render expectations), then generated streams (:func:`detect`:
-``request_streams()`` through a ``Verifier``, Hypothesis seeded, the default budget). It
-records which scenario failed and by which check, and for the generated streams whether a
-check failed, which one, after how many examples and seconds, and how small Hypothesis
-shrank the stream. The bug zoo's own counterexamples (``fixtures/corpus/mutants/``) are not
-part of the corpus run.
+``request_streams()`` with the suite's share of closed-loop streams, through a
+``Verifier``, Hypothesis seeded, the default budget). It records which scenario failed and
+by which check, and for the generated streams whether a check failed, which one, after how
+many examples and seconds, and how small Hypothesis shrank the stream. The bug zoo's own
+counterexamples (``fixtures/corpus/mutants/``) are not part of the corpus run.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hypothesis.errors import HypothesisException
 
 from pytest_prefixcache.errors import VerificationFailure
 from pytest_prefixcache.output.streams import corpus_files, load_stream
-from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams
 from pytest_prefixcache.types import Engine as EngineProtocol
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
@@ -138,7 +138,7 @@ def detect(
         print_blob=False,
         suppress_health_check=list(HealthCheck),
     )
-    @given(stream=request_streams())
+    @given(stream=request_streams(closed_loop=CLOSED_LOOP_SHARE))
     def run(stream: tuple[Request, ...]) -> None:
         if found.check is None:
             found.examples += 1
