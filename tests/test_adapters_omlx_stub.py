@@ -127,6 +127,7 @@ def _failures_in_tmp(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     request.getfixturevalue("monkeypatch").chdir(tmp_path)
 
 
+@pytest.mark.slow  # two server starts: 17 s on the shared 2-core machine
 def test_the_honest_standin_passes_with_every_claim_source() -> None:
     with standin() as engine:
         assert (engine.reuse_reference, engine.block_size) == ("block", 16)
@@ -144,6 +145,7 @@ def test_the_honest_standin_passes_with_every_claim_source() -> None:
     assert report.block_size == 16 and report.reference == "block"
 
 
+@pytest.mark.slow  # two server starts each: 8-13 s
 @pytest.mark.parametrize(
     ("fault", "source"),
     [

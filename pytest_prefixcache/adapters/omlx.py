@@ -132,7 +132,7 @@ def requested_block(flags: Sequence[str]) -> int | None:
 
 def default_python() -> str:
     root = os.environ.get("OMLX_DIR") or str(FIXTURES.parent / ".engines" / "omlx")
-    return str(Path(root) / "venv" / "bin" / "python")
+    return str(Path(root).resolve() / "venv" / "bin" / "python")  # servers run in their HOME
 
 
 def commands(flags: Sequence[str], python: str, model: Path) -> tuple[list[str], list[str]]:
