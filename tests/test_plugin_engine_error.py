@@ -36,7 +36,7 @@ def _one_error(result: pytest.RunResult, tmp: Path, needle: str) -> dict[str, ob
     out = result.stdout.str()
     assert result.ret == 2, out
     assert out.count("ERROR at setup") == 1, out
-    result.assert_outcomes(errors=1, skipped=6, deselected=1)
+    result.assert_outcomes(errors=1, skipped=7, deselected=1)
     assert "the engine could not be built (the error above)" in out or "-rs" not in out
     assert "verdict: ERROR: the engine could not be built (exit code 2)" in out
     report = json.loads((tmp / "r.json").read_text())
@@ -44,7 +44,7 @@ def _one_error(result: pytest.RunResult, tmp: Path, needle: str) -> dict[str, ob
     assert [f["check"] for f in report["failures"]] == ["error"]
     suite = ET.parse(tmp / "j.xml").getroot().find("testsuite")
     assert suite is not None
-    assert (suite.get("errors"), suite.get("failures"), suite.get("skipped")) == ("1", "0", "6")
+    assert (suite.get("errors"), suite.get("failures"), suite.get("skipped")) == ("1", "0", "7")
     props = {p.get("name"): p.get("value") for p in suite.iter("property")}
     assert props["prefixcache_verdict"] == "error"
     page = render_html(Report.read_json(tmp / "r.json"))
