@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-import pytest_prefixcache.adapters.openai as openai_adapter
+import pytest_prefixcache.adapters.http.openai as openai_adapter
 import pytest_prefixcache.adapters.presets  # noqa: F401  (the same modules on every path)
 import reference_engine.server  # noqa: F401
 from reference_engine.engine import Engine

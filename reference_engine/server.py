@@ -77,7 +77,7 @@ __all__ = [
 NAMESPACE_HEADER = "x-prefixcache-namespace"
 
 #: What ``main`` imports lazily (the model loader's package): a fork server
-#: (``pytest_prefixcache.adapters.forkserver``) imports it once before forking fresh servers.
+#: (``pytest_prefixcache.adapters.http.forkserver``) imports it once before forking fresh servers.
 PREFIXCACHE_PRELOAD = ("mlx_vlm",)
 
 

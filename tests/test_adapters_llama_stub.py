@@ -14,10 +14,10 @@ from adapter_support import SYSTEM, img, req, user
 from stub_openai import template, tokenize_text
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache.adapters.chat import openai_messages
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.chat import openai_messages
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.presets import llama_server
-from pytest_prefixcache.adapters.server import ServerProcess
 
 STUB = Path(__file__).resolve().parent / "stub_openai.py"
 TEXT = req(SYSTEM, user("Hello there, how are you today? Tell me a long story about cats. " * 2))

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from adapter_support import SYSTEM, assistant, req, user
 
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.omlx import (
     block_size,
     claim_specs,
@@ -26,7 +27,6 @@ from pytest_prefixcache.adapters.omlx import (
     slug,
 )
 from pytest_prefixcache.adapters.omlx_launch import split_settings
-from pytest_prefixcache.adapters.openai import OpenAIEngine
 from pytest_prefixcache.errors import ClaimsFailure, EngineError
 from pytest_prefixcache.verify import Verifier
 

@@ -16,8 +16,8 @@ pytest.importorskip("mlx_vlm")
 from adapter_support import SYSTEM, assistant, img, req, resolve, top_diff, user, worst_diff
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.server import ServerProcess, http_json
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import ServerProcess, http_json
 
 HERE = Path(__file__).resolve().parent
 NS = "x-prefixcache-namespace"

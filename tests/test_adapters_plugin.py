@@ -14,7 +14,7 @@ pytest_plugins = ["pytester"]
 HERE = Path(__file__).resolve().parent
 
 FACTORY = f"""
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 
 def corrupt_once():
     bad = "{{python}} {HERE / "corrupt_reference_server.py"} --port {{port}}"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from pytest_prefixcache import EngineError, Outcome
-from pytest_prefixcache.adapters.chat import FIXTURES, data_url, log_softmax, openai_messages
-from pytest_prefixcache.adapters.replies import Vocabulary, parse_reply, with_extension
+from pytest_prefixcache.adapters.http.chat import FIXTURES, data_url, log_softmax, openai_messages
+from pytest_prefixcache.adapters.http.replies import Vocabulary, parse_reply, with_extension
 
 
 def reply(steps: list[list[dict]], usage: dict | None = None, **extra: object) -> dict:
@@ -104,7 +104,8 @@ def test_importing_the_adapters_imports_no_engine() -> None:
 
     code = (
         "import sys, json, pytest_prefixcache.adapters.mlx_lm, pytest_prefixcache.adapters."
-        "mlx_vlm_apc, pytest_prefixcache.adapters.openai, pytest_prefixcache.adapters.presets, "
+        "mlx_vlm_apc, pytest_prefixcache.adapters.http.openai, "
+        "pytest_prefixcache.adapters.presets, "
         "pytest_prefixcache.tap; print(json.dumps(sorted(m for m in sys.modules "
         "if m.split('.')[0] in ('mlx', 'mlx_lm', 'mlx_vlm', 'reference_engine'))))"
     )
@@ -114,7 +115,7 @@ def test_importing_the_adapters_imports_no_engine() -> None:
 
 
 def test_every_form_of_token_identity() -> None:
-    from pytest_prefixcache.adapters.replies import token_id
+    from pytest_prefixcache.adapters.http.replies import token_id
 
     vocab = Vocabulary(FIXTURES / "tiny-llama")
     text, tid = next((t, i) for t, i in vocab.names.items() if len(t) > 2)
@@ -127,7 +128,7 @@ def test_every_form_of_token_identity() -> None:
 
 
 def test_logprob_problems_name_the_step_and_what_came_back() -> None:
-    from pytest_prefixcache.adapters.replies import logprob_problems
+    from pytest_prefixcache.adapters.http.replies import logprob_problems
 
     top = [{"id": 4, "logprob": -1.0}, {"id": 9, "logprob": -2.0}]
     fine = reply([top, top], {"completion_tokens": 2})

@@ -18,8 +18,8 @@ from adapter_support import SYSTEM, req, user
 from stub_sglang import LLAMA, llama_tokens, serve
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.replies import Vocabulary, parse_reply
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.replies import Vocabulary, parse_reply
 from pytest_prefixcache.adapters.sglang import page_size_of, sglang_server
 from pytest_prefixcache.checks import Tolerance, compare
 

@@ -15,7 +15,7 @@ from adapter_support import SYSTEM, assistant, img, req, user
 from stub_openai import PAD, serve, url_of
 
 from pytest_prefixcache import EngineError
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import VLLM_RESETS, vllm_server
 from pytest_prefixcache.checks import Tolerance, compare
 

@@ -12,7 +12,7 @@ from stub_openai import PAD, serve, url_of
 
 from pytest_prefixcache import EngineError, EquivalenceFailure, Message, Request, Verifier
 from pytest_prefixcache.adapters import presets
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import VLLM_RESETS
 from pytest_prefixcache.types import Wave
 from pytest_prefixcache.verify.concurrent import CONCURRENT, NO_ORDER

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
 
-from pytest_prefixcache.adapters.chat import openai_messages
-from pytest_prefixcache.adapters.claims import (
+from pytest_prefixcache.adapters.http.chat import openai_messages
+from pytest_prefixcache.adapters.http.claims import (
     ApiField,
     ClaimWatch,
     Header,
@@ -26,7 +26,7 @@ from pytest_prefixcache.adapters.claims import (
     api_steps,
     sources_from_json,
 )
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.checks.claims import (
     alignment_problems,
     claim_problems,
@@ -347,7 +347,7 @@ def test_mlx_lm_server_claims_and_every_step_agree_with_the_tap() -> None:
     """The positive control on a real server: mlx_lm.server 0.32.2's cached_tokens and its 8
     per-step distributions (matched by id) equal what the tap saw, exactly."""
     pytest.importorskip("mlx_lm")
-    from pytest_prefixcache.adapters.chat import FIXTURES
+    from pytest_prefixcache.adapters.http.chat import FIXTURES
     from pytest_prefixcache.adapters.presets import TAP
 
     model = FIXTURES / "tiny-llama"

@@ -195,7 +195,7 @@ def test_a_real_bug_in_decode_time_kv_is_caught_under_the_rule() -> None:
 
 
 def test_a_server_reply_gives_its_content_as_text() -> None:
-    from pytest_prefixcache.adapters.replies import parse_reply
+    from pytest_prefixcache.adapters.http.replies import parse_reply
 
     reply = {"choices": [{"message": {"role": "assistant", "content": "hi there"}}], "usage": {}}
     assert parse_reply(reply).text == "hi there"

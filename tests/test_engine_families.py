@@ -145,7 +145,7 @@ def test_the_engine_renders_what_mlx_vlms_processor_renders(name: str) -> None:
     """The engine's token ids and image spans equal those of mlx-vlm's own processor (what
     mlx_vlm.server feeds its model; the HTTP adapter's ``VlmRenderer``), on every family:
     Gemma's ``<start_of_image>`` expanded around its soft tokens, its ``image_token_index``."""
-    from pytest_prefixcache.adapters.render import VlmRenderer
+    from pytest_prefixcache.adapters.http.render import VlmRenderer
 
     renderer = VlmRenderer(fixture_model(name))
     engine = Engine.from_pretrained(fixture_model(name))

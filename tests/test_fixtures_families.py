@@ -23,7 +23,7 @@ mlx_vlm = pytest.importorskip("mlx_vlm")
 
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
-from pytest_prefixcache.adapters.chat import add_generation_prompt, hf_messages  # noqa: E402
+from pytest_prefixcache.adapters.http.chat import add_generation_prompt, hf_messages  # noqa: E402
 from pytest_prefixcache.output.streams import corpus_files, load_stream  # noqa: E402
 from reference_engine import fixtures  # noqa: E402
 from reference_engine.fixtures.gemma3 import SLIDING_WINDOW  # noqa: E402
@@ -345,7 +345,7 @@ def test_mlx_vlm_generate_answers_an_image_request(path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", TEXTS, ids=ids_of)
 def test_mlx_lm_server_serves_the_text_fixture(path: Path) -> None:
-    from pytest_prefixcache.adapters.server import ServerProcess, http_json
+    from pytest_prefixcache.adapters.http.server import ServerProcess, http_json
 
     cmd = f"{{python}} -m mlx_lm.server --model {path} --host 127.0.0.1 --port {{port}}"
     server = ServerProcess(cmd).start()

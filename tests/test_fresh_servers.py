@@ -1,6 +1,6 @@
-"""The baseline audit's fresh servers (adapters/fresh.py, adapters/forkserver.py): each one
-started for one audited request, sent nothing before, never reused; forked servers get their
-own environment and find nothing an earlier one left.
+"""The baseline audit's fresh servers (adapters/http/fresh.py, adapters/http/forkserver.py):
+each one started for one audited request, sent nothing before, never reused; forked servers get
+their own environment and find nothing an earlier one left.
 
 The servers are ``tests/fresh_probe/fresh_probe_server.py`` (stdlib only), which answers how
 many requests it served before and what it found in a cache directory computed at import time.
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_prefixcache.adapters.forkserver import ForkServer, fork_module
-from pytest_prefixcache.adapters.fresh import Forks, FreshServers
-from pytest_prefixcache.adapters.server import ServerProcess, http_json, isolated_env
+from pytest_prefixcache.adapters.http.forkserver import ForkServer, fork_module
+from pytest_prefixcache.adapters.http.fresh import Forks, FreshServers
+from pytest_prefixcache.adapters.http.server import ServerProcess, http_json, isolated_env
 from pytest_prefixcache.errors import EngineError
 
 PROBE_DIR = Path(__file__).parent / "fresh_probe"

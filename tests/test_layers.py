@@ -122,9 +122,11 @@ def test_an_engine_import_beyond_the_contract_is_found(tmp_path: Path) -> None:
     the engine, are reported."""
     (tmp_path / "model.py").write_text("from .engine import Engine\n")
     engine = "from pytest_prefixcache.types import Outcome\n"
-    engine += "from pytest_prefixcache.adapters.chat import x\n"
+    engine += "from pytest_prefixcache.adapters.http.chat import x\n"
     (tmp_path / "engine.py").write_text(engine)
-    assert beyond_the_contract(tmp_path) == ["engine.py:2 imports pytest_prefixcache.adapters.chat"]
+    assert beyond_the_contract(tmp_path) == [
+        "engine.py:2 imports pytest_prefixcache.adapters.http.chat"
+    ]
     assert back_edges(tmp_path, ENGINE_LAYERS, "reference_engine") == [
         "model.py:1 (the model) imports engine (the engine)"
     ]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from pytest_prefixcache import EngineError, Message, Request
-from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.server import ServerProcess, free_port
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import ServerProcess, free_port
 
 pytest_plugins = ["pytester"]
 
@@ -25,7 +25,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 
 
 def _reply(body):

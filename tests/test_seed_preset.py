@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_prefixcache.adapters.resets import refusal
+from pytest_prefixcache.adapters.http.resets import refusal
 from pytest_prefixcache.adapters.seed import (
     MLX_VLM,
     claim_specs,

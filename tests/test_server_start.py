@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 from plugin_support import run_suite, with_fakes
 
-from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.server import START_TRIES, ServerProcess, absolute_paths
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import START_TRIES, ServerProcess, absolute_paths
 from pytest_prefixcache.checks.coverage import gap_lines
 from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.output.report import Report

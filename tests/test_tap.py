@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_prefixcache.adapters.chat import FIXTURES
+from pytest_prefixcache.adapters.http.chat import FIXTURES
 from pytest_prefixcache.tap import (
     TapReader,
     TapRecord,
@@ -77,7 +77,7 @@ def test_launcher_usage_errors() -> None:
 @pytest.fixture(scope="module")
 def tapped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, TapReader]]:
     pytest.importorskip("mlx_lm")
-    from pytest_prefixcache.adapters.server import ServerProcess
+    from pytest_prefixcache.adapters.http.server import ServerProcess
 
     path = tmp_path_factory.mktemp("tap") / "records.jsonl"
     cmd = (
@@ -92,7 +92,7 @@ def tapped_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[st
 
 
 def chat(url: str, max_tokens: int) -> dict:
-    from pytest_prefixcache.adapters.server import http_json
+    from pytest_prefixcache.adapters.http.server import http_json
 
     body = {"messages": MESSAGES, "max_tokens": max_tokens, "temperature": 0.0}
     status, reply = http_json("POST", url + "/v1/chat/completions", body, timeout=60)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from adapter_support import SYSTEM, assistant, req, user, worst_diff
 
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.omlx import default_python, omlx_server
-from pytest_prefixcache.adapters.openai import OpenAIEngine
-from pytest_prefixcache.adapters.server import ServerProcess
 from pytest_prefixcache.checks.claims import claim_problems
 
 pytestmark = pytest.mark.skipif(

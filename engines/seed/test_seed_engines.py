@@ -19,7 +19,7 @@ from adapter_support import worst_diff
 from lab.records import record_finding
 from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.seed import seed_server
 from pytest_prefixcache.checks.claims import claim_problems
 

@@ -18,7 +18,7 @@ import pytest
 import sglang_lab
 from adapter_support import SYSTEM, assistant, req, user
 
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.sglang import SGLANG_VERSION
 from pytest_prefixcache.checks import Tolerance, compare
 

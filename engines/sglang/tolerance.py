@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import sglang_lab
 
-from pytest_prefixcache.adapters.server import ServerProcess, http_json
+from pytest_prefixcache.adapters.http.server import ServerProcess, http_json
 from pytest_prefixcache.adapters.sglang import SGLANG_ENV, sglang_command
 
 VOCAB = 480  # the fixtures' ordinary tokens (added tokens above)

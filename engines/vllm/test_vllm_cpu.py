@@ -24,7 +24,7 @@ from lab.records import record_finding, step_diff
 from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
-from pytest_prefixcache.adapters.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 
 MODE = os.environ.get("VLLM_MODE", "")

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import EngineError
 from ..package_data import engine_model
 from ..types import Outcome, Request
-from .chat import add_generation_prompt, text_messages
+from .http.chat import add_generation_prompt, text_messages
 from .tolerances import split_atol, split_rule
 
 __all__ = ["MlxLmEngine", "tiny_llama"]

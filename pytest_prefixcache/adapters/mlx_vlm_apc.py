@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import EngineError
 from ..package_data import engine_model
 from ..types import Outcome, Request
-from .chat import add_generation_prompt, hf_messages
-from .render import placeholder_runs
+from .http.chat import add_generation_prompt, hf_messages
+from .http.render import placeholder_runs
 from .tolerances import split_atol, split_rule
 
 __all__ = ["MlxVlmApcEngine", "tiny_qwen2_vl", "tiny_qwen2_vl_snapshot"]

@@ -40,9 +40,9 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
-from .claims import ClaimWatch, sources_from_json
-from .openai import OpenAIEngine
-from .render import TextRenderer, VlmRenderer
+from .http.claims import ClaimWatch, sources_from_json
+from .http.openai import OpenAIEngine
+from .http.render import TextRenderer, VlmRenderer
 
 __all__ = [
     "CACHE_ONLY",

@@ -19,10 +19,10 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import engine_model
-from .claims import ClaimWatch, sources_from_json
+from .http.claims import ClaimWatch, sources_from_json
+from .http.openai import OpenAIEngine
+from .http.render import TextRenderer, VlmRenderer
 from .omlx import omlx_server
-from .openai import OpenAIEngine
-from .render import TextRenderer, VlmRenderer
 from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
 

@@ -29,10 +29,10 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
-from .claims import ClaimWatch, sources_from_json
-from .openai import OpenAIEngine
+from .http.claims import ClaimWatch, sources_from_json
+from .http.openai import OpenAIEngine
+from .http.render import TextRenderer, VlmRenderer
 from .presets import audit_share, with_split_rule
-from .render import TextRenderer, VlmRenderer
 
 __all__ = [
     "CACHE_ONLY",

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
-from .claims import ApiField, ClaimWatch, MetricDelta
-from .openai import OpenAIEngine
-from .replies import Vocabulary
+from .http.claims import ApiField, ClaimWatch, MetricDelta
+from .http.openai import OpenAIEngine
+from .http.replies import Vocabulary
 from .tolerances import engine_atol, engine_rule
 
 __all__ = ["SGLANG_ENV", "SGLANG_RESETS", "SGLANG_VERSION", "sglang_command", "sglang_server"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..types import Outcome
+from ...errors import EngineError
+from ...types import Outcome
 
 __all__ = [
     "Reply",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EngineError
+from ...errors import EngineError
 from .server import connection_problem, http_json
 
 __all__ = ["Endpoint", "endpoints", "refusal", "reset_caches"]

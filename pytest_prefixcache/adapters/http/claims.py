@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..errors import EngineError
-from ..types import Claim, Claims, Outcome, Request, StepEntry
+from ...errors import EngineError
+from ...types import Claim, Claims, Outcome, Request, StepEntry
 from .claim_sources import (
     UNITS,
     ApiField,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..types import Image, Request
+from ...errors import EngineError
+from ...types import Image, Request
 from .chat import add_generation_prompt, hf_messages, text_messages
 
 __all__ = ["TextRenderer", "VlmRenderer", "placeholder_runs"]

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from ..errors import EngineError
-from ..types import Request
+from ...errors import EngineError
+from ...types import Request
 from .chat import openai_messages
 from .render import placeholder_runs
 from .replies import Reply

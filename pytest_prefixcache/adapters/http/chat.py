@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..package_data import FIXTURES
-from ..types import Image, Request
+from ...package_data import FIXTURES
+from ...types import Image, Request
 
 __all__ = [
     "FIXTURES",

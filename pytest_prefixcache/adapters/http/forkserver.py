@@ -17,7 +17,7 @@ reads the environment (a library's cache paths, say) was computed under the fork
 private HOME; :meth:`ForkServer.spawn` refuses to fork once anything has been written there, so
 no child can find what an earlier child left.
 
-Run as ``python -m pytest_prefixcache.adapters.forkserver MODULE``: one JSON line per fork on
+Run as ``python -m pytest_prefixcache.adapters.http.forkserver MODULE``: one JSON line per fork on
 stdin (``argv``, ``env``, ``cwd``, ``log``), one JSON line back (``pid`` or ``error``); each
 child's exit code is written to ``$PREFIXCACHE_FORK_EXITS/PID``. It exits when stdin closes.
 """
@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import EngineError
+from ...errors import EngineError
 
 __all__ = ["ForkServer", "ForkedProcess", "fork_module"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..errors import EngineError
+from ...errors import EngineError
 
 __all__ = ["COLD_MODES", "Cold", "check_baseline"]
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import EngineError
-from ..types import ClaimUnit
+from ...errors import EngineError
+from ...types import ClaimUnit
 
 __all__ = [
     "UNITS",

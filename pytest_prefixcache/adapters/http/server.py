@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import EngineError
+from ...errors import EngineError
 from .forkserver import ForkedProcess, ForkServer
 
 __all__ = [

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError
-from ..types import Outcome
+from ...errors import EngineError
+from ...types import Outcome
 from .server import ServerProcess, remove_quietly
 
 __all__ = ["apply_tap", "attach_tap", "log_tap", "tapped_outcome"]
@@ -30,7 +30,7 @@ def attach_tap(proc: ServerProcess, owner: object) -> Any:
     """Make ``proc`` (started under ``python -m pytest_prefixcache.tap``) write its tap records
     to a new file of its own, kept across restarts and removed when ``owner`` is collected;
     returns the reader of that file."""
-    from ..tap import ENV, TapReader
+    from ...tap import ENV, TapReader
 
     path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
     proc.extra_env[ENV] = path
@@ -55,7 +55,7 @@ def apply_tap(
     """``out`` with the tap's logits, step logits, greedy tokens and really reused count,
     and the list of API figures the tap contradicts. Waits up to ``wait`` seconds for the
     ``expected`` steps to be written."""
-    from ..tap import decode_steps, find_prompt_call, missing_reason, prefill_start
+    from ...tap import decode_steps, find_prompt_call, missing_reason, prefill_start
 
     if out.prompt_tokens is None:
         raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")

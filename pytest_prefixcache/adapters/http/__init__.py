@@ -1,0 +1,10 @@
+"""The OpenAI-compatible HTTP adapter (:class:`.openai.OpenAIEngine`) and the modules it is
+made of: server processes (:mod:`.server`, :mod:`.fresh`, :mod:`.forkserver`), request bodies
+and replies (:mod:`.chat`, :mod:`.replies`, :mod:`.prompt_ids`, :mod:`.render`), cache resets
+and cold baselines (:mod:`.resets`, :mod:`.baselines`), the logit tap's records
+(:mod:`.tapped`) and what a server claims (:mod:`.claims`, :mod:`.claim_sources`). Each is
+imported on its own; this package imports none of them."""
+
+from __future__ import annotations
+
+__all__: list[str] = []

@@ -1,0 +1,444 @@
+"""Any OpenAI-compatible chat server behind the Engine protocol (stdlib HTTP, no SDK).
+
+Requests go to ``/v1/chat/completions`` with images as PNG data URLs, greedy decoding,
+``logprobs``, ``top_logprobs`` and any ``extra_body`` fields. The reply gives
+``Outcome.top_logprobs`` and ``step_top_logprobs`` (token id -> logprob at every decode step,
+compared cached vs uncached at every step), ``tokens`` (the argmax of each step, sorted here),
+``cached_tokens`` from ``usage.prompt_tokens_details`` and ``prompt_tokens``. Missing, short or
+shifted logprobs, and entries that name no token id, are an EngineError naming the decode step
+and what came back (see :func:`.replies.logprob_problems`). Prompt token ids come from the
+server or a local render (:mod:`.prompt_ids`).
+
+The uncached baseline (``cold=``, default ``"reset"``) is described in :mod:`.baselines`.
+
+Every uncached reply that reports ``cached_tokens > 0`` raises EngineError. The baseline
+audit checks the chosen baseline: :meth:`OpenAIEngine.fresh_instance` starts a new server for
+each audited request (:mod:`.fresh`: for ``{python} -m MODULE`` commands every server is
+forked from a process that has imported MODULE, and the audit's next one started ahead). With
+``tap=True`` every server started here runs under the logit tap
+(the command must start ``python -m pytest_prefixcache.tap``) and the Outcome gets the real
+full-vocabulary ``logits`` and ``step_logits``; ``tap_disagreements`` lists every reply whose
+API figures the tap contradicts.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ...errors import EngineError
+from ...types import Outcome, Request
+from .baselines import Cold, check_baseline
+from .chat import chat_body
+from .claims import ClaimWatch, Pending
+from .fresh import Forks, FreshServers
+from .prompt_ids import PromptIds, Source, Spans
+from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
+from .resets import endpoints, reset_caches
+from .server import ServerProcess, connection_problem, http_json, remove_quietly
+from .tapped import attach_tap, log_tap, tapped_outcome
+
+__all__ = ["OpenAIEngine"]
+
+Command = Sequence[str] | str
+Server = ServerProcess | str
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible server, started here (``cmd``) or reached at ``url``.
+
+    Args:
+        cmd: server command line with ``{port}``; or ``url`` of a running server.
+        cold: how the uncached baseline is made (see :mod:`.baselines`). Default: ``"reset"``.
+        cold_cmd / cold_url: the baseline server (default: another ``cmd``).
+        model: the ``model`` field sent, if any. Default: None.
+        top_logprobs: k requested per step. Default: ``10`` (mlx-lm allows at most 11).
+        namespace_header / namespace_field: the header and/or body field carrying
+            ``Request.namespace`` (vLLM: ``namespace_field="cache_salt"``); with neither,
+            requests with a namespace are refused. Default: None.
+        reset_paths: the cache-reset endpoints, ``"METHOD /path"`` each. Default:
+            ``reset_method reset_path`` (``POST /v1/cache/reset``). ``reset_tolerated``: the
+            ``error`` texts a reset reply may carry and still count as a reset. Default: none.
+        health_path: the readiness endpoint. Default: ``"/health"``.
+        supports_images: whether to send image requests. Default: ``True``.
+        extra_body: fields added to every request body (they win over the adapter's own).
+        prompt_ids: where the server says the prompt's token ids: ``"reply"`` (vLLM; asks for
+            ``return_token_ids``), ``"tokenize"`` (llama-server's ``/tokenize``), or None.
+        image_token_id: the image placeholder id, for image spans in server-side ids.
+        check_labels: check each step's own token against its top_logprobs (off for servers
+            that mislabel steps, like mlx-lm 0.32.2). Default: ``True``.
+        tap: read the logit tap of every server started here. Default: ``False``.
+        vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
+            that carry no ``id`` (decoded text), or a :class:`.replies.Vocabulary` of another
+            kind (SGLang: ``kind="bytes"``). Default: None.
+        extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
+            image spans, merges, message starts, full logits). Default: ``False``.
+        render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
+            checked against the server's ids and ``usage.prompt_tokens``. Default: None.
+        timeout / start_timeout: seconds per HTTP request / for a server to become ready.
+        env: extra environment for started servers.
+        tap_log: with ``tap``, a JSON-lines file of the API's and the tap's reuse per request.
+        atol: the tolerance this server's cold and warm runs need (a preset's measured rule);
+            the plugin judges by it unless a tolerance option (``--prefixcache-atol``,
+            ``--prefixcache-rtol``, ``--prefixcache-kl``) is given. Default: exact.
+        audit: let the baseline audit start a fresh server per audited request (off: the
+            coverage table says the baseline was not audited). Default: ``True``.
+        fork: fork the servers from a process that has imported the command's module, and
+            start the audit's next fresh server ahead (``{python} -m MODULE`` commands; see
+            :mod:`.fresh`), instead of starting each from scratch. Default: None (on Linux;
+            not on macOS, where a process that has imported MLX is not safe to fork).
+        claims: the claim sources read around every request (see :mod:`.claims`); with
+            ``tap``, their figures and the API's per-step logprobs are compared with what the
+            model computed (the claims check). Default: None.
+        reuse_reference / block_size: what the server's cache can reuse by design, the
+            reference its efficiency and positive control are judged against: ``"token"``,
+            ``"snapshot"`` (hybrid or sliding-window models: it resumes only at snapshots) or
+            ``"block"`` (whole blocks of ``block_size`` only). Default: ``"token"``.
+        warm_start: the server fills its own cache while it starts (rapid-mlx 0.16.10 sends a
+            whole request through its prefix cache to warm up hybrid and sliding-window
+            models), so a server just started is reset too before its first stream.
+            Default: ``False`` (a server just started has nothing to empty).
+        concurrency: requests the server serves at once: above 1, ``run`` may be called
+            from that many threads (the plugin's waves property sends concurrent requests;
+            not with ``tap`` or ``claims``). With ``cold="reset"`` or ``"restart"`` the cold
+            requests still go one at a time (the waves' noise control is then not
+            concurrent: use ``cold="server"`` or ``"salt"`` for one that is). Default: ``1``.
+    """
+
+    #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
+    coverage_hints = "server"
+
+    def __init__(
+        self,
+        cmd: Command | None = None,
+        *,
+        url: str | None = None,
+        cold: Cold = "reset",
+        cold_cmd: Command | None = None,
+        cold_url: str | None = None,
+        model: str | None = None,
+        top_logprobs: int = 10,
+        namespace_header: str | None = None,
+        namespace_field: str | None = None,
+        reset_path: str = "/v1/cache/reset",
+        reset_method: str = "POST",
+        reset_paths: Sequence[str] | str | None = None,
+        reset_tolerated: Sequence[str] = (),
+        health_path: str = "/health",
+        supports_images: bool = True,
+        extra_body: Mapping[str, Any] | None = None,
+        prompt_ids: Source | None = None,
+        image_token_id: int | None = None,
+        check_labels: bool = True,
+        tap: bool = False,
+        timeout: float = 120.0,
+        start_timeout: float = 120.0,
+        env: Mapping[str, str] | None = None,
+        vocab: str | os.PathLike[str] | Vocabulary | None = None,
+        extensions: bool = False,
+        render: Callable[[Request], tuple[list[int], Spans]] | None = None,
+        tap_log: str | os.PathLike[str] | None = None,
+        atol: float = 0.0,
+        audit: bool = True,
+        claims: ClaimWatch | None = None,
+        fork: bool | None = None,
+        reuse_reference: str = "token",
+        block_size: int | None = None,
+        warm_start: bool = False,
+        concurrency: int = 1,
+    ) -> None:
+        check_baseline(
+            cmd=cmd,
+            url=url,
+            cold=cold,
+            cold_cmd=cold_cmd,
+            cold_url=cold_url,
+            salted=namespace_header is not None or namespace_field is not None,
+            tap=tap,
+        )
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise EngineError(f"concurrency={concurrency!r} is not an int >= 1")
+        if concurrency > 1 and (tap or claims is not None):
+            raise EngineError(
+                f"concurrency={concurrency} with the logit tap or claims: both read the model "
+                "around one request at a time; verify concurrency without them"
+            )
+        #: Requests the plugin may send at once (its waves property); 1: one at a time.
+        self.max_concurrency = concurrency
+        self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
+        self.cold = cold
+        self.atol = atol
+        #: How the report names ``atol`` when a preset set it from a measured rule.
+        self.tolerance_rule = ""
+        self.reuse_reference, self.block_size = reuse_reference, block_size
+        self.model = model
+        self.top_logprobs = top_logprobs
+        self.namespace_header = namespace_header
+        self.namespace_field = namespace_field
+        self.supports_namespaces = namespace_header is not None or namespace_field is not None
+        try:
+            self.resets = endpoints(reset_paths or f"{reset_method} {reset_path}")
+            self.reset_tolerated = tuple(reset_tolerated)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.supports_images = supports_images
+        self.extra_body = dict(extra_body or {})
+        self.check_labels = check_labels
+        self.tap = tap
+        self.tap_log = tap_log
+        self.claims = claims
+        self.timeout = timeout
+        self.tap_disagreements: list[str] = []
+        self.vocab = vocab if isinstance(vocab, Vocabulary) or vocab is None else Vocabulary(vocab)
+        self.extensions = extensions
+        self.prompt_ids = PromptIds(prompt_ids, render, image_token_id)
+        self.render_mismatches: list[str] = []
+        self._readers: dict[int, Any] = {}
+        self._clean: set[int] = set()  # servers started and not sent a request since
+        self.warm_start = warm_start
+        self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
+        self._env = dict(env or {})
+        self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
+        self._forks = Forks(fork=fork, env=self._env, start_timeout=start_timeout)
+        self._fresh: FreshServers | None = None  # built on first use; the copies share it
+        self._owner = True  # fresh instances (copies) leave the shared servers alone
+        #: The baseline audit starts a new server per audited request (fresh_instance).
+        self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        #: Audited requests one fresh server may answer (the audit keeps them from sharing
+        #: anything it could carry); set by the presets of slow servers.
+        self.fresh_instance_share = 1
+        self.fresh_instances_missing = (
+            "a server given by URL: no fresh server can be started"
+            if audit
+            else "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)"
+        )
+        #: Restarts of the cold server that stood in for a reset (it has no reset endpoint).
+        self.restarts_for_cold = 0
+        self.server: Server = ""
+        self.cold_server: Server | None = None
+        try:
+            self.server = self._make(cmd, url)
+            if cold != "salt":
+                self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
+        except BaseException:  # what did start (a server, a fork server) goes now, not at exit
+            self.close()
+            raise
+
+    def _make(self, cmd: Command | None, url: str | None) -> Server:
+        return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
+
+    def _process(self, cmd: Command) -> ServerProcess:
+        proc = ServerProcess(cmd, env=self._env, forker=self._forks.get(cmd), **self._opts)
+        if self.tap:  # one append-only records file per server, kept across its restarts
+            self._readers[id(proc)] = attach_tap(proc, self)
+        return proc
+
+    def _start(self, proc: ServerProcess) -> ServerProcess:
+        proc.start()
+        if not self.warm_start:
+            self._clean.add(id(proc))
+        return proc
+
+    @property
+    def uncached_times_skewed(self) -> str:
+        """Why an uncached run's time is not a cold prefill's ('' when it is): with
+        ``cold="restart"``, or a reset that fell back to restarts, every uncached run starts a
+        server first, so no warm/cold speedup is computed from them."""
+        if self.cold == "restart":
+            return "the uncached runs restart a server (cold='restart')"
+        if self.restarts_for_cold:
+            return "the uncached runs restart a server: it has no cache reset endpoint"
+        return ""
+
+    def fresh_instance(self) -> OpenAIEngine:
+        """An engine whose every run goes, uncached, to a server started just for it from
+        the baseline's command; ``close()`` stops it. The baseline audit calls this."""
+        cmd = self._fresh_cmd
+        if cmd is None:
+            raise EngineError(self.fresh_instances_missing)
+        if self._fresh is None:
+            forked = self._forks.get(cmd) is not None
+            self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
+        fresh = copy.copy(self)
+        fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
+        fresh._owner = False
+        fresh.server = fresh.cold_server = self._fresh.take()
+        fresh.cold = "server"
+        return fresh
+
+    # -- the protocol -----------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every server started here."""
+        for s in (self.server, self.cold_server):
+            if isinstance(s, ServerProcess):
+                s.stop()
+                remove_quietly(s.extra_env.get("PREFIXCACHE_TAP", ""))
+        if self._owner:
+            if self._fresh is not None:
+                self._fresh.close()
+                self._fresh = None
+            self._forks.close()
+
+    def __enter__(self) -> OpenAIEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def reset(self) -> None:
+        """Empty the cached server's caches: every reset endpoint, else a restart."""
+        self._reset_or_restart(self.server)
+
+    def _reset_or_restart(self, server: Server | None) -> None:
+        proc = server if isinstance(server, ServerProcess) else None
+        if proc is not None and id(proc) in self._clean:
+            return  # started and not used since: nothing to empty
+        base = proc.url if proc is not None else str(server)
+        try:
+            done = reset_caches(
+                base,
+                self.resets,
+                self.timeout,
+                can_restart=proc is not None,
+                tolerated=self.reset_tolerated,
+            )
+        except EngineError as exc:
+            raise EngineError(f"{exc}{proc.log_note() if proc else ''}") from None
+        if not done:
+            assert proc is not None
+            self.restarts_for_cold += proc is self.cold_server
+            self._start(proc)
+
+    def run(self, request: Request, *, use_cache: bool) -> Outcome:
+        if request.images and not self.supports_images:
+            raise EngineError("this server adapter is configured without image support")
+        if not use_cache and self.cold in ("reset", "restart"):
+            # a reset (or restart) before each cold request keeps it cold only if no other
+            # request is in flight on that server: cold requests go one at a time
+            with self._cold_lock:
+                return self._run(request, use_cache)
+        return self._run(request, use_cache)
+
+    def _run(self, request: Request, use_cache: bool) -> Outcome:
+        target, namespace = self._route(request, use_cache)
+        pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
+        request = request if pending is None else pending.request  # more decode steps, tapped
+        reply = self._post(target, request, namespace, pending)
+        parsed = parse_reply(reply, self.vocab)
+        if not use_cache and parsed.cached_tokens:
+            raise EngineError(
+                f"the uncached baseline reported cached_tokens={parsed.cached_tokens}"
+            )
+        if not self.tap:
+            problems = logprob_problems(parsed, request.max_new_tokens, labels=self.check_labels)
+            if problems:
+                raise EngineError("; ".join(problems))
+        out = self._outcome(parsed, reply, request, target)
+        if self.tap:
+            out = self._tapped(out, parsed, request, target, use_cache)
+        return out if pending is None else pending.finish(out, reply, self.vocab)
+
+    def _route(self, request: Request, use_cache: bool) -> tuple[Server | None, str]:
+        """The server this run goes to and the namespace it carries (a fresh salt for the
+        uncached run in ``cold="salt"``); resets or restarts the baseline server first."""
+        if request.namespace and not self.supports_namespaces:
+            raise EngineError(
+                f"request namespace {request.namespace!r} cannot be sent: set namespace_header "
+                "or namespace_field to what this server keys its cache on"
+            )
+        if use_cache:
+            return self.server, request.namespace
+        if self.cold == "salt":
+            return self.server, f"{request.namespace}#prefixcache-cold-{uuid.uuid4().hex}"
+        target = self.cold_server
+        if self.cold == "restart" and isinstance(target, ServerProcess):
+            if id(target) not in self._clean:
+                self._start(target)
+        elif self.cold == "reset":
+            self._reset_or_restart(target)
+        return target, request.namespace
+
+    def _outcome(
+        self, parsed: Reply, reply: Any, request: Request, target: Server | None
+    ) -> Outcome:
+        steps, tokens = parsed.steps, parsed.tokens[: request.max_new_tokens]
+        out = Outcome(
+            top_logprobs=steps[0] if steps and steps[0] else None,
+            step_top_logprobs=tuple(steps[: len(tokens)]),
+            tokens=tokens,
+            cached_tokens=parsed.cached_tokens,
+            prompt_tokens=parsed.prompt_tokens,
+            # max_tokens is at least 1: a request for none sends no reply back
+            text=parsed.text if request.max_new_tokens else "",
+        )
+        if self.extensions:
+            return with_extension(out, reply, request.max_new_tokens)
+        if self.prompt_ids.active:
+            base = target.url if isinstance(target, ServerProcess) else str(target)
+            try:
+                ids, spans = self.prompt_ids(parsed, request, base, self.timeout)
+            except EngineError as exc:
+                self.render_mismatches.append(str(exc))
+                raise
+            out = dataclasses.replace(out, token_ids=ids, image_spans=spans)
+        return out
+
+    def _tapped(
+        self, out: Outcome, parsed: Reply, request: Request, target: Server | None, use_cache: bool
+    ) -> Outcome:
+        assert isinstance(target, ServerProcess)
+        api = out
+        out, problems = tapped_outcome(
+            self._readers[id(target)], out, parsed.completion_tokens, request.max_new_tokens
+        )
+        self.tap_disagreements += problems
+        if self.tap_log is not None:
+            log_tap(self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems))
+        return out
+
+    def _post(
+        self,
+        target: Server | None,
+        request: Request,
+        namespace: str,
+        pending: Pending | None = None,
+    ) -> Any:
+        base = target.url if isinstance(target, ServerProcess) else str(target)
+        if isinstance(target, ServerProcess):
+            self._clean.discard(id(target))
+        body, headers = chat_body(
+            request,
+            top_logprobs=self.top_logprobs,
+            model=self.model,
+            namespace=(self.namespace_field, self.namespace_header, namespace),
+            extra={
+                **({"prefixcache": {"logits": True}} if self.extensions else {}),
+                **({"return_token_ids": True} if self.prompt_ids.source == "reply" else {}),
+                **self.extra_body,
+            },
+        )
+        try:
+            status, reply = http_json(
+                "POST",
+                base + "/v1/chat/completions",
+                body,
+                headers=headers,
+                timeout=self.timeout,
+                response_headers=None if pending is None else pending.headers,
+            )
+        except OSError as exc:
+            proc = target if isinstance(target, ServerProcess) else None
+            raise EngineError(
+                f"POST {base}/v1/chat/completions: {connection_problem(exc, base, proc)}"
+            ) from exc
+        if status != 200:
+            log = target.log_note() if isinstance(target, ServerProcess) else ""
+            raise EngineError(
+                f"{base}/v1/chat/completions answered {status}: {str(reply)[:500]}{log}"
+            )
+        return reply
