@@ -77,6 +77,13 @@ class Option:
     def meaning(self) -> str:
         return self.doc or self.help
 
+    def argparse_kwargs(self) -> dict[str, Any]:
+        """What pytest's ``addoption`` and the command's ``add_argument`` both take."""
+        if self.type is None:
+            return {"action": "store_true", "help": self.help}
+        action = "append" if self.repeatable else "store"
+        return {"type": self.type, "metavar": self.metavar, "help": self.help, "action": action}
+
 
 DEFAULTS = settings.Settings()
 BOTH = ("verify", "replay")
@@ -223,11 +230,7 @@ def by_name(name: str) -> Option:
 def add_to_pytest(add: Callable[..., Any]) -> None:
     """Register every option with pytest's ``group.addoption``."""
     for o in OPTIONS:
-        if o.type is None:
-            add(o.flag, action="store_true", default=False, help=o.help)
-        else:
-            add(o.flag, type=o.type, default=o.default, metavar=o.metavar, help=o.help,
-                action="append" if o.repeatable else "store")  # fmt: skip
+        add(o.flag, default=False if o.type is None else o.default, **o.argparse_kwargs())
 
 
 def cli_options(command: str) -> tuple[Option, ...]:
@@ -238,11 +241,7 @@ def cli_options(command: str) -> tuple[Option, ...]:
 def add_to_cli(p: argparse._ActionsContainer, options: Sequence[Option]) -> None:
     """Register ``options`` with a ``prefixcache`` subcommand's parser, without their prefix."""
     for o in options:
-        if o.type is None:
-            p.add_argument(o.cli_flag, action="store_true", help=o.help)
-        else:
-            p.add_argument(o.cli_flag, type=o.type, metavar=o.metavar, help=o.help,
-                           action="append" if o.repeatable else "store")  # fmt: skip
+        p.add_argument(o.cli_flag, **o.argparse_kwargs())
 
 
 def cli_to_pytest(values: argparse.Namespace, options: Sequence[Option]) -> list[str]:
