@@ -13,7 +13,9 @@ Flavours (their field shapes, from ../shared/NOTES.md):
   tokens named ``''``; ``token_id:N`` with ``return_tokens_as_token_ids``; ``prompt_token_ids``
   and the choice's ``token_ids`` with ``return_token_ids``; tenants by the ``cache_salt`` body
   field; ``POST /reset_prefix_cache`` answers ``{"success": bool}``, ``/reset_mm_cache`` and
-  ``/reset_encoder_cache`` an empty 200.
+  ``/reset_encoder_cache`` an empty 200; ``GET /metrics``: vLLM 0.32's prefix-cache counters
+  (``vllm:prefix_cache_hits_total``, ``vllm:prompt_tokens_cached_total``,
+  ``vllm:prompt_tokens_by_source_total``) in Prometheus text.
 - ``llama``: entries with ``id``; ``timings.cache_n``/``prompt_n``; ``tokens_cached`` is the
   whole prompt (not reuse); ``/apply-template`` and ``/tokenize``; ``cache_prompt: false``
   and ``--no-cache`` turn reuse off; no reset endpoint (404).
@@ -22,7 +24,8 @@ Faults (negative controls): ``shifted`` (step i carries step i+1's top_logprobs)
 (the last logprobs entry is missing), ``reset_false`` (the prefix reset says success false and
 keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_logprobs``,
 ``corrupt`` / ``corrupt_step2`` (a cache hit moves the logprobs of decode step 0 / 2 by 1e-3,
-greedy tokens unchanged).
+greedy tokens unchanged), ``metric_overclaim`` (vllm: the counters add a block of 32 tokens
+more than the reply's ``cached_tokens`` on every hit).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
@@ -108,6 +111,7 @@ class Stub:
         self.blocks: set[str] = set()
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
+        self.counters = {"hits": 0, "computed": 0}
 
     def _key(self, salt: str, ext: list[tuple[int, str]]) -> str:
         salt = "" if self.fault == "ignores_salt" else salt
@@ -127,6 +131,9 @@ class Stub:
                     cached = end
                 for end in range(BLOCK, len(ext) + 1, BLOCK):
                     self.blocks.add(self._key(salt, ext[:end]))
+            claimed = cached + (BLOCK if cached and self.fault == "metric_overclaim" else 0)
+            self.counters["hits"] += claimed
+            self.counters["computed"] += len(ext) - cached
         n = int(body.get("max_tokens") or 16)
         context = list(ext)
         tops, tokens = [], []
@@ -207,6 +214,25 @@ class Stub:
         return 404, {"error": {"code": 404, "message": "File Not Found"}}
 
 
+    def metrics(self) -> str:
+        """vLLM's prefix-cache counters, Prometheus text (a HELP line, then samples)."""
+        labels = 'engine="0",model_name="stub"'
+        hits, computed = self.counters["hits"], self.counters["computed"]
+        return "\n".join(
+            [
+                "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in tokens.",
+                f"vllm:prefix_cache_hits_total{{{labels}}} {float(hits)}",
+                f"vllm:prefix_cache_hits_created{{{labels}}} 1.7e9",
+                f"vllm:prompt_tokens_cached_total{{{labels}}} {float(hits)}",
+                f'vllm:prompt_tokens_by_source_total{{{labels},source="local_compute"}} '
+                f"{float(computed)}",
+                f'vllm:prompt_tokens_by_source_total{{{labels},source="local_cache_hit"}} '
+                f"{float(hits)}",
+                "",
+            ]
+        )
+
+
 class Handler(BaseHTTPRequestHandler):
     server: Any
 
@@ -222,6 +248,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:
+        if self.path == "/metrics" and self.server.stub.flavour == "vllm":
+            raw = self.server.stub.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
         self._send(200, {"status": "ok"} if self.path == "/health" else None)
 
     def do_POST(self) -> None:

@@ -13,11 +13,21 @@ from engines/vllm/test_vllm_cpu.py, and efficiency is also given against the blo
     python engines/vllm/findings.py save REPORTS CORPUS           copies each failure's shrunk
                                                                    counterexample into CORPUS
                                                                    (not the negative control's)
+
+The matrix (``engines/vllm/run.sh matrix``): a run directory holds one folder per combination of
+engines/vllm/matrix.toml, each with the ``suite.json`` of its own ``--prefixcache-matrix
+--prefixcache-config NAME`` run.
+
+    python engines/vllm/findings.py matrix RUN MATRIX VERSION     writes RUN/<combination>/row.json
+    python engines/vllm/findings.py matrix-table RUN              prints the Markdown table
+    python engines/vllm/findings.py save-matrix RUN CORPUS        saves the counterexamples as
+                                                                   vllm-cpu-<labels>-<check>/
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -90,7 +100,94 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
     return "\n".join(lines)
 
 
+ENGINE = "vllm-cpu"
+MATRIX_SCRIPT = "engines/vllm/run.sh matrix"
+
+
+def combination_mode(name: str) -> str:
+    """A combination's mode (the key of its findings): ``vllm-text[b32,c48]`` is
+    ``text,b32,c48``."""
+    base, _, labels = name.partition("[")
+    return ",".join(x for x in (base.removeprefix("vllm-"), labels.rstrip("]")) if x)
+
+
+def matrix_rows(run: Path, matrix: Path, version: str) -> list[dict[str, Any]]:
+    """One row per combination folder of ``run`` that has a ``suite.json``, written to its
+    ``row.json``, with the combination's flags and place in ``matrix``."""
+    from pytest_prefixcache.session.matrix_file import read_matrix
+
+    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    rows = []
+    for path in sorted(run.glob("*/suite.json")):
+        suite = json.loads(path.read_text())
+        for config in suite.get("configs") or [dict(suite, name="")]:
+            order, target = targets.get(config["name"], (len(targets), None))
+            mode = combination_mode(config["name"])
+            r = common.suite_row(config, path.parent, ENGINE, version, mode, {})
+            r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
+            flags = "" if target is None else shlex.join(target.flags)
+            concurrency = 1 if target is None else int(target.args.get("concurrency", 1))
+            r.update(order=order, name=config["name"], flags=flags, concurrency=concurrency)
+            r.update(verdict=config.get("verdict"), not_checked=config.get("not_checked"))
+            r["concurrent"] = (config.get("coverage") or {}).get("concurrent")
+            (path.parent / "row.json").write_text(json.dumps(r, indent=1) + "\n")
+            rows.append(r)
+    return rows
+
+
+def _claims_cell(r: dict[str, Any], corpus_link: str) -> str:
+    if r["concurrency"] > 1:
+        return "off (waves)"
+    text = common._entries(r, corpus_link, lambda f: f["check"] == "claims")
+    return text or "none (4 sources agree)"
+
+
+def _waves_cell(r: dict[str, Any]) -> str:
+    if r["concurrency"] <= 1:
+        return "one at a time"
+    seen = r.get("concurrent") or {}
+    judged = sum(v for k, v in seen.items() if isinstance(v, int)) if seen else 0
+    return f"{r['concurrency']} in flight; {judged} requests judged in waves"
+
+
+def matrix_table(run: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
+    """The Markdown table of a matrix run's rows, in the matrix file's order."""
+    lines = [
+        "| engine, version | combination | flags | verdict | requests | efficiency vs oracle "
+        "| vs block-rounded oracle | worst diff | claims disagreements | concurrency "
+        "| other failures (shrunk counterexamples) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = [json.loads(p.read_text()) for p in run.glob("*/row.json")]
+    for r in sorted(rows, key=lambda r: (r["order"], r["name"])):
+        flags = f"`{r['flags']}`" if r["flags"] else "no flags"
+        head = f"| {r['engine']} {r['version']} | `{r['name']}` | {flags} |"
+        if not r["suite_ran"]:
+            why = common._short(str(r.get("engine_error") or "the suite did not run"))
+            lines.append(f"{head} ERROR | {why} | | | | | | |")
+            continue
+        other = common._failures(r, corpus_link, lambda check: check == "claims")
+        lines.append(
+            f"{head} {str(r.get('verdict') or '').upper()} | {r['requests']} "
+            f"({r['cache_hits']} hits) | {_pct(r['reused_tokens'], r['oracle_tokens'])} | "
+            f"{_pct(r['block_reused'], r['block_oracle_tokens'])} | {r['worst_diff']:g} | "
+            f"{_claims_cell(r, corpus_link)} | {_waves_cell(r)} | {other} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 4 and argv[0] == "matrix":
+        for r in matrix_rows(Path(argv[1]), Path(argv[2]), argv[3]):
+            print(json.dumps({k: r[k] for k in ("name", "verdict", "requests", "efficiency")}))
+        return 0
+    if len(argv) == 2 and argv[0] == "matrix-table":
+        print(matrix_table(Path(argv[1])))
+        return 0
+    if len(argv) == 3 and argv[0] == "save-matrix":
+        for name in common.save(Path(argv[1]), Path(argv[2]), "*/row.json", MATRIX_SCRIPT):
+            print(f"saved {Path(argv[2]) / name}")
+        return 0
     return common.engine_main(
         argv,
         row=row,

