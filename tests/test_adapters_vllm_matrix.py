@@ -174,3 +174,29 @@ def test_the_matrix_starts_each_combination_with_its_flags(tmp_path: Path, fault
         assert res.returncode == 1, res.stdout[-3000:]
         assert verdicts == dict.fromkeys(names, "fail")
         assert all("claims" in c["failures_by_check"] for c in report["configs"])
+
+
+@pytest.mark.parametrize("fault", ["", "corrupt"], ids=["honest", "corrupt"])
+def test_a_waves_combination_sends_its_waves_through_the_preset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """``concurrency=4, claims=False`` (the matrix's waves configurations): the stub's waves
+    pass when it is honest and fail when its hits move a step's logprobs (negative control)."""
+    from test_adapters_waves import WAVES
+
+    from pytest_prefixcache import EquivalenceFailure, Verifier
+    from pytest_prefixcache.verify.concurrent import CONCURRENT, NO_ORDER
+
+    monkeypatch.setenv("STUB_FAULT", fault)
+    model = str(model_dir(tmp_path))
+    with vllm_matrix_engine(model, ["--max-num-seqs 2"], concurrency=4, claims=False,
+                            python=PYTHON) as engine:  # fmt: skip
+        assert engine.max_concurrency == 4 and engine.claims is None
+        verifier = Verifier(engine)
+        if fault:
+            with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):
+                verifier.run_waves(WAVES)
+        else:
+            verifier.run_waves(WAVES)
+            assert verifier.report.coverage[CONCURRENT] == {NO_ORDER: 6}
+            assert verifier.report.cache_hits >= 1
