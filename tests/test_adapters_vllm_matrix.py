@@ -65,6 +65,7 @@ def test_reuse_is_judged_against_the_block_size_in_force(tmp_path: Path) -> None
         assert (engine.reuse_reference, engine.block_size) == ("block", 128)
     with vllm_server(model_dir(tmp_path), python=PYTHON) as plain:
         assert (plain.reuse_reference, plain.block_size, plain.claims) == ("block", 32, None)
+        assert plain.caches_output  # type: ignore[attr-defined]
 
 
 def test_claims_and_waves_do_not_mix(tmp_path: Path) -> None:
