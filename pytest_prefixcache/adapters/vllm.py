@@ -144,6 +144,7 @@ def vllm_server(
     flags: Sequence[str] = (),
     extra_args: Sequence[str] = (),
     start_timeout: float = 600.0,
+    timeout: float = 600.0,
     top_logprobs: int = 20,
     audit: bool = True,
     audit_share: int = 8,
@@ -168,9 +169,10 @@ def vllm_server(
     API's ``cached_tokens`` against vLLM's prefix-cache counters (:func:`claim_specs`).
     ``concurrency``: requests sent at once (the waves property; not with ``claims``, whose
     counter deltas need one request at a time). Starts take 40-150 s (246 s on a busy 2-core
-    machine: the start timeout is 600 s), and the baseline audit starts a fresh server for up
-    to ``audit_share`` audited requests that share nothing (``audit=False``: not audited, a
-    partial verdict).
+    machine, 5 min with three starting at once: the start timeout is 600 s), and a server's
+    first request took over 120 s at a load of 35 (``timeout``, per HTTP request: 600 s); the
+    baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
+    nothing (``audit=False``: not audited, a partial verdict).
     """
     config = _config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -191,6 +193,7 @@ def vllm_server(
         supports_images=image_token is not None,
         env=VLLM_ENV,
         start_timeout=start_timeout,
+        timeout=timeout,
         audit=audit,
         reuse_reference="block",
         block_size=block,
