@@ -20,6 +20,7 @@ engines/vllm/matrix.toml, each with the ``suite.json`` of its own ``--prefixcach
 
     python engines/vllm/findings.py matrix RUN MATRIX VERSION     writes RUN/<combination>/row.json
     python engines/vllm/findings.py matrix-table RUN...           prints the Markdown table
+    python engines/vllm/findings.py matrix-json RUN...            prints the rows' figures (JSON)
     python engines/vllm/findings.py save-matrix RUN CORPUS        saves the counterexamples as
                                                                    vllm-cpu-<labels>-<check>/
 """
@@ -195,6 +196,17 @@ def main(argv: list[str]) -> int:
     if len(argv) == 4 and argv[0] == "matrix":
         for r in matrix_rows(Path(argv[1]), Path(argv[2]), argv[3]):
             print(json.dumps({k: r[k] for k in ("name", "verdict", "requests", "efficiency")}))
+        return 0
+    if len(argv) >= 2 and argv[0] == "matrix-json":
+        keys = ("name", "flags", "verdict", "requests", "cache_hits", "reused_tokens",
+                "oracle_tokens", "block_reused", "block_oracle_tokens", "block_size",
+                "worst_diff", "failures_by_check", "concurrency", "concurrent")  # fmt: skip
+        out = [
+            {"run": run.name, **{k: r.get(k) for k in keys}}
+            for run in map(Path, argv[1:])
+            for r in (json.loads(p.read_text()) for p in sorted(run.glob("*/row.json")))
+        ]
+        print(json.dumps(out, indent=1))
         return 0
     if len(argv) >= 2 and argv[0] == "matrix-table":
         print(matrix_table(*map(Path, argv[1:])))

@@ -170,7 +170,7 @@ def test_matrix_rows_and_their_table_from_one_run_per_combination(
 
 
 def test_a_combination_run_again_is_marked_as_a_re_run(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     findings = _findings(monkeypatch)
     (tmp_path / "m.toml").write_text(MATRIX)
@@ -182,4 +182,11 @@ def test_a_combination_run_again_is_marked_as_a_re_run(
     assert [line.split("|")[2].strip() for line in table] == [
         "`vllm-text[b32]`",
         "`vllm-text[b32]` (re-run)",
+    ]
+    capsys.readouterr()
+    findings.main(["matrix-json", str(tmp_path / "first"), str(tmp_path / "again")])
+    out = json.loads(capsys.readouterr().out)
+    assert [(r["run"], r["name"], r["verdict"]) for r in out] == [
+        ("first", "vllm-text[b32]", "partial"),
+        ("again", "vllm-text[b32]", "partial"),
     ]
