@@ -213,7 +213,6 @@ class Stub:
             return 200, {"tokens": tokenize_text(body["content"])}
         return 404, {"error": {"code": 404, "message": "File Not Found"}}
 
-
     def metrics(self) -> str:
         """vLLM's prefix-cache counters, Prometheus text (a HELP line, then samples)."""
         labels = 'engine="0",model_name="stub"'
