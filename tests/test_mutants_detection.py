@@ -1,10 +1,10 @@
 """The detection table in CI: every mutant, a small budget, a fixed seed, no shrinking; each
 must be caught by its expected check, and the unmodified engine must pass the same run.
 
-The lanes: a mutant's detection and its saved counterexample's replay take a second or two
-and run in the fast lane (so a check that stops catching its bug fails there); the races
-(class 10) wait on thread timing (``timing``); the unmodified engine's whole runs, one per
-configuration, and the command-line runs are ``slow``.
+The lanes: a mutant's detection (it stops at the first failing example) and its saved
+counterexample's replay are cheap and run in the fast lane (so a check that stops catching
+its bug fails there); the races (class 10) wait on thread timing (``timing``); the unmodified
+engine's whole runs, one per configuration, and the command-line runs are ``slow``.
 
 The full table (default budget, with shrinking) is the benchmark:
 ``python -m reference_engine.mutants --table``.
@@ -32,10 +32,9 @@ from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
 EXAMPLES = 10
-#: Fixtures whose examples cost more: the recurrent family's unmodified run took 116 s of CPU
-#: for 10 streams and 10 waves, 23 s for 3 and 3. Its mutants and its unmodified run use these
-#: many (the same run: a different budget draws different examples); each of its four
-#: mutants is caught by the second example.
+#: Fixtures whose examples cost several times more (the recurrent family: docs/benchmarks.md,
+#: "The test suite's lanes"). Its mutants and its unmodified run use these many (the same run:
+#: a different budget draws different examples); each of its four mutants is still caught.
 FIXTURE_EXAMPLES = {"tiny-qwen3.5-vl": 4}
 SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,8 +42,8 @@ CORPUS = sorted((ROOT / "fixtures" / "corpus" / "mutants").glob("mutant_*.json")
 
 #: Every opt-in check the mutants use (``--prefixcache-min-speedup=1``).
 OPT_IN = {k: v for m in MUTANTS.values() for k, v in m.verify.items()}
-#: The engine-call timeout: generous, so that only a hang fails on a busy machine (a first
-#: call on the recurrent family took over 60 s with both cores loaded by other runs).
+#: The engine-call timeout: generous, so that only a hang fails on a busy machine (the default
+#: one failed a first call on the recurrent family with both cores loaded by other runs).
 TIMEOUT = {"timeout": 600.0}
 
 #: Races (class 10): only the waves catch them, when the timing lets the race happen, so they
