@@ -3,7 +3,8 @@
 Each test builds the race by hand (deterministic), shows the wrong answer, and shows that the
 same requests one at a time, on the mutant, are answered right (so only the waves property
 can catch it). The waves property catching them from generated waves is in
-``tests/test_mutants_detection.py``.
+``tests/test_mutants_detection.py`` (marked ``timing``: a race shows when the threads let it);
+these forced races are the fast lane's test of each concurrency mutant.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytest.importorskip("mlx.core")
+
 from pytest_prefixcache import Message, Request
 from reference_engine.engine import Engine
 from reference_engine.mutants import MUTANTS
 
 SYSTEM = "You are a careful assistant. Answer every question precisely and briefly. " * 3
-pytestmark = pytest.mark.slow  # each builds engines and runs the model (about 30 s in all)
 
 LONG = "Explain in detail how a prefix cache keeps its blocks consistent. " * 3
 
