@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from .options import Step
 
 __all__ = [
+    "CONFIRMED_ALONE",
     "LANE_PREFIX",
+    "SHARED_CAPACITY",
     "Lane",
     "lanes_for",
     "parallel_from",
@@ -49,6 +51,12 @@ __all__ = [
     "run_parallel",
     "separate",
 ]
+
+#: The check whose failure in a lane is confirmed by the stream alone: other lanes' entries
+#: share the cache, so an eviction they caused can leave a repeat with nothing to reuse.
+CONFIRMED_ALONE = "positive control"
+#: The finding of a positive control that failed in parallel and passed alone.
+SHARED_CAPACITY = "positive control under parallel streams"
 
 #: Lane j > 0 runs its stream in namespaces prefixed with this and j (``lane1``,
 #: ``lane1-tenant-b``); lane 0 keeps the namespaces its stream drew.
@@ -191,7 +199,7 @@ class Lane(Verifier):
         others: Sequence[Problem] = (),
         meta: dict[str, object] | None = None,
     ) -> VerificationFailure:
-        if self.group is None or self.group.count == 1:
+        if self.group is None or self.group.count == 1 or problem.check == CONFIRMED_ALONE:
             return super().failure(problem, ctx, others, meta)
         return self.group.failure(self, problem, ctx, others, meta)
 
@@ -231,6 +239,7 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
         lane.number, lane.group = j, group
         group.lanes.append(lane)
     results: list[list[Step]] = [[] for _ in streams]
+    alone: dict[int, VerificationFailure] = {}
 
     def drive(j: int) -> None:
         lane = group.lanes[j]
@@ -241,6 +250,13 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
                 results[j].append(lane.step(request))
             if not group.stop.is_set():
                 lane.finish()
+        except VerificationFailure as exc:
+            if exc.check == CONFIRMED_ALONE:  # the others go on; the stream alone decides
+                alone[j] = exc
+                return
+            group.stop.set()
+            with group.lock:
+                group.failed = group.failed or exc
         except BaseException as exc:
             group.stop.set()
             with group.lock:
@@ -256,6 +272,13 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
         t.start()
     for t in threads:
         t.join()
+    for j, exc in sorted(alone.items()):
+        if group.failed is not None:
+            break
+        try:
+            results[j] = _confirm_alone(main, group.lanes[j], streams[j], exc)
+        except BaseException as err:
+            group.failed = err
     for lane in group.lanes:
         lane.report.streams = 1
         main.report.merge(lane.report)
@@ -263,5 +286,33 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
         main.failing_examples += lane.failing_examples
         main.dead = main.dead or lane.dead
     if group.failed is not None:
-        raise group.failed.with_traceback(None)
+        # its own traceback: Hypothesis tells distinct failures apart by where they were
+        # raised (in the lane), as on the sequential path
+        raise group.failed
     return results
+
+
+def _confirm_alone(
+    main: Verifier, lane: Lane, stream: Sequence[Request], exc: VerificationFailure
+) -> list[Step]:
+    """A lane's positive control failed: run its stream alone, after a reset, as the
+    sequential path does. Failing alone, that is the failure (saved as a plain stream);
+    passing, the parallel run's miss is a finding (other lanes' entries took the capacity)
+    and the lane's report becomes the alone run's (every request of the stream counted)."""
+    __tracebackhide__ = True
+    solo = Lane(main.engine, lane.worker, main.options, Report(streams=lane.report.streams - 1))
+    solo.audit = Audit(lane.audit.fresh, lane.audit.missing, lane.audit.share)
+    try:
+        steps = solo.run(stream)
+    finally:
+        solo.audit.close()
+        lane.audit.built += solo.audit.built
+        lane.failing_examples += solo.failing_examples
+        lane.dead = lane.dead or solo.dead
+    solo.report.add_finding(
+        SHARED_CAPACITY,
+        f"stream {lane.number}: {str(exc).splitlines()[0]} (in parallel with other streams; "
+        "the stream alone passes: they shared the cache's capacity)",
+    )
+    lane.report = solo.report
+    return steps
