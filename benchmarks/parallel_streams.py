@@ -225,7 +225,7 @@ def compare(
                     f"({done['requests_per_s']}/s), failures {len(done['failures'])}",
                     flush=True,
                 )
-            if "parallel" in runs:
+            if "parallel" in runs and runs["sequential"]["requests_per_s"] > 0:
                 runs["ratio"] = round(
                     runs["parallel"]["requests_per_s"] / runs["sequential"]["requests_per_s"], 3
                 )
@@ -243,3 +243,34 @@ def compare(
         close = getattr(engine, "close", None)
         if callable(close):
             close()
+
+
+def markdown(figures: dict[str, Any]) -> str:
+    """The docs/benchmarks.md table of a ``--parallel`` JSON file: one row per counted round."""
+    lines = [
+        "| engine | round | requests (streams) | audited | sequential | parallel "
+        f"x{figures['parallel']} | parallel / sequential | load average before (1 min) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for t in figures["targets"]:
+        if "error" in t:
+            lines.append(f"| {t['target']} | | | | {t['error']} | | | |")
+            continue
+        counted = [x for x in t["rounds"] if not x.get("warmup")]
+        for n, x in enumerate(counted, 1):
+            seq, par = x["sequential"], x.get("parallel")
+            load = seq["uptime_before"].split("load average:")[-1].split(",")[0].strip()
+            cells = [
+                t["target"],
+                str(n),
+                f"{seq['requests']} ({seq['streams']})",
+                str(seq["audited"]),
+                f"{seq['requests_per_s']:.2f} req/s ({seq['wall_s']:.1f} s)",
+                "n/a"
+                if par is None
+                else f"{par['requests_per_s']:.2f} req/s ({par['wall_s']:.1f} s)",
+                "n/a" if par is None else f"{x['ratio']:.2f}x",
+                load,
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -291,7 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.markdown:
         try:
-            print(markdown(json.loads(args.markdown.read_text())))
+            data = json.loads(args.markdown.read_text())
+            if "parallel" in data:  # a --parallel run
+                from parallel_streams import markdown as parallel_markdown
+
+                print(parallel_markdown(data))
+                return 0
+            print(markdown(data))
         except OSError as exc:
             ap.error(f"--markdown {args.markdown}: cannot read it: {exc.strerror}")
         except (ValueError, KeyError, TypeError) as exc:

@@ -11,7 +11,12 @@ it drew, lane j's are prefixed ``laneJ``), so each lane's oracle, per namespace 
 lane's own order (a lane sends its next request after the previous reply), is the oracle of
 the sequential path. The engine is reset once per group, before any lane starts.
 
-A failure in one lane stops the others before their next request and is raised for the
+A positive control that fails in a lane is judged by the lane's stream alone, after the
+group, on a reset engine (:func:`_confirm_alone`): the lanes share the cache, and other lanes'
+entries can evict what a repeat needed. Failing alone, that failure is raised (as on the
+sequential path); passing, it is the finding :data:`SHARED_CAPACITY`.
+
+Any other failure in one lane stops the others before their next request and is raised for the
 group: its message is the lane's (the lane's stream, its request index) plus a line naming
 the lane, and the saved stream file holds every lane's requests sent so far, with
 ``"parallel": [[0, 1, 2], [3, 4]]`` (the request indexes of each lane), so
