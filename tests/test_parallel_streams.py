@@ -318,3 +318,18 @@ def test_the_suite_with_parallel_streams_catches_shrinks_and_replays(
             *replay, "--prefixcache-engine=reference_engine:default_engine"
         )
         assert fixed.ret == 0, fixed.stdout.str()[-3000:]
+
+
+def test_the_reproduce_line_names_the_parallel_streams() -> None:
+    """A seed draws groups of streams with the option, single streams without: the summary's
+    reproduce line repeats it, and the report keeps it through JSON and xdist merges."""
+    from pytest_prefixcache.output.report import Report
+
+    report = Report(seed=7, parallel_streams=4)
+    assert "reproduce with --prefixcache-seed=7 --prefixcache-parallel-streams=4" in report.lines()
+    assert Report(seed=7).lines().count("reproduce with --prefixcache-seed=7") == 1
+    again = Report.from_json(report.to_json())
+    assert again.parallel_streams == 4
+    merged = Report(seed=7)
+    merged.merge(again, worker="gw0")
+    assert merged.parallel_streams == 4
