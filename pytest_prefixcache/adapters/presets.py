@@ -175,6 +175,7 @@ def vllm_server(
     top_logprobs: int = 20,
     audit: bool = True,
     audit_share: int = 8,
+    concurrency: int = 1,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -189,7 +190,8 @@ def vllm_server(
     bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
     (246 s on a busy 2-core machine: the start timeout is 600 s),
     and the baseline audit starts a fresh server for up to ``audit_share`` audited requests
-    that share nothing (``audit=False``: not audited, a partial verdict).
+    that share nothing (``audit=False``: not audited, a partial verdict). ``concurrency``:
+    requests sent at once (at most the ``--max-num-seqs 4`` it runs with; default 1).
     """
     config = _config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -216,6 +218,7 @@ def vllm_server(
         env=VLLM_ENV,
         start_timeout=start_timeout,
         audit=audit,
+        concurrency=concurrency,
     )
     engine.fresh_instance_share = audit_share
     return engine

@@ -124,6 +124,7 @@ class OpenAIEngine:
         #: Requests the plugin may send at once (its waves property); 1: one at a time.
         self.max_concurrency = concurrency
         self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
+        self._fresh_lock = threading.Lock()  # the audit's fresh servers, made once (parallel lanes)
         self.cold = cold
         self.atol = atol
         #: How the report names ``atol`` when a preset set it from a measured rule.
@@ -220,9 +221,10 @@ class OpenAIEngine:
         cmd = self._fresh_cmd
         if cmd is None:
             raise EngineError(self.fresh_instances_missing)
-        if self._fresh is None:
-            forked = self._forks.get(cmd) is not None
-            self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
+        with self._fresh_lock:  # parallel streams audit from several threads
+            if self._fresh is None:
+                forked = self._forks.get(cmd) is not None
+                self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
         fresh = copy.copy(self)
         fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
         fresh._owner = False
