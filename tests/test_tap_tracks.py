@@ -158,3 +158,18 @@ def test_a_server_storing_another_rows_cache_fails_the_waves() -> None:
             Verifier(engine).run_waves(WAVES)
     finally:
         engine.close()
+
+
+def test_identical_prompts_in_flight_go_by_the_replys_own_reuse(tmp_path: Path) -> None:
+    # two copies of A: one prefilled from 0, the other resumed from the first's 5 positions
+    calls = [
+        ("p", [row(0, 5, A[:5], 0)]),
+        ("g", [row(5, 6, [6], 3)]),
+        ("h", [row(5, 6, [6], 3)]),
+    ]
+    led = ledger(tmp_path, calls)
+    resumed = led.find(6, A, 1, said=5)  # the reply said 5 cached: the track that shows it
+    assert resumed is not None and (resumed.reused, resumed.served) == (5, 1)
+    assert led.claim(resumed)
+    rest = led.find(6, A, 1, said=5)  # a reply whose figure agrees with no track left
+    assert rest is not None and rest.reused == 0

@@ -172,20 +172,32 @@ class TapLedger:
             t.key, t.row, t.last_order = rec.cache, i, order
             t.rows.append((n, row))
         self._key_last[rec.cache] = order
+        # a row missing from its batch's latest call was filtered out: it never runs again
+        self._by_key[rec.cache] = [t for t in self._by_key[rec.cache] if t.last_order == order]
 
-    def find(self, prompt_tokens: int, ids: Sequence[int] | None, steps: int) -> Found | None:
+    def find(
+        self,
+        prompt_tokens: int,
+        ids: Sequence[int] | None,
+        steps: int,
+        said: int | None = None,
+    ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
-        prompt's ``ids``, when given): reads the new records first; None when none does yet."""
+        prompt's ``ids``, when given): reads the new records first; None when none does yet.
+        Among tracks the ids do not tell apart (two identical prompts in flight), one that
+        reused ``said`` tokens (the reply's own figure) first: the model computed both, and
+        which reply got which is not in the records."""
         with self.lock:
             self._ingest()
-            best: tuple[tuple[int, int], Found] | None = None
+            best: tuple[tuple[int, int, int], Found] | None = None
             for t in self.tracks:
                 if t.claimed:
                     continue
                 found = _answer(t, prompt_tokens, ids, steps)
                 if found is None:
                     continue
-                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], t.index)
+                agrees = int(said is not None and found.reused != said)
+                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], agrees, t.index)
                 if best is None or rank < best[0]:
                     best = (rank, found)
             return None if best is None else best[1]

@@ -64,7 +64,7 @@ def apply_tap(
     deadline = time.monotonic() + wait
     found: Found | None = None
     while True:
-        found = ledger.find(out.prompt_tokens, out.token_ids, expected)
+        found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens)
         late = time.monotonic() >= deadline
         if found is not None and (late or len(found.steps) >= expected) and ledger.claim(found):
             break
