@@ -48,7 +48,7 @@ TIMEOUT = {"timeout": 600.0}
 
 #: Races (class 10): only the waves catch them, when the timing lets the race happen, so they
 #: get more examples (the streams run first and see nothing).
-RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30}
+RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30, "ragged_batch": 30}
 #: Replays of a saved race: at least one must fail (measured: 3 to 6 of 10 replays fail).
 RACE_REPLAYS = 15
 
