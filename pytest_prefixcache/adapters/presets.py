@@ -79,10 +79,14 @@ def reference_server(
     )
 
 
-def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+def mlx_lm_server(
+    model_dir: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
-    0``; token ids rendered locally. Text only; it has no namespaces."""
+    0``; token ids rendered locally. Text only; it has no namespaces. ``concurrency``:
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; the server batches
+    text requests, the tap follows each one's batch rows)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     cmd = (
         f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
@@ -97,6 +101,7 @@ def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngi
             tap=True,
             render=TextRenderer(model),
             check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
+            concurrency=concurrency_from_env() if concurrency is None else concurrency,
         ),  # entry
         "mlx-lm",
         model,
