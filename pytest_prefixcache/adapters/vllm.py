@@ -167,8 +167,9 @@ def vllm_server(
     included (``caches_output``). Tolerance: exact (cold and warm were
     bit-identical on the CPU backend, float32, one request at a time). ``claims``: check the
     API's ``cached_tokens`` against vLLM's prefix-cache counters (:func:`claim_specs`).
-    ``concurrency``: requests sent at once (the waves property; not with ``claims``, whose
-    counter deltas need one request at a time). Starts take 40-150 s (246 s on a busy 2-core
+    ``concurrency``: requests sent at once (the waves property; with ``claims``, a counter's
+    delta read while another request was in flight is not that request's, and is not
+    compared). Starts take 40-150 s (246 s on a busy 2-core
     machine, 5 min with three starting at once: the start timeout is 600 s), and a server's
     first request took over 120 s at a load of 35 (``timeout``, per HTTP request: 600 s); the
     baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
@@ -237,7 +238,7 @@ def vllm_matrix_engine(
     """:func:`vllm_server` for one combination of engines/vllm/matrix.toml: ``model``
     (``text``: tiny-llama-hf, ``vl``: tiny-qwen2-vl-hf, or a directory; see
     :func:`model_path`) served by ``python`` (default :func:`default_python`) with ``flags``.
-    ``claims`` (default on; off with ``concurrency`` above 1), ``audit``: default
+    ``claims`` (default on), ``audit``: default
     ``$VLLM_AUDIT`` = 1 (off otherwise: a fresh vLLM server per audited request takes
     minutes here)."""
     python = python or default_python()
