@@ -158,7 +158,7 @@ def slug(text: str) -> str:
 
 
 def counterexample_name(r: dict[str, Any], f: dict[str, Any], taken: set[str]) -> str:
-    base = f"{r['engine']}-{slug(r['mode'])}-{slug(f['check'])}"
+    base = f"{r.get('config') or r['engine']}-{slug(r['mode'])}-{slug(f['check'])}"
     name, n = base, 2
     while name in taken:
         name, n = f"{base}-{n}", n + 1

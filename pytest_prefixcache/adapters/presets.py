@@ -76,14 +76,29 @@ def reference_server(
     )
 
 
-def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+def mlx_lm_server(
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    concurrency: int | None = None,
+    tap: bool | None = None,
+    flags: Sequence[str] = (),
+) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
-    0``; token ids rendered locally. Text only; it has no namespaces."""
+    0``; token ids rendered locally. Text only; it has no namespaces. ``concurrency``:
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its BatchGenerator
+    batches them: ``--decode-concurrency``, ``--prompt-concurrency`` among ``flags``, serve
+    flags a matrix combination passes, each a command-line string).
+    ``tap`` (default: on at concurrency 1, off above, where the tap cannot tell the batch's
+    requests apart): without it the logits are the API's ``top_logprobs`` (10; it refuses
+    20) and the reuse its ``cached_tokens``."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
+    n = concurrency_from_env() if concurrency is None else concurrency
+    tapped = n == 1 if tap is None else tap
     cmd = (
-        f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
-        "--port {port}"
+        f"{TAP if tapped else '{python} -m'} mlx_lm.server"
+        f"{':main' if tapped else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     return with_split_rule(
         OpenAIEngine(
@@ -91,10 +106,11 @@ def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngi
             cold="server",
             cold_cmd=cmd + " --prompt-cache-size 0",
             supports_images=False,
-            tap=True,
+            tap=tapped,
             render=TextRenderer(model),
             check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
-        ),  # entry
+            concurrency=n,  # entry
+        ),
         "mlx-lm",
         model,
     )
