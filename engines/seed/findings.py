@@ -49,6 +49,7 @@ CLAIMS_TEST = "test_claims_agree_with_the_tap"
 def known() -> dict[tuple[str, str, str], str]:
     """engines/seed/test_seed_engines.py's xfail reasons, by (engine, mode, test)."""
     sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent.parent / "tests"))  # its adapter_support (conftest.py)
     import test_seed_engines
 
     return dict(test_seed_engines.KNOWN)

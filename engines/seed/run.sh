@@ -25,7 +25,10 @@
 #   $SEED_DIR/reports), SEED_CONFIGS (space-separated combination names of the matrix file:
 #   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
 #   name, default the engines'), SEED_SELECT (a pytest -k expression for the suite, e.g.
-#   'test_waves or test_request_streams': the waves and the (half closed-loop) streams only).
+#   'test_waves or test_request_streams': the waves and the (half closed-loop) streams only),
+#   SEED_PYTEST_ARGS (more words for that pytest, e.g. --tb=native: Python 3.11.7's ast.parse
+#   raised 'AST constructor recursion depth mismatch' inside pytest's traceback formatting
+#   after a failed waves property, an INTERNALERROR that lost the report).
 # The waves property runs on the combinations whose args declare concurrency above 1 (the
 #   *-waves configs of matrix.toml; PREFIXCACHE_CONCURRENCY for from_env).
 # verify runs, for every combination of the matrix file that belongs to the engines named:
@@ -131,7 +134,9 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
   rm -rf "$run" && mkdir -p "$run/tap"
   local -a select=()
   [ -z "${SEED_SELECT:-}" ] || select=(-k "$SEED_SELECT")
-  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE "${select[@]}" \
+  local -a more=()
+  read -r -a more <<<"${SEED_PYTEST_ARGS:-}"
+  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE "${select[@]}" "${more[@]}" \
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
     --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true
