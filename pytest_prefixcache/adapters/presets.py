@@ -80,7 +80,7 @@ def mlx_lm_server(
     model_dir: str | os.PathLike[str] | None = None,
     *,
     concurrency: int | None = None,
-    tap: bool | None = None,
+    tap: bool = True,
     flags: Sequence[str] = (),
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
@@ -89,15 +89,14 @@ def mlx_lm_server(
     requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its BatchGenerator
     batches them: ``--decode-concurrency``, ``--prompt-concurrency`` among ``flags``, serve
     flags a matrix combination passes, each a command-line string).
-    ``tap`` (default: on at concurrency 1, off above, where the tap cannot tell the batch's
-    requests apart): without it the logits are the API's ``top_logprobs`` (10; it refuses
-    20) and the reuse its ``cached_tokens``."""
+    The tap follows each request's batch rows; ``tap=False``: none, the logits are then the
+    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
-    tapped = n == 1 if tap is None else tap
+
     cmd = (
-        f"{TAP if tapped else '{python} -m'} mlx_lm.server"
-        f"{':main' if tapped else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        f"{TAP if tap else '{python} -m'} mlx_lm.server"
+        f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     return with_split_rule(
@@ -106,7 +105,7 @@ def mlx_lm_server(
             cold="server",
             cold_cmd=cmd + " --prompt-cache-size 0",
             supports_images=False,
-            tap=tapped,
+            tap=tap,
             render=TextRenderer(model),
             check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
             concurrency=n,  # entry

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...errors import EngineError
+from ...tap.tracks import TapLedger
 from ...types import Outcome, Request
 from .baselines import Cold, check_baseline
 from .chat import chat_body
@@ -104,10 +105,14 @@ class OpenAIEngine:
             models), so a server just started is reset too before its first stream.
             Default: ``False`` (a server just started has nothing to empty).
         concurrency: requests the server serves at once: above 1, ``run`` may be called
-            from that many threads (the plugin's waves property sends concurrent requests;
-            not with ``tap`` or ``claims``). With ``cold="reset"`` or ``"restart"`` the cold
-            requests still go one at a time (the waves' noise control is then not
-            concurrent: use ``cold="server"`` or ``"salt"`` for one that is). Default: ``1``.
+            from that many threads (the plugin's waves property sends concurrent requests).
+            The tap follows each request's batch rows (:mod:`pytest_prefixcache.tap.tracks`)
+            and gives the served order; claim sources read around a request (stats,
+            metrics, logs) claim nothing for a request that had another in flight on its
+            server (the API's and headers' figures are per request). With ``cold="reset"``
+            or ``"restart"`` the cold requests still go one at a time (the waves' noise
+            control is then not concurrent: use ``cold="server"`` or ``"salt"`` for one
+            that is). Default: ``1``.
     """
 
     #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
@@ -163,11 +168,6 @@ class OpenAIEngine:
         )
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise EngineError(f"concurrency={concurrency!r} is not an int >= 1")
-        if concurrency > 1 and (tap or claims is not None):
-            raise EngineError(
-                f"concurrency={concurrency} with the logit tap or claims: both read the model "
-                "around one request at a time; verify concurrency without them"
-            )
         #: Requests the plugin may send at once (its waves property); 1: one at a time.
         self.max_concurrency = concurrency
         self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
@@ -198,7 +198,7 @@ class OpenAIEngine:
         self.extensions = extensions
         self.prompt_ids = PromptIds(prompt_ids, render, image_token_id)
         self.render_mismatches: list[str] = []
-        self._readers: dict[int, Any] = {}
+        self._readers: dict[int, TapLedger] = {}
         self._clean: set[int] = set()  # servers started and not sent a request since
         self.warm_start = warm_start
         self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
@@ -242,7 +242,28 @@ class OpenAIEngine:
         proc.start()
         if not self.warm_start:
             self._clean.add(id(proc))
+        ledger = self._readers.get(id(proc))
+        if ledger is not None:  # what it computed while starting is its warm-up
+            ledger.started()
         return proc
+
+    def request_count_problems(self) -> list[str]:
+        """With the tap: every server started here whose model ran more or fewer prefills
+        than the requests posted to it (another client on its port, a reply served without
+        the model, one computation answering two requests); call it with no request in
+        flight."""
+        out = []
+        for s in (self.server, self.cold_server):
+            if not isinstance(s, ServerProcess) or id(s) not in self._readers:
+                continue
+            ledger = self._readers[id(s)]
+            ledger.refresh()
+            if ledger.received != ledger.sent:
+                out.append(
+                    f"{s.url} was sent {ledger.sent} request(s) but its model ran "
+                    f"{ledger.received} prefill(s) (the logit tap's count)"
+                )
+        return out
 
     @property
     def uncached_times_skewed(self) -> str:
@@ -327,6 +348,20 @@ class OpenAIEngine:
     def _run(self, request: Request, use_cache: bool) -> Outcome:
         target, namespace = self._route(request, use_cache)
         pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
+        try:
+            return self._served(target, namespace, request, use_cache, pending)
+        finally:
+            if pending is not None:
+                pending.done()
+
+    def _served(
+        self,
+        target: Server | None,
+        namespace: str,
+        request: Request,
+        use_cache: bool,
+        pending: Pending | None,
+    ) -> Outcome:
         request = request if pending is None else pending.request  # more decode steps, tapped
         reply = self._post(target, request, namespace, pending)
         parsed = parse_reply(reply, self.vocab)
@@ -411,6 +446,9 @@ class OpenAIEngine:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
             self._clean.discard(id(target))
+            ledger = self._readers.get(id(target))
+            if ledger is not None:
+                ledger.count_sent()
         body, headers = chat_body(
             request,
             top_logprobs=self.top_logprobs,
