@@ -202,6 +202,8 @@ def save(
                 f"{r['engine']} {r['version']}, {flag}, found by {script}: {summary}"
             )
             data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
+            if r.get("config", r["engine"]) != r["engine"]:  # a -waves config of the engine
+                data["config"] = r["config"]
             data.update(kept)
             (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
             f["saved"] = name
