@@ -15,6 +15,7 @@ import os
 import shlex
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from adapter_support import worst_diff
@@ -25,6 +26,8 @@ from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.seed import seed_server
 from pytest_prefixcache.checks.claims import claim_problems
+from pytest_prefixcache.output.streams import load_stream, waves_from
+from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
 FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
@@ -181,6 +184,23 @@ KNOWN.update(
     {("rapid-mlx", "text,memory,bf16,auto", "test_every_token_has_logprobs"): NO_TEXT_NO_LOGPROBS}
 )
 
+#: Found by the concurrent-waves run under the tap (issue #26 item 6).
+WAVE_IMAGES = (
+    f"{VM} --continuous-batching --mllm, waves of 4: a request with images [C, B] in flight with "
+    "three requests with images [A, B] answers differently from the same request alone, cold "
+    "(|diff| 0.36-0.37, 0 of 320 prompt tokens reused), while the cold wave agrees with the cold "
+    "requests alone (not batch noise): reproduced by the shrunk wave on replay"
+)
+KNOWN.update(
+    {
+        (
+            "vllm-mlx",
+            "cb,mllm,memory,whole,b",
+            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-b-equivalence]",
+        ): WAVE_IMAGES
+    }
+)
+
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
@@ -279,3 +299,29 @@ def test_every_token_has_logprobs(engine: OpenAIEngine) -> None:
     generated = data["usage"]["completion_tokens"]
     content = (data["choices"][0].get("logprobs") or {}).get("content") or []
     assert len(content) == generated, f"{len(content)} logprobs entries for {generated} tokens"
+
+
+#: The shrunk waves of the concurrent runs (issue #26 item 6), for this engine and combination
+#: (a -waves config's labels): each replayed against the engine sent waves of up to 4.
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "third_party"
+SAVED_WAVES = sorted(
+    path
+    for path in CORPUS.glob(f"{ENGINE}-waves-*/stream.json")
+    if ENGINE and load_stream(path)[1].get("mode") == MODE
+)
+
+
+@pytest.fixture(scope="module")
+def waves_engine() -> Iterator[OpenAIEngine]:
+    with seed_server(ENGINE, FLAGS, concurrency=4, audit=False) as e:
+        yield e
+
+
+@pytest.mark.parametrize("path", SAVED_WAVES, ids=[p.parent.name for p in SAVED_WAVES])
+def test_saved_waves(waves_engine: OpenAIEngine, path: Path, tmp_path: Path) -> None:
+    """A saved wave, replayed in flight together: every cached reply equals the same request
+    served alone, cold (the plugin's waves property, its reset first)."""
+    stream, meta = load_stream(path)
+    waves = waves_from(stream, meta)
+    assert waves is not None, f"{path} holds no waves"
+    Verifier(waves_engine, options=VerifyOptions(failures_dir=tmp_path)).run_waves(waves)
