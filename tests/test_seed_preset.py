@@ -4,6 +4,8 @@ the declared claim sources per engine path, and the reset that tolerates vllm-ml
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_prefixcache.adapters.http.resets import refusal
@@ -89,3 +91,40 @@ def test_a_tolerated_reset_error_is_a_reset_and_others_are_not() -> None:
     assert refusal(200, reply, (MLX_VLM,)) is None
     assert refusal(200, reply) == f"answered 200 with an error: {reply}"  # the default refuses
     assert refusal(200, {**reply, "error": "disk full"}, (MLX_VLM,)) is not None
+
+
+def test_concurrent_noise_control_is_concurrent_only_where_the_cold_server_keeps_nothing() -> None:
+    from pytest_prefixcache.adapters.seed import cold_baseline
+
+    assert cold_baseline("rapid-mlx", [], 4) == "server"
+    assert cold_baseline("vllm-mlx", ["--continuous-batching"], 4) == "server"
+    assert cold_baseline("rapid-mlx", [], 1) == "reset"  # one at a time: reset as before
+    # the simple engine ignores --disable-prefix-cache; the MLLM lanes keep other caches
+    assert cold_baseline("vllm-mlx", [], 4) == "reset"
+    assert cold_baseline("rapid-mlx", ["--mllm"], 4) == "reset"
+    assert cold_baseline("vllm-mlx", ["--continuous-batching", "--mllm"], 4) == "reset"
+
+
+def test_vllm_mlx_without_the_tap_is_refused(tmp_path: Path) -> None:
+    python = tmp_path / "python"
+    python.write_text("")  # exists: the check after it is the one under test
+    with pytest.raises(EngineError, match="vllm-mlx returns no logprobs"):
+        seed_server("vllm-mlx", python=str(python), tap=False)
+
+
+def test_from_env_passes_concurrency_and_the_tap_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_prefixcache.adapters import seed
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(seed, "seed_server", lambda *a, **k: seen.update(k) or "engine")
+    monkeypatch.setenv("SEED_ENGINE", "rapid-mlx")
+    monkeypatch.setenv("PREFIXCACHE_CONCURRENCY", "4")
+    monkeypatch.setenv("SEED_TAP", "0")
+    assert seed.from_env() == "engine"
+    assert seen["concurrency"] == 4 and seen["tap"] is False
+
+
+def test_without_the_tap_the_cli_module_runs_itself() -> None:
+    cached, cold = commands("rapid-mlx", ["--max-num-seqs 2"], "p", tap=False)
+    assert cached[:4] == ["p", "-m", "rapid_mlx.cli", "serve"]
+    assert "pytest_prefixcache.tap" not in cold and cold[-1] == "--disable-prefix-cache"

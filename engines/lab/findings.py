@@ -158,7 +158,7 @@ def slug(text: str) -> str:
 
 
 def counterexample_name(r: dict[str, Any], f: dict[str, Any], taken: set[str]) -> str:
-    base = f"{r['engine']}-{slug(r['mode'])}-{slug(f['check'])}"
+    base = f"{r.get('config') or r['engine']}-{slug(r['mode'])}-{slug(f['check'])}"
     name, n = base, 2
     while name in taken:
         name, n = f"{base}-{n}", n + 1
@@ -202,6 +202,8 @@ def save(
                 f"{r['engine']} {r['version']}, {flag}, found by {script}: {summary}"
             )
             data.update(engine=r["engine"], version=r["version"], mode=r["mode"], check=f["check"])
+            if r.get("config", r["engine"]) != r["engine"]:  # a -waves config of the engine
+                data["config"] = r["config"]
             data.update(kept)
             (target / "stream.json").write_text(json.dumps(data, indent=1) + "\n")
             f["saved"] = name

@@ -13,7 +13,11 @@
 #   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
 #   "all"), OMLX_CHECKS=0 (skip the targeted checks, engines/omlx/test_omlx_engine.py),
 #   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
-#   <combination>-<check>/, e.g. fixtures/corpus/third_party).
+#   <combination>-<check>/, e.g. fixtures/corpus/third_party), OMLX_REPORTS (default
+#   $OMLX_DIR/reports), OMLX_SELECT (a pytest -k expression for the suite, e.g. 'test_waves or
+#   test_request_streams'), OMLX_PYTEST_ARGS (more words for it, e.g. --tb=native).
+# The waves property runs on the combinations whose args declare concurrency above 1 (the
+#   *-waves configs of matrix.toml).
 # Results in $OMLX_DIR/reports/run-<name>/: <combination>/suite.json and suite.log (one run
 #   each; a combination with a suite.json is not run again unless OMLX_AGAIN=1),
 #   tap/<slug>.jsonl (per request: the API's vs the tap's reuse), checks.xml (the targeted
@@ -25,7 +29,11 @@ export OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"  # adapters.omlx finds the ve
 PYTHON="${PYTHON:-python3}"
 EXAMPLES="${OMLX_EXAMPLES:-3}"
 MATRIX="${OMLX_MATRIX:-$ROOT/engines/omlx/matrix.toml}"
-RUN="$OMLX_DIR/reports/run-${OMLX_RUN:-all}"
+RUN="${OMLX_REPORTS:-$OMLX_DIR/reports}/run-${OMLX_RUN:-all}"
+select=()
+[ -z "${OMLX_SELECT:-}" ] || select=(-k "$OMLX_SELECT")
+more=()
+read -r -a more <<<"${OMLX_PYTEST_ARGS:-}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
@@ -62,7 +70,8 @@ while read -r combo; do
   rm -rf "$out" && mkdir -p "$out"
   echo "== flyto-mlx $version: $combo (the built-in suite, $EXAMPLES examples)"
   (cd "$out" && OMLX_TAP_LOGS="$RUN/tap" nice -n 10 "$PYTHON" -m pytest -p no:randomly \
-    -p no:cacheprovider -q -rfE --prefixcache-verify --pyargs pytest_prefixcache.suite \
+    -p no:cacheprovider -q -rfE "${select[@]}" "${more[@]}" --prefixcache-verify \
+    --pyargs pytest_prefixcache.suite \
     --prefixcache-matrix="$MATRIX" "--prefixcache-config=$combo" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
     --prefixcache-report="$out/suite.json" >"$out/suite.log" 2>&1; tail -n 3 "$out/suite.log") || true

@@ -49,6 +49,7 @@ CLAIMS_TEST = "test_claims_agree_with_the_tap"
 def known() -> dict[tuple[str, str, str], str]:
     """engines/seed/test_seed_engines.py's xfail reasons, by (engine, mode, test)."""
     sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent.parent / "tests"))  # its adapter_support (conftest.py)
     import test_seed_engines
 
     return dict(test_seed_engines.KNOWN)
@@ -87,13 +88,15 @@ def matrix_rows(
     for config in suite.get("configs", []):
         order, target = targets[config["name"]]
         engine = str(target.args["engine"])
-        mode = config["name"].partition("[")[2].rstrip("]")
-        directory = reports / f"{engine}-{mode}"
+        base, _, mode = config["name"].partition("[")
+        mode = mode.rstrip("]")
+        directory = reports / f"{base}-{mode}"  # base: the engine, or its -waves config
         directory.mkdir(parents=True, exist_ok=True)
         tap = run / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
         outcomes = checks(directory / "checks.xml", engine, mode)
         r = suite_row(config, directory, engine, versions[engine], mode, outcomes, tap)
-        r.update(order=order, flags=shlex.join(target.flags))
+        r.update(order=order, flags=shlex.join(target.flags), config=base)
+        r.update(concurrency=int(target.args.get("concurrency", 1)))
         (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
         rows.append(r)
     return rows
@@ -128,7 +131,15 @@ def _steps(r: dict[str, Any], corpus_link: str) -> str:
 
 def _rows(reports: Path) -> list[dict[str, Any]]:
     rows = [json.loads(p.read_text()) for p in reports.glob("*/row.json")]
-    return sorted(rows, key=lambda r: (r["engine"] != "vllm-mlx", r.get("order", 0), r["mode"]))
+    return sorted(
+        rows,
+        key=lambda r: (
+            r["engine"] != "vllm-mlx",
+            r.get("concurrency", 1),
+            r.get("order", 0),
+            r["mode"],
+        ),
+    )
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
@@ -140,6 +151,8 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
     ]
     for r in _rows(reports):
         flags = mode_flags(r["engine"], r["mode"], r.get("flags"))
+        if r.get("concurrency", 1) > 1:
+            flags += f", waves of up to {r['concurrency']}"
         head = f"| {r['engine']} {r['version']} | {flags} |"
         if not r["suite_ran"]:
             why = r.get("engine_error") or "the suite did not run"

@@ -24,7 +24,13 @@
 #   <engine>-<labels>-<check>/, e.g. fixtures/corpus/third_party), SEED_REPORTS (default
 #   $SEED_DIR/reports), SEED_CONFIGS (space-separated combination names of the matrix file:
 #   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
-#   name, default the engines').
+#   name, default the engines'), SEED_SELECT (a pytest -k expression for the suite, e.g.
+#   'test_waves or test_request_streams': the waves and the (half closed-loop) streams only),
+#   SEED_PYTEST_ARGS (more words for that pytest, e.g. --tb=native: Python 3.11.7's ast.parse
+#   raised 'AST constructor recursion depth mismatch' inside pytest's traceback formatting
+#   after a failed waves property, an INTERNALERROR that lost the report).
+# The waves property runs on the combinations whose args declare concurrency above 1 (the
+#   *-waves configs of matrix.toml; PREFIXCACHE_CONCURRENCY for from_env).
 # verify runs, for every combination of the matrix file that belongs to the engines named:
 # the targeted checks (engines/seed/test_seed_engines.py, under --runxfail, so the JUnit file holds
 # what really failed) against its own pair of servers, then the plugin's built-in suite over all
@@ -126,7 +132,11 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
   for name in "${names[@]}"; do configs+=("--prefixcache-config=$name"); done
   local run="$REPORTS/run-${SEED_RUN:-$(IFS=+; echo "$*")}"  # a later run keeps this one
   rm -rf "$run" && mkdir -p "$run/tap"
-  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE \
+  local -a select=()
+  [ -z "${SEED_SELECT:-}" ] || select=(-k "$SEED_SELECT")
+  local -a more=()
+  read -r -a more <<<"${SEED_PYTEST_ARGS:-}"
+  (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE "${select[@]}" "${more[@]}" \
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
     --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true

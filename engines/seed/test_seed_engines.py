@@ -10,9 +10,12 @@ full-vocabulary log-softmax, exact (MLX on CPU).
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
+import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from adapter_support import worst_diff
@@ -20,8 +23,11 @@ from lab.records import record_finding
 from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.seed import seed_server
 from pytest_prefixcache.checks.claims import claim_problems
+from pytest_prefixcache.output.streams import load_stream, waves_from
+from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
 FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
@@ -30,6 +36,7 @@ pytestmark = pytest.mark.skipif(not ENGINE, reason="opt-in: run engines/seed/run
 
 IMAGES = "--mllm" in FLAGS
 CLAIMS_TEST = "test_claims_agree_with_the_tap"
+JSON = {"content-type": "application/json"}
 
 
 MROPE_STALE = (
@@ -164,6 +171,37 @@ KNOWN.update(
     }
 )
 
+#: Found by the first concurrent-waves run without the tap (issue #26 item 6); the saved wave:
+#: fixtures/corpus/third_party/rapid-mlx-waves-text-memory-b-w1024-fault. Not a concurrency bug:
+#: the same request alone answers the same way.
+NO_TEXT_NO_LOGPROBS = (
+    f"{RM}: the chat route drops the logprobs of every generated token that decodes to no text "
+    "(service/helpers.py _extract_streaming_token_logprobs returns nothing for a chunk whose "
+    "new_text is empty): tiny-llama's greedy reply to 'describe the image' comes back with "
+    "'logprobs: null' for 1, 2 and 8 tokens, alone and in a wave of two"
+)
+KNOWN.update(
+    {("rapid-mlx", "text,memory,bf16,auto", "test_every_token_has_logprobs"): NO_TEXT_NO_LOGPROBS}
+)
+
+#: Found by the concurrent-waves run under the tap (issue #26 item 6).
+WAVE_IMAGES = (
+    f"{VM} --continuous-batching --mllm, waves of 4: two requests with the same text and images "
+    "[A, B] and [C, B], in flight together, answer with each other's images (the cached reply "
+    "of one equals the other's cold reply: -6.2771 and -6.6353 exchanged at token 229, |diff| "
+    "0.358) with 0 of 320 prompt tokens reused, while the cold wave agrees with the cold "
+    "requests alone; one at a time all four are exact. Seen in 3 of 4 replays of the shrunk wave"
+)
+KNOWN.update(
+    {
+        (
+            "vllm-mlx",
+            "cb,mllm,memory,whole,b",
+            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-b-equivalence]",
+        ): WAVE_IMAGES
+    }
+)
+
 
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
@@ -237,3 +275,58 @@ def test_image_streams(engine: OpenAIEngine, history: list[object], final: objec
     for request in history:
         engine.run(request, use_cache=True)  # type: ignore[arg-type]
     check(engine, final)
+
+
+def test_every_token_has_logprobs(engine: OpenAIEngine) -> None:
+    """rapid-mlx's API returns one logprobs entry per generated token (what the adapter
+    compares without the tap), also for tokens that decode to no text."""
+    if ENGINE != "rapid-mlx":
+        pytest.skip("vllm-mlx returns no logprobs at all (a documented limitation)")
+    server = engine.server
+    assert isinstance(server, ServerProcess)
+    body = {
+        "model": engine.model,
+        "messages": [{"role": "user", "content": "describe the image"}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 10,
+    }
+    request = urllib.request.Request(
+        server.url + "/v1/chat/completions", json.dumps(body).encode(), JSON
+    )
+    with urllib.request.urlopen(request, timeout=300) as reply:
+        data = json.loads(reply.read())
+    generated = data["usage"]["completion_tokens"]
+    content = (data["choices"][0].get("logprobs") or {}).get("content") or []
+    assert len(content) == generated, f"{len(content)} logprobs entries for {generated} tokens"
+
+
+#: The shrunk waves of the concurrent runs (issue #26 item 6), for this engine and combination
+#: (a -waves config's labels): each replayed against the engine sent waves of up to 4.
+CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "third_party"
+REPLAYS = 3
+SAVED_WAVES = sorted(
+    path
+    for path in CORPUS.glob(f"{ENGINE}-waves-*/stream.json")
+    if ENGINE and load_stream(path)[1].get("mode") == MODE
+)
+
+
+@pytest.fixture(scope="module")
+def waves_engine() -> Iterator[OpenAIEngine]:
+    with seed_server(ENGINE, FLAGS, concurrency=4, audit=False) as e:
+        yield e
+
+
+@pytest.mark.parametrize("path", SAVED_WAVES, ids=[p.parent.name for p in SAVED_WAVES])
+def test_saved_waves(waves_engine: OpenAIEngine, path: Path, tmp_path: Path) -> None:
+    """A saved wave, replayed in flight together three times: every cached reply equals the
+    same request served alone, cold (the plugin's waves property, its reset first). Three:
+    which request a batch serves first is up to the server's timing."""
+    stream, meta = load_stream(path)
+    waves = waves_from(stream, meta)
+    assert waves is not None, f"{path} holds no waves"
+    verifier = Verifier(waves_engine, options=VerifyOptions(failures_dir=tmp_path))
+    for _ in range(REPLAYS):
+        verifier.run_waves(waves)

@@ -178,13 +178,18 @@ def omlx_server(
     audit: bool = True,
     claims: bool = True,
     env: Mapping[str, str] | None = None,
+    concurrency: int = 1,
 ) -> OpenAIEngine:
     """oMLX (flyto-mlx 0.7.0) served with ``flags`` under the logit tap, with a ``--no-cache``
     cold server, its claim sources (``claims=False``: none) and the block reference of its
     scheduler, on ``model_dir`` (default: ``PREFIXCACHE_MODEL``, else tiny-llama; images for
     a vision-language model). ``$OMLX_TAP_LOGS``: a directory that gets a JSON-lines file of
     the API's and the tap's reuse per request, ``<slug>.jsonl`` (:func:`slug`). ``env``: more
-    environment for both servers (``PYTHONPATH`` entries go after this checkout's)."""
+    environment for both servers (``PYTHONPATH`` entries go after this checkout's).
+    ``concurrency``: requests sent at once (above 1 the plugin's waves property runs; the
+    server batches up to ``--max-concurrent-requests``); the ``--no-cache`` cold server
+    answers the waves' noise control concurrently too. The API returns no logprobs: above 1
+    this needs a tap that tells concurrent requests apart."""
     python = python or default_python()
     if not Path(python).is_file():
         raise EngineError(
@@ -214,6 +219,7 @@ def omlx_server(
         claims=ClaimWatch(sources_from_json(json.dumps(claim_specs())), decode_steps=decode_steps)
         if claims
         else None,
+        concurrency=concurrency,
     )
     from .presets import with_split_rule  # presets re-exports this module's preset
 
@@ -233,8 +239,10 @@ def from_env() -> OpenAIEngine:
     """``omlx_server`` configured by ``OMLX_FLAGS`` (a command-line string), for
     ``--prefixcache-engine=pytest_prefixcache.adapters.omlx:from_env`` (the model:
     ``--prefixcache-model``); ``PREFIXCACHE_AUDIT=0``: no baseline audit; ``OMLX_CLAIMS=0``:
-    no claim sources."""
+    no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once."""
     audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
     claims = os.environ.get("OMLX_CLAIMS", "1") != "0"
     flags = shlex.split(os.environ.get("OMLX_FLAGS", ""))
-    return omlx_server(flags=flags, audit=audit, claims=claims)
+    from .presets import concurrency_from_env
+
+    return omlx_server(flags=flags, audit=audit, claims=claims, concurrency=concurrency_from_env())

@@ -80,17 +80,27 @@ def reference_server(
 
 
 def mlx_lm_server(
-    model_dir: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    concurrency: int | None = None,
+    tap: bool = True,
+    flags: Sequence[str] = (),
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
     0``; token ids rendered locally. Text only; it has no namespaces. ``concurrency``:
-    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; the server batches
-    text requests, the tap follows each one's batch rows)."""
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its BatchGenerator
+    batches them: ``--decode-concurrency``, ``--prompt-concurrency`` among ``flags``, serve
+    flags a matrix combination passes, each a command-line string).
+    The tap follows each request's batch rows; ``tap=False``: none, the logits are then the
+    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
+    n = concurrency_from_env() if concurrency is None else concurrency
+
     cmd = (
-        f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
-        "--port {port}"
+        f"{TAP if tap else '{python} -m'} mlx_lm.server"
+        f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     return with_split_rule(
         OpenAIEngine(
@@ -98,11 +108,11 @@ def mlx_lm_server(
             cold="server",
             cold_cmd=cmd + " --prompt-cache-size 0",
             supports_images=False,
-            tap=True,
+            tap=tap,
             render=TextRenderer(model),
             check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
-            concurrency=concurrency_from_env() if concurrency is None else concurrency,
-        ),  # entry
+            concurrency=n,  # entry
+        ),
         "mlx-lm",
         model,
     )

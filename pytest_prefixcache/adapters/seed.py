@@ -29,15 +29,17 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
+from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_json
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
-from .presets import audit_share, with_split_rule
+from .presets import audit_share, concurrency_from_env, with_split_rule
 
 __all__ = [
     "CACHE_ONLY",
     "ENGINES",
     "claim_specs",
+    "cold_baseline",
     "commands",
     "from_env",
     "model_dir",
@@ -107,14 +109,16 @@ def default_python(engine: str) -> str:
 
 
 def commands(
-    engine: str, flags: Sequence[str], python: str, model: Path | None = None
+    engine: str, flags: Sequence[str], python: str, model: Path | None = None, tap: bool = True
 ) -> tuple[list[str], list[str]]:
-    """The cached and the cold server's command lines (the tap launcher, with ``{port}``) on
-    ``model`` (default: :func:`model_dir`)."""
+    """The cached and the cold server's command lines (the tap launcher, with ``{port}``; with
+    ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
-    argv = [python, "-m", "pytest_prefixcache.tap", ENGINES[engine][0], "serve"]
+    cli = ENGINES[engine][0]
+    launch = ["-m", "pytest_prefixcache.tap", cli] if tap else ["-m", cli.partition(":")[0]]
+    argv = [python, *launch, "serve"]
     argv += [str(model or model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
     cold: list[str] = []
     skip = 0
@@ -177,6 +181,8 @@ def seed_server(
     audit: bool = True,
     claims: bool = True,
     audit_share: int = 8,
+    concurrency: int = 1,
+    tap: bool = True,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -190,7 +196,17 @@ def seed_server(
     generated tokens where the text held undecodable bytes), which the claims check fails on a
     stream's first request. The baseline audit's fresh server (15-40 s to start) answers up to
     ``audit_share`` audited requests that share nothing (``SEED_AUDIT_SHARE`` in
-    :func:`from_env`)."""
+    :func:`from_env`).
+
+    ``concurrency``: requests sent at once (above 1 the plugin's waves property runs; batch
+    flags such as ``--max-num-seqs`` only matter then). The cold server then answers the
+    waves' noise control concurrently too, without resets (``cold="server"``: its
+    ``--disable-prefix-cache`` keeps it cache-less), except where the flag is not enough: the
+    simple vllm-mlx engine ignores it and the MLLM lanes keep other caches, so there the cold
+    server is reset before every uncached run and serves them one at a time. ``tap=False``:
+    no logit tap (nor claims, which read the tap): the logits are the API's ``top_logprobs``
+    and the reuse its ``cached_tokens``, which only rapid-mlx returns (vllm-mlx returns
+    neither)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -198,22 +214,26 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
-    cmd, cold = commands(engine, flags, python, model)
+    cmd, cold = commands(engine, flags, python, model, tap=tap)
     logs = os.environ.get("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
     images = "--mllm" in split_flags(flags)
+    if not tap and engine == "vllm-mlx":
+        raise EngineError("vllm-mlx returns no logprobs and no cached_tokens: it needs the tap")
     engine_ = OpenAIEngine(
         cmd,
-        cold="reset",  # the cache-less server, reset before every run all the same: the
-        cold_cmd=cold,  # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
+        # the cache-less server, reset before every run all the same (one at a time): the
+        # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
+        cold=cold_baseline(engine, flags, concurrency),
+        cold_cmd=cold,
         model=str(model),
         top_logprobs=top_logprobs,
         reset_paths=ENGINES[engine][1],
         reset_tolerated=(MLX_VLM,),
         supports_images=images,
         render=VlmRenderer(model) if images else TextRenderer(model),
-        tap=True,
+        tap=tap,
         vocab=model,
         # rapid-mlx leaves rapid-mlx-videos-* directories in the temp directory: in HOME
         env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
@@ -228,8 +248,9 @@ def seed_server(
         claims=ClaimWatch(
             sources_from_json(json.dumps(claim_specs(engine, flags))), decode_steps=decode_steps
         )
-        if claims
+        if claims and tap
         else None,
+        concurrency=concurrency,
     )
     # the measured rule where the library's own split prefill is not exact on the family
     # (mlx-vlm's qwen3_5, a last token run alone on gemma3; measured on mlx-lm 0.32.2 and
@@ -238,11 +259,21 @@ def seed_server(
     return with_split_rule(engine_, "mlx-vlm" if images else "mlx-lm", model)
 
 
+def cold_baseline(engine: str, flags: Sequence[str], concurrency: int) -> Cold:
+    """``"server"`` (the cache-less server as it is, concurrent requests and all) where its
+    ``--disable-prefix-cache`` leaves it nothing to reuse and requests go out concurrently;
+    else ``"reset"`` (reset before every uncached run, which then go one at a time)."""
+    words = split_flags(flags)
+    simple = engine == "vllm-mlx" and "--continuous-batching" not in words
+    return "server" if concurrency > 1 and not simple and "--mllm" not in words else "reset"
+
+
 def from_env() -> OpenAIEngine:
     """``seed_server`` configured by ``SEED_ENGINE`` and ``SEED_FLAGS`` (a command-line string),
     for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
     ``engines/seed/matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
-    ``SEED_CLAIMS=0``: no claim sources (see :func:`seed_server`)."""
+    ``SEED_CLAIMS=0``: no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once;
+    ``SEED_TAP=0``: no logit tap (rapid-mlx only; see :func:`seed_server`)."""
     engine = os.environ.get("SEED_ENGINE", "")
     if not engine:
         raise EngineError("set SEED_ENGINE (vllm-mlx or rapid-mlx) and SEED_FLAGS")
@@ -250,4 +281,13 @@ def from_env() -> OpenAIEngine:
     claims = os.environ.get("SEED_CLAIMS", "1") != "0"
     flags = shlex.split(os.environ.get("SEED_FLAGS", ""))
     share = audit_share("SEED_AUDIT_SHARE", "8")
-    return seed_server(engine, flags, audit=audit, claims=claims, audit_share=share)
+    tap = os.environ.get("SEED_TAP", "1") != "0"
+    return seed_server(
+        engine,
+        flags,
+        audit=audit,
+        claims=claims,
+        audit_share=share,
+        concurrency=concurrency_from_env(),
+        tap=tap,
+    )
