@@ -21,9 +21,10 @@ comparison covers every decode step's logprobs over the whole vocabulary, greedy
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
-from pathlib import Path
 
+import llama_lab
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
 from lab.records import record_finding, step_diff
@@ -31,7 +32,6 @@ from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
-from pytest_prefixcache.adapters.presets import llama_server
 
 MODE = os.environ.get("LLAMA_MODE", "")
 pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.sh verify")
@@ -42,13 +42,8 @@ IMAGES = MODE.startswith("vl")
 FLASH = "-fa" in MODE
 #: The tolerance rule, by flash attention (measured by test_tolerance, figures in docs/engines.md).
 ATOL = {"off": 1e-4, "on": 2e-2}
-RENDER = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
-#: llama-server drops the logprobs entry of every generated token whose text ends inside a
-#: UTF-8 character (server-context.cpp process_token: add_token only for complete text) and
-#: the tiny random-weight models often generate such byte tokens; a grammar keeps generation
-#: to printable ASCII, so every step has its entry. The logprobs are the raw (pre-sampling)
-#: ones, so the sampled token need not be their argmax: the label check is off.
-ASCII = {"grammar": "root ::= [ -~]*"}
+#: The grammar every request carries (see llama_lab.ASCII: byte tokens get no logprobs entry).
+ASCII = llama_lab.ASCII
 
 
 EXACT = (
@@ -86,21 +81,20 @@ def atol() -> float:
 
 
 def preset(top_logprobs: int = 20) -> OpenAIEngine:
-    """The ``llama_server`` preset on this mode's model, with the mode's tolerance."""
-    models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
-    model = models / ("tiny-qwen2-vl.gguf" if IMAGES else "tiny-llama.gguf")
-    engine = llama_server(
-        model,
-        models / "tiny-qwen2-vl-mmproj.gguf" if IMAGES else None,
-        binary=os.environ.get("LLAMA_BINARY", "llama-server"),
+    """The lab's engine (``llama_lab.engine``) on this mode's model, with the mode's tolerance
+    and ``LLAMA_FLAGS`` (a matrix combination's flags, a command-line string) added."""
+    flags = shlex.split(os.environ.get("LLAMA_FLAGS", ""))
+    if FLASH and not any(f in ("-fa", "--flash-attn") for f in flags):
+        flags = ["-fa", "on", *flags]  # llama.cpp's own default on CPU (f16 KV)
+    return llama_lab.engine(
+        flags,
+        model="vl" if IMAGES else "text",
+        audit=True,
+        claims=False,
         atol=atol(),
-        flash_attn=FLASH,
-        render_dir=RENDER if IMAGES else None,
+        concurrency=1,
+        top_logprobs=top_logprobs,
     )
-    engine.top_logprobs = top_logprobs
-    engine.extra_body.update(ASCII)
-    engine.check_labels = False
-    return engine
 
 
 @pytest.fixture(autouse=True)
