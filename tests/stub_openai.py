@@ -16,13 +16,15 @@ Flavours (their field shapes, from ../shared/NOTES.md):
   ``/reset_encoder_cache`` an empty 200.
 - ``llama``: entries with ``id``; ``timings.cache_n``/``prompt_n``; ``tokens_cached`` is the
   whole prompt (not reuse); ``/apply-template`` and ``/tokenize``; ``cache_prompt: false``
-  and ``--no-cache`` turn reuse off; no reset endpoint (404).
+  and ``--no-cache-prompt`` turn reuse off; no reset endpoint (404); ``GET /metrics``, the
+  counter ``llamacpp:prompt_tokens_cached_total`` (the cached tokens of every reply).
 
 Faults (negative controls): ``shifted`` (step i carries step i+1's top_logprobs), ``short``
 (the last logprobs entry is missing), ``reset_false`` (the prefix reset says success false and
 keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_logprobs``,
 ``corrupt`` / ``corrupt_step2`` (a cache hit moves the logprobs of decode step 0 / 2 by 1e-3,
-greedy tokens unchanged).
+greedy tokens unchanged), ``cache_n_overclaims`` (llama: ``timings.cache_n`` says 4 more than
+``cached_tokens`` and the counter on a hit).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
@@ -108,6 +110,7 @@ class Stub:
         self.blocks: set[str] = set()
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
+        self.cached_total = 0  # llama's prompt_tokens_cached_total
 
     def _key(self, salt: str, ext: list[tuple[int, str]]) -> str:
         salt = "" if self.fault == "ignores_salt" else salt
@@ -186,7 +189,10 @@ class Stub:
             reply["prompt_token_ids"] = [t for t, _ in ext]
             choice["token_ids"] = tokens
         if self.flavour == "llama":
-            reply["timings"] = {"cache_n": cached, "prompt_n": len(ext) - cached}
+            with self.lock:
+                self.cached_total += cached
+            over = 4 if cached and self.fault == "cache_n_overclaims" else 0
+            reply["timings"] = {"cache_n": cached + over, "prompt_n": len(ext) - cached}
             reply["tokens_cached"] = len(ext)  # the whole prompt, not reuse
         return reply
 
@@ -222,6 +228,18 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:
+        stub = self.server.stub
+        if self.path == "/metrics" and stub.flavour == "llama":
+            text = (
+                "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+                f"llamacpp:prompt_tokens_cached_total {stub.cached_total}\n"
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+            return
         self._send(200, {"status": "ok"} if self.path == "/health" else None)
 
     def do_POST(self) -> None:
