@@ -25,7 +25,8 @@ RENDER = HERE.parents[1] / "fixtures" / "tiny-qwen2-vl"
 #: UTF-8 character (server-context.cpp process_token: add_token only for complete text) and
 #: the tiny random-weight models often generate such byte tokens; a grammar keeps generation
 #: to printable ASCII, so every step has its entry. The logprobs are the raw (pre-sampling)
-#: ones, so the sampled token need not be their argmax: the label check is off.
+#: ones, so the sampled token need not be their argmax: the label check is off, and the
+#: Outcome's tokens are the sampled ones (``OpenAIEngine.sampled_tokens``).
 ASCII = {"grammar": "root ::= [ -~]*"}
 MODELS = {
     "text": ("tiny-llama.gguf", None),
@@ -65,6 +66,9 @@ def engine(
     e.top_logprobs = top_logprobs
     e.extra_body.update(ASCII)
     e.check_labels = False
+    # the grammar's token is what the server generated and what a closed-loop prompt carries
+    # back: the oracle counts the reply's KV through those ids, not the raw argmax
+    e.sampled_tokens = True
     return e
 
 

