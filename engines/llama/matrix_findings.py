@@ -5,8 +5,9 @@ counterexamples (used by ``engines/llama/run.sh matrix``).
 (``suite.json``: the plugin's report of a ``--prefixcache-matrix`` run of that one
 combination, its ``configs`` row; ``.prefixcache/failures/``: the failures' shrunk streams).
 
-    python engines/llama/matrix_findings.py row REPORTS RUN MATRIX VERSION [EXAMPLES]
-                          writes REPORTS/matrix-<name>/row.json for each configs row of RUN
+    python engines/llama/matrix_findings.py row REPORTS RUN MATRIX VERSION [EXAMPLES [TAG]]
+                          writes REPORTS/matrix-<name>[-TAG]/row.json for each configs row of
+                          RUN (TAG: a partial pass, e.g. "waves": test_waves alone)
     python engines/llama/matrix_findings.py table REPORTS     prints the Markdown table
     python engines/llama/matrix_findings.py save REPORTS CORPUS
                           copies each failure's shrunk counterexample into CORPUS (not the
@@ -32,7 +33,7 @@ CONTROLS = ("llama-off[off]",)
 
 
 def rows(
-    reports: Path, run: Path, matrix: Path, version: str, examples: str = ""
+    reports: Path, run: Path, matrix: Path, version: str, examples: str = "", tag: str = ""
 ) -> list[dict[str, Any]]:
     """One row per configuration of the report in ``run``, written to
     ``reports/matrix-<slug>/row.json`` with its flags, its place in ``matrix`` and the examples
@@ -45,12 +46,12 @@ def rows(
     for config in suite.get("configs") or [suite]:
         name = config.get("name") or ""
         order, target = targets[name]
-        directory = reports / f"matrix-{slug(name)}"
+        directory = reports / f"matrix-{slug(name)}{'-' + tag if tag else ''}"
         directory.mkdir(parents=True, exist_ok=True)
         r = suite_row(config, directory, ENGINE, version, name, {})
         r.update(order=order, flags=shlex.join(target.flags), examples=examples)
         r.update(tolerance=config.get("tolerance"), waves=_waves(config), run=run.name)
-        r.update(verdict=config.get("verdict"))
+        r.update(verdict=config.get("verdict"), tag=tag)
         (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
         out.append(r)
     return out
@@ -64,7 +65,9 @@ def _waves(config: dict[str, Any]) -> str:
 
 def _rows(reports: Path) -> list[dict[str, Any]]:
     found = [json.loads(p.read_text()) for p in reports.glob("matrix-*/row.json")]
-    return sorted(found, key=lambda r: (r["mode"].split("[")[0], r.get("order", 0)))
+    return sorted(
+        found, key=lambda r: (r["mode"].split("[")[0], r.get("order", 0), r.get("tag") or "")
+    )
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
@@ -75,7 +78,8 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
     ]
     for r in _rows(reports):
         flags = f"`{r['flags']}`" if r["flags"] else "no flags"
-        head = f"| `{r['mode']}` | {flags} | {r.get('examples') or '?'} |"
+        tag = f" ({r['tag']} only)" if r.get("tag") else ""
+        head = f"| `{r['mode']}`{tag} | {flags} | {r.get('examples') or '?'} |"
         if not r["suite_ran"]:
             why = str(r.get("engine_error") or "the suite did not run")[:120]
             lines.append(f"{head} {why} | | | | | |")
@@ -94,9 +98,9 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) in (5, 6) and argv[0] == "row":
-        examples = argv[5] if len(argv) == 6 else ""
-        for r in rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), argv[4], examples):
+    if len(argv) in (5, 6, 7) and argv[0] == "row":
+        examples, tag = [*argv[5:], "", ""][:2]
+        for r in rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), argv[4], examples, tag):
             print(json.dumps({k: r[k] for k in ("mode", "requests", "efficiency", "verdict")}))
         return 0
     if len(argv) == 2 and argv[0] == "table":

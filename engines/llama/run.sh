@@ -41,6 +41,9 @@
 # matrix: LLAMA_MATRIX (default engines/llama/matrix.toml), LLAMA_MATRIX_EXAMPLES (default 3):
 #   per combination $LLAMA_REPORTS/run-<name>/suite.json (its configs row), suite.log,
 #   .prefixcache/failures/, and $LLAMA_REPORTS/matrix-<name>/row.json; matrix.md, the table.
+#   LLAMA_PYTEST_ARGS: more pytest arguments (word-split), e.g. '-k test_waves' for a pass of
+#   the waves alone with more examples; LLAMA_MATRIX_TAG names such a pass (its run directory
+#   and row get -TAG, so it keeps the full run's).
 # Results per mode in $LLAMA_REPORTS/llama-<mode>/ (emptied first): checks.xml, checks.jsonl,
 #   atol.txt, suite.json, suite.log, row.json; and $LLAMA_REPORTS/findings.md, the table.
 set -euo pipefail
@@ -215,7 +218,7 @@ matrix() {  # the built-in suite per combination of the matrix file (--prefixcac
   for name in "${names[@]}"; do
     # one run directory per combination: a run cut short keeps the ones before it
     slug="$(echo "$name" | tr -c 'A-Za-z0-9_.-' '_')"
-    run="$REPORTS/run-$slug"
+    run="$REPORTS/run-$slug${LLAMA_MATRIX_TAG:+-$LLAMA_MATRIX_TAG}"
     rm -rf "$run" && mkdir -p "$run"
     echo "== $(version): $name"
     (cd "$run" && env "${llama_env[@]}" LLAMA_VERSION="$(version)" nice -n 10 "$PYTHON" -m pytest \
@@ -223,10 +226,10 @@ matrix() {  # the built-in suite per combination of the matrix file (--prefixcac
       --pyargs pytest_prefixcache.suite --prefixcache-matrix="$MATRIX" \
       --prefixcache-config="$name" --prefixcache-allow-partial \
       --prefixcache-examples="${LLAMA_MATRIX_EXAMPLES:-3}" --prefixcache-seed=1 \
-      --prefixcache-timeout=600 --prefixcache-report="$run/suite.json" 2>&1 \
+      --prefixcache-timeout=600 --prefixcache-report="$run/suite.json" ${LLAMA_PYTEST_ARGS:-} 2>&1 \
       | tee "$run/suite.log" | grep -A3 "^configurations:") || true
     "$PYTHON" "$ROOT/engines/llama/matrix_findings.py" row "$REPORTS" "$run" "$MATRIX" "$(version)" \
-      "${LLAMA_MATRIX_EXAMPLES:-3}" \
+      "${LLAMA_MATRIX_EXAMPLES:-3}" ${LLAMA_MATRIX_TAG:+"$LLAMA_MATRIX_TAG"} \
       || echo "(no row for $name)"
   done
 }
