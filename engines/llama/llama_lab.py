@@ -49,8 +49,9 @@ def engine(
 ) -> OpenAIEngine:
     """:func:`llama_server` on the lab's ``model`` (``text``: tiny-llama.gguf; ``vl``:
     tiny-qwen2-vl.gguf and its mmproj; ``gemma3-text``: tiny-gemma3-text.gguf) with a matrix
-    combination's ``flags``, the ASCII grammar, the label check off. ``claims`` only where the combination serves one request at
-    a time (``-np`` above 1 declares that many concurrent requests instead: the waves).
+    combination's ``flags``, the ASCII grammar, the label check off. ``claims`` only where
+    the combination serves one request at a time (``-np`` above 1 declares that many
+    concurrent requests instead: the waves).
     ``audit=False`` by default, as for the other matrices: the cold server keeps no cache and
     every cold reply must report 0 cached tokens."""
     models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
