@@ -191,3 +191,16 @@ def test_slots_make_the_verifier_send_waves(monkeypatch: pytest.MonkeyPatch) -> 
             Verifier(engine).run_waves(_waves())
     finally:
         engine.close()
+
+
+def test_the_cold_server_keeps_the_context_checkpoints() -> None:
+    """Checkpoints change a sliding-window model's prefill (engines/llama findings): the cold
+    server takes the same ones as the cached server, where the cache-only flags go."""
+    engine = preset(flags=["-ctxcp 0", "-cms=0", "--cache-reuse=4"])
+    try:
+        assert isinstance(engine.cold_server, ServerProcess)
+        cold = list(engine.cold_server.cmd)
+        assert cold[cold.index("-ctxcp") + 1] == "0" and "-cms=0" in cold
+        assert "--cache-reuse=4" not in cold
+    finally:
+        engine.close()
