@@ -51,10 +51,19 @@ def rows(
         r = suite_row(config, directory, ENGINE, version, name, {})
         r.update(order=order, flags=shlex.join(target.flags), examples=examples)
         r.update(tolerance=config.get("tolerance"), waves=_waves(config), run=run.name)
-        r.update(verdict=config.get("verdict"), tag=tag)
+        coverage = config.get("coverage") or {}
+        r.update(verdict=config.get("verdict"), tag=tag, claims=_claims(coverage))
+        r.update(concurrent=sum((coverage.get("concurrent") or {}).values()))
         (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
         out.append(r)
     return out
+
+
+def _claims(coverage: dict[str, Any]) -> str:
+    """``compared`` (claim sources declared: compared with each other, there is no tap) or
+    ``off`` (none declared: the combination serves concurrent requests)."""
+    reasons = coverage.get("claims") or {}
+    return "off" if not reasons or "no claim sources declared" in reasons else "compared"
 
 
 def _waves(config: dict[str, Any]) -> str:
@@ -88,11 +97,14 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
         eff_text = "not judged" if eff is None else f"{100 * eff:.1f}%"
         eff_text += f" ({r['reused_tokens']:,} of {r['oracle_tokens']:,})"
         atol = str(r.get("tolerance") or "").split(",")[0].removeprefix("atol=")
-        claims = "compared (3 sources, no tap)" if "-np" not in r["flags"].split() else "off"
+        claims = "compared (3 sources, no tap)" if r.get("claims") == "compared" else "off"
+        waves = r["waves"]
+        if waves == "ran":
+            waves += f" ({r.get('concurrent') or 0} requests in waves)"
         failures = _entries(r, corpus_link, lambda f: True) or "none"
         lines.append(
             f"{head} {r['requests']} ({r['cache_hits']}) | {eff_text} | "
-            f"{r['worst_diff']:.2g} ({atol}) | {claims} | {r['waves']} | {failures} |"
+            f"{r['worst_diff']:.2g} ({atol}) | {claims} | {waves} | {failures} |"
         )
     return "\n".join(lines)
 

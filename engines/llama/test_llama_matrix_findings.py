@@ -36,6 +36,8 @@ def run_dir(root: Path, name: str, failing: bool, waves: bool) -> Path:
         "name": name, "requests": 148, "cache_hits": 92, "reused_tokens": 900,
         "oracle_tokens": 1000, "efficiency": 0.9, "worst_diff": 0.064, "verdict": "fail",
         "tolerance": "atol=0.0001, rtol=0 (llama-server ...)", "skipped": skipped,
+        "coverage": {"claims": {"no claim sources declared": 3}, "concurrent": {"x": 6}}
+        if waves else {"claims": {"no tap: 148": 148}},
         "failures": [{"check": "equivalence", "test": "streams", "summary": summary,
                       "stream_dir": str(failures)}] if failing else [],
     }  # fmt: skip
@@ -62,7 +64,7 @@ def test_rows_name_the_combination_its_flags_and_whether_waves_ran(
         "| `--cache-reuse 4` | 3 | 148 (92) | 90.0% (900 of 1,000) | 0.064 (0.0001) |" in lines[2]
     )
     assert "compared (3 sources, no tap) | skipped | equivalence: logits differ" in lines[2]
-    assert "`-np 2` | 3 |" in lines[3] and "| off | ran | none |" in lines[3]
+    assert "`-np 2` | 3 |" in lines[3] and "| off | ran (6 requests in waves) | none |" in lines[3]
 
 
 def test_the_combination_with_caching_off_is_never_saved_as_a_finding(
