@@ -31,7 +31,9 @@
 #                                            (default: every combination; CONFIG: a name)
 # Modes (engines/llama/test_llama_server.py): text, vl (Qwen2-VL with images), text-fa, vl-fa (flash
 #   attention on, llama.cpp's default), vl-fa-exact (the negative control: flash attention on
-#   judged exactly; the checks and the suite must fail). Default: all five.
+#   judged exactly; the checks and the suite must fail). Default: all five. The matrix's findings
+#   have modes of their own: text-reuse (--cache-reuse 4), text-lru (-sps 0), swa and swa-full
+#   (tiny-gemma3-text, context checkpoints or --swa-full).
 # Environment: LLAMA_SERVER_BIN (a llama-server of your own, or the build tree's
 #   $HERE/pkg/build/bin/llama-server: used as it is, no install; without it, the prebuilt one
 #   when `prebuilt` installed it and no build is there), ENGINES_DIR, PYTHON (this project's Python, default python3), LLAMA_EXAMPLES

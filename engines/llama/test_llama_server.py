@@ -10,6 +10,10 @@ LLAMA_MODELS (the directory reference_engine/fixtures/gguf_models.py wrote). Mod
   looser tolerance :data:`ATOL` ``["on"]``.
 - ``vl-fa-exact``: the negative control: flash attention on, judged exactly (atol 0). The
   cached and cold runs really differ there, so the checks and the built-in suite must fail.
+- The matrix's findings (engines/llama/matrix.toml): ``text-reuse`` (``--cache-reuse 4``),
+  ``text-lru`` (``-sps 0``), ``swa`` and ``swa-full`` (tiny-gemma3-text.gguf, sliding-window
+  layers: context checkpoints, or ``--swa-full``). ``LLAMA_FLAGS`` adds any flags;
+  ``LLAMA_VERSION`` names the binary in the xfail reasons (run.sh sets it).
 
 One server pair per module (the preset's: a cached server and a cache-less cold one). Every
 comparison covers every decode step's logprobs over the whole vocabulary, greedy tokens equal.
