@@ -24,7 +24,9 @@ Faults (negative controls): ``shifted`` (step i carries step i+1's top_logprobs)
 keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_logprobs``,
 ``corrupt`` / ``corrupt_step2`` (a cache hit moves the logprobs of decode step 0 / 2 by 1e-3,
 greedy tokens unchanged), ``cache_n_overclaims`` (llama: ``timings.cache_n`` says 4 more than
-``cached_tokens`` and the counter on a hit).
+``cached_tokens`` and the counter on a hit), ``sampled_second`` (each step's own entry names
+its second-best token, as a grammar-constrained sampler's does; the logprobs stay the raw
+ones).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
@@ -168,8 +170,9 @@ class Stub:
     ) -> dict[str, Any]:
         content = []
         for i, top in enumerate(tops):
-            own = dict(top).get(tokens[i], top[0][1])
-            entry = self._entry(body, tokens[i], own)
+            sampled = top[1][0] if self.fault == "sampled_second" else tokens[i]
+            own = dict(top).get(sampled, top[0][1])
+            entry = self._entry(body, sampled, own)
             entry["top_logprobs"] = [self._entry(body, t, lp) for t, lp in top]
             content.append(entry)
         logprobs = None if self.fault == "null_logprobs" else {"content": content}

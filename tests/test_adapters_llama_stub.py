@@ -204,3 +204,24 @@ def test_the_cold_server_keeps_the_context_checkpoints() -> None:
         assert "--cache-reuse=4" not in cold
     finally:
         engine.close()
+
+
+def test_sampled_tokens_are_the_entries_own_ids_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A grammar makes the sampled token differ from the raw argmax: with ``sampled_tokens``
+    the Outcome carries the ids the server generated (what a closed-loop prompt carries back);
+    without it, the argmax (the negative control: the two differ on this stub)."""
+    monkeypatch.setenv("STUB_FAULT", "sampled_second")
+    engine = preset()
+    try:
+        engine.check_labels = False
+        argmax = engine.run(TEXT, use_cache=False)
+        engine.sampled_tokens = True
+        sampled = engine.run(TEXT, use_cache=False)
+    finally:
+        engine.close()
+    assert len(sampled.tokens) == len(argmax.tokens) == 3
+    for step, (a, b) in enumerate(zip(argmax.tokens, sampled.tokens, strict=True)):
+        top = sorted(argmax.step_top_logprobs[step].items(), key=lambda kv: -kv[1])
+        assert a == top[0][0] and b == top[1][0] and a != b
