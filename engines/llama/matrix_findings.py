@@ -48,7 +48,8 @@ def rows(
         order, target = targets[name]
         directory = reports / f"matrix-{slug(name)}{'-' + tag if tag else ''}"
         directory.mkdir(parents=True, exist_ok=True)
-        r = suite_row(config, directory, ENGINE, version, name, {})
+        # a tagged pass's mode names the tag, so its counterexamples get folders of their own
+        r = suite_row(config, directory, ENGINE, version, f"{name} {tag}" if tag else name, {})
         r.update(order=order, flags=shlex.join(target.flags), examples=examples)
         r.update(tolerance=config.get("tolerance"), waves=_waves(config), run=run.name)
         coverage = config.get("coverage") or {}
@@ -88,7 +89,7 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
     for r in _rows(reports):
         flags = f"`{r['flags']}`" if r["flags"] else "no flags"
         tag = f" ({r['tag']} only)" if r.get("tag") else ""
-        head = f"| `{r['mode']}`{tag} | {flags} | {r.get('examples') or '?'} |"
+        head = f"| `{r['mode'].split(' ')[0]}`{tag} | {flags} | {r.get('examples') or '?'} |"
         if not r["suite_ran"]:
             why = str(r.get("engine_error") or "the suite did not run")[:120]
             lines.append(f"{head} {why} | | | | | |")

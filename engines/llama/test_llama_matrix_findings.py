@@ -53,13 +53,22 @@ def test_rows_name_the_combination_its_flags_and_whether_waves_ran(
         ("llama-np[exact,np2,split,cb,prefix]", False, True),
     ):
         findings.rows(tmp_path, run_dir(tmp_path, name, failing, waves), MATRIX, "srv 1.0", "3")
+    waves_pass = run_dir(tmp_path, "llama-np[exact,np2,split,cb,prefix]", True, True)
+    findings.rows(tmp_path, waves_pass, MATRIX, "srv 1.0", "40", "waves")
     row = json.loads(
         (tmp_path / "matrix-llama-exact-auto-ram-shift-b2048-sim" / "row.json").read_text()
     )
     assert row["flags"] == "--cache-reuse 4" and row["waves"] == "skipped"
     assert row["version"] == "srv 1.0" and row["examples"] == "3"
     lines = findings.table(tmp_path).splitlines()
-    assert len(lines) == 4, lines
+    assert len(lines) == 5, lines
+    assert lines[4].startswith("| `llama-np[exact,np2,split,cb,prefix]` (waves only) | `-np 2` |")
+    assert findings.main(["save", str(tmp_path), str(tmp_path / "corpus")]) == 0
+    saved = sorted(p.name for p in (tmp_path / "corpus").iterdir())  # a folder per pass
+    assert saved == [
+        "llama-server-llama-exact-auto-ram-shift-b2048-sim-equivalence",
+        "llama-server-llama-np-exact-np2-split-cb-prefix-waves-equivalence",
+    ]
     assert (
         "| `--cache-reuse 4` | 3 | 148 (92) | 90.0% (900 of 1,000) | 0.064 (0.0001) |" in lines[2]
     )
