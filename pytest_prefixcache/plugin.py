@@ -121,6 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         model=s.model,
         tolerance=_tolerance(s),
         shards=s.shards,
+        parallel_streams=s.parallel_streams,
         allow_partial=s.allow_partial,
     )
     make_slots(config, targets)

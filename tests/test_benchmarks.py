@@ -236,3 +236,22 @@ def test_families_table_is_the_one_in_docs_benchmarks(capsys: pytest.CaptureFixt
     doc = (root / "docs" / "benchmarks.md").read_text()
     assert all(line in doc for line in table)  # docs/benchmarks.md shows what the JSON says
     assert figures["command"] in doc
+
+
+def test_parallel_streams_markdown_is_the_table_in_docs_benchmarks(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import verify_throughput
+
+    root = Path(__file__).resolve().parent.parent
+    results = root / "benchmarks" / "results" / "verify_throughput.json"
+    assert verify_throughput.main(["--markdown", str(results)]) == 0
+    table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+    figures = json.loads(results.read_text())
+    counted = [r for t in figures["targets"] for r in t["rounds"] if not r.get("warmup")]
+    assert len(table) == 2 + len(counted)  # header, rule, one row per counted round
+    doc = (root / "docs" / "benchmarks.md").read_text()
+    assert all(line in doc for line in table)  # docs/benchmarks.md shows what the JSON says
+    for r in counted:  # both paths served the same requests, and passed
+        runs = [v for v in r.values() if isinstance(v, dict)]
+        assert len({v["requests"] for v in runs}) == 1 and not any(v["failures"] for v in runs)

@@ -1,11 +1,18 @@
 """The test lanes: ``slow`` and ``timing`` are registered markers, the README documents the fast
 lane and CI's command records durations, and no test bounds wall time (a shared machine makes
-such a bound flaky: tests assert behaviour, benchmarks measure time)."""
+such a bound flaky: tests assert behaviour, benchmarks measure time).
+
+The fast lane must still catch a broken check: every mutant of the bug zoo has a fast-lane
+test that names it, every check a mutant is expected to catch (bar the wall-time one) catches
+one in the fast lane's detection or replay tests, the checks' own unit tests are all in it, and
+every adapter module has fast-lane tests."""
 
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -108,3 +115,131 @@ def test_the_readme_documents_the_fast_lane_and_ci_records_durations() -> None:
     command = re.search(r"<!-- test-command -->\n```sh\n(.+)\n", readme)
     assert command and "--durations" in command[1]
     assert "not slow" not in command[1]  # CI runs every lane
+
+
+#: The mutants' tests; the detection and replay tests run each mutant through the checks.
+MUTANT_TESTS = ("tests/test_mutants.py", "tests/test_mutants_concurrency.py",
+                "tests/test_mutants_detection.py")  # fmt: skip
+DETECTION = ("tests/test_mutants_detection.py::test_mutant_is_detected_by_its_expected_check",
+             "tests/test_mutants_detection.py::test_saved_counterexample_still_fails")  # fmt: skip
+#: Checks judged on wall time only: their tests are ``timing`` by nature.
+WALL_TIME_CHECKS = {"min speedup"}
+#: Each adapter module of ``pytest_prefixcache.adapters`` and the tests of it that need no
+#: third-party engine (the http subpackage is the OpenAI-compatible adapter).
+ADAPTER_TESTS = {
+    "http": "tests/test_adapters_openai.py",
+    "mlx_lm": "tests/test_adapters_mlx_lm.py",
+    "mlx_vlm_apc": "tests/test_adapters_mlx_vlm_apc.py",
+    "omlx": "tests/test_adapters_omlx_stub.py",
+    "seed": "tests/test_seed_preset.py",
+    "sglang": "tests/test_adapters_sglang_stub.py",
+}
+#: Modules of the package that are not adapters of their own.
+NOT_ADAPTERS = {"__init__", "presets", "tolerances", "omlx_launch", "openai"}
+CHECK_UNITS = "tests/test_checks.py"
+
+
+#: A plugin that prints each collected test's lane (the fast lane is what
+#: ``-m "not slow and not timing"`` selects).
+LANE_PLUGIN = """
+def pytest_collection_modifyitems(items):
+    for item in items:
+        slow = any(item.get_closest_marker(m) for m in ("slow", "timing"))
+        print("LANE", "slow" if slow else "fast", item.nodeid)
+"""
+
+
+def _lanes(tmp_path: Path, *paths: str) -> tuple[list[str], list[str]]:
+    """The node ids of the fast lane and of every test in ``paths``, from one collection."""
+    (tmp_path / "lane_plugin.py").write_text(LANE_PLUGIN, encoding="utf-8")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"]
+    res = subprocess.run(
+        [*cmd, "-p", "lane_plugin", *paths],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    lanes = [line.split(" ", 2)[1:] for line in res.stdout.splitlines() if line.startswith("LANE ")]
+    return [n for lane, n in lanes if lane == "fast"], [n for _, n in lanes]
+
+
+def lane_gaps(fast: list[str], every: list[str]) -> dict[str, list[str]]:
+    """What the fast lane (node ids ``fast``, out of ``every``) leaves untested: mutants no
+    fast test names, checks no fast detection or replay catches, checks' unit tests and
+    adapters' test files outside the fast lane."""
+    from reference_engine.mutants import MUTANTS
+
+    caught = {
+        MUTANTS[name].expected_check
+        for node in fast
+        if node.startswith(DETECTION)
+        for name in MUTANTS
+        if re.search(rf"\[(mutant_)?{name}\]$", node)
+    }
+    checks = {m.expected_check for m in MUTANTS.values()} - WALL_TIME_CHECKS
+    adapter_files = set(ADAPTER_TESTS.values())
+    return {
+        "mutants": sorted(n for n in MUTANTS if not any(n in node for node in fast)),
+        "checks": sorted(checks - caught),
+        "check units": sorted(n for n in every if n.startswith(CHECK_UNITS) and n not in set(fast)),
+        "adapters": sorted(
+            a for a, f in ADAPTER_TESTS.items() if not any(n.startswith(f) for n in fast)
+        ),
+        "adapter files": sorted(
+            f for f in adapter_files if not any(n.startswith(f) for n in every)
+        ),
+    }
+
+
+def test_every_adapter_module_has_its_tests_listed() -> None:
+    package = ROOT / "pytest_prefixcache" / "adapters"
+    modules = {p.stem for p in package.glob("*.py")} | {
+        p.name for p in package.iterdir() if (p / "__init__.py").is_file()
+    }
+    assert modules - NOT_ADAPTERS == set(ADAPTER_TESTS)
+
+
+def test_the_fast_lane_tests_every_mutant_check_and_adapter(tmp_path: Path) -> None:
+    pytest.importorskip("mlx.core")
+    fast, every = _lanes(tmp_path, *MUTANT_TESTS, CHECK_UNITS, *ADAPTER_TESTS.values())
+    assert len(every) > len(fast) > 0
+    gaps = lane_gaps(fast, every)
+    assert gaps == {k: [] for k in gaps}, "give each a fast test, or make its test cheaper"
+
+
+def test_a_lane_gap_is_found() -> None:
+    """Negative control: without the detection tests, the checks only mutants exercise through
+    the verifier are gaps; without a mutant's, an adapter's or a unit test, those are."""
+    pytest.importorskip("mlx.core")
+    from reference_engine.mutants import MUTANTS
+
+    every = [
+        *(f"{DETECTION[0]}[{n}]" for n in MUTANTS),
+        f"{CHECK_UNITS}::test_reuse_bound",
+        *(f"{f}::test_x" for f in ADAPTER_TESTS.values()),
+    ]
+    assert lane_gaps(every, every) == {
+        "mutants": [],
+        "checks": [],
+        "check units": [],
+        "adapters": [],
+        "adapter files": [],
+    }
+    fast = [
+        n
+        for n in every
+        if not n.endswith(("[never_stores]", "::test_reuse_bound"))
+        and not n.startswith(ADAPTER_TESTS["seed"])
+    ]
+    gaps = lane_gaps(fast, every)
+    assert gaps["mutants"] == ["never_stores"]
+    assert gaps["checks"] == ["positive control"]
+    assert gaps["check units"] == [f"{CHECK_UNITS}::test_reuse_bound"]
+    assert gaps["adapters"] == ["seed"]
+    assert gaps["adapter files"] == []
+    assert lane_gaps([], [])["adapter files"] == sorted(ADAPTER_TESTS.values())

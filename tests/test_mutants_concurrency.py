@@ -3,7 +3,8 @@
 Each test builds the race by hand (deterministic), shows the wrong answer, and shows that the
 same requests one at a time, on the mutant, are answered right (so only the waves property
 can catch it). The waves property catching them from generated waves is in
-``tests/test_mutants_detection.py``.
+``tests/test_mutants_detection.py`` (marked ``timing``: a race shows when the threads let it);
+these forced races are the fast lane's test of each concurrency mutant.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+pytest.importorskip("mlx.core")
+
 from pytest_prefixcache import Message, Request
 from reference_engine.engine import Engine
 from reference_engine.mutants import MUTANTS
 
 SYSTEM = "You are a careful assistant. Answer every question precisely and briefly. " * 3
-pytestmark = pytest.mark.slow  # each builds engines and runs the model (about 30 s in all)
 
 LONG = "Explain in detail how a prefix cache keeps its blocks consistent. " * 3
 
@@ -44,7 +46,7 @@ def _in_thread(fn: Any) -> Any:
 
 
 def test_one_at_a_time_the_concurrency_mutants_answer_right(model: Any) -> None:
-    for name in ("wrong_batch_row", "read_before_write", "evict_in_use"):
+    for name in ("wrong_batch_row", "read_before_write", "evict_in_use", "ragged_batch"):
         engine = MUTANTS[name].build(model)
         for text in ("First question. " + LONG, "Other question. " + LONG):
             assert _same_as_cold(engine, _req(text, 2)), name
@@ -112,3 +114,25 @@ def test_evict_in_use_evicts_what_another_request_holds(model: Any) -> None:
     options = MUTANTS["evict_in_use"].options
     before, after = _held_rows_after_pressure(Engine(model, **options))
     assert before == after  # the reference never evicts a block in use
+
+
+def test_ragged_batch_attends_the_padding_of_a_shorter_cached_prefix(model: Any) -> None:
+    engine = MUTANTS["ragged_batch"].build(model)
+    first = _req("First question. " + LONG, 2)
+    engine.run(first, use_cache=True)  # stores the system prompt's blocks, and more
+    again = _req("Second question. " + LONG, 2)
+    assert _same_as_cold(engine, again)  # alone: no padding
+    engine._prefixes[-1] = 10_000  # a request in flight resumes from a longer prefix
+    try:
+        # the cold run in that batch has no cached prefix: no padding, right
+        cold = engine.run(first, use_cache=False)
+        reference = Engine(model).run(first, use_cache=False)
+        assert np.array_equal(cold.logits, reference.logits)
+        third = _req("Third question. " + LONG, 2)
+        warm = engine.run(third, use_cache=True)
+        assert warm.cached_tokens  # resumed from the system prompt, batched left-padded
+        assert not np.array_equal(warm.logits, Engine(model).run(third, use_cache=False).logits)
+    finally:
+        del engine._prefixes[-1]
+    # the rows it stored were computed attending the padding: a later hit reads them
+    assert not _same_as_cold(engine, third)

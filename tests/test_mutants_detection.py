@@ -1,6 +1,11 @@
 """The detection table in CI: every mutant, a small budget, a fixed seed, no shrinking; each
 must be caught by its expected check, and the unmodified engine must pass the same run.
 
+The lanes: a mutant's detection (it stops at the first failing example) and its saved
+counterexample's replay are cheap and run in the fast lane (so a check that stops catching
+its bug fails there); the races (class 10) wait on thread timing (``timing``); the unmodified
+engine's whole runs, one per configuration, and the command-line runs are ``slow``.
+
 The full table (default budget, with shrinking) is the benchmark:
 ``python -m reference_engine.mutants --table``.
 """
@@ -26,20 +31,24 @@ from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
-#: Every mutant against generated streams: minutes on 2 cores (the slow lane).
-pytestmark = pytest.mark.slow
-
 EXAMPLES = 10
+#: Fixtures whose examples cost several times more (the recurrent family: docs/benchmarks.md,
+#: "The test suite's lanes"). Its mutants and its unmodified run use these many (the same run:
+#: a different budget draws different examples); each of its four mutants is still caught.
+FIXTURE_EXAMPLES = {"tiny-qwen3.5-vl": 4}
 SEED = 0
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = sorted((ROOT / "fixtures" / "corpus" / "mutants").glob("mutant_*.json"))
 
 #: Every opt-in check the mutants use (``--prefixcache-min-speedup=1``).
 OPT_IN = {k: v for m in MUTANTS.values() for k, v in m.verify.items()}
+#: The engine-call timeout: generous, so that only a hang fails on a busy machine (the default
+#: one failed a first call on the recurrent family with both cores loaded by other runs).
+TIMEOUT = {"timeout": 600.0}
 
 #: Races (class 10): only the waves catch them, when the timing lets the race happen, so they
 #: get more examples (the streams run first and see nothing).
-RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30}
+RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30, "ragged_batch": 30}
 #: Replays of a saved race: at least one must fail (measured: 3 to 6 of 10 replays fail).
 RACE_REPLAYS = 15
 
@@ -50,13 +59,19 @@ CORPUS_ONLY = {
 }
 
 
+def examples_on(fixture: str) -> int:
+    """The generated examples a run on ``fixture`` gets (its mutants' and the unmodified
+    engine's)."""
+    return FIXTURE_EXAMPLES.get(fixture, EXAMPLES)
+
+
 def _cases() -> list[object]:
     out: list[object] = []
     for name, m in MUTANTS.items():
         marks = []
         if m.expected_check not in PROTOCOL_CHECKS:
             marks.append(pytest.mark.skip(reason=f"needs a {m.expected_check} check"))
-        if "min_speedup" in m.verify:  # caught by wall time: warm against cold
+        if "min_speedup" in m.verify or name in RACES:  # wall time, or thread timing
             marks.append(pytest.mark.timing)
         out.append(pytest.param(name, marks=marks, id=name))
     return out
@@ -67,19 +82,18 @@ def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> Non
     mutant = MUTANTS[name]
     engine = mutant.build(models(mutant.model))
     if name in CORPUS_ONLY:
-        failed = detect_in_corpus(engine, mutant.verify)
+        failed = detect_in_corpus(engine, {**mutant.verify, **TIMEOUT})
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
         return
-    examples = RACES.get(name, EXAMPLES)
-    row = detect(
-        engine, name=name, examples=examples, seed_value=SEED, shrink=False, verify=mutant.verify
-    )
+    examples = RACES.get(name, examples_on(mutant.model))
+    verify = {**mutant.verify, **TIMEOUT}
+    row = detect(engine, name=name, examples=examples, seed_value=SEED, shrink=False, verify=verify)
     assert row.detected, f"{name} was not detected in {examples} examples (seed {SEED})"
     assert row.check == mutant.expected_check, (name, row.check, row.headline)
 
 
 def test_unmodified_engine_passes_the_corpus(model: LoadedModel) -> None:
-    assert detect_in_corpus(Engine(model), OPT_IN) == []
+    assert detect_in_corpus(Engine(model), {**OPT_IN, **TIMEOUT}) == []
 
 
 #: Every configuration a mutant runs with (its fixture, engine options, opt-in checks): the
@@ -111,23 +125,34 @@ def _config_params() -> list[object]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", _config_params())
 def test_unmodified_engine_passes_the_same_run(models: Any, config: Config) -> None:
     fixture, options, verify = config
     engine = Engine(models(fixture), **dict(options))
+    examples = examples_on(fixture)
     row = detect(
         engine,
         name="reference",
-        examples=EXAMPLES,
+        examples=examples,
         seed_value=SEED,
         shrink=False,
-        verify=dict(verify),
+        verify={**dict(verify), **TIMEOUT},
     )
     assert not row.detected, row.headline
-    assert row.examples == EXAMPLES * 2  # the streams, then the waves (it serves 4 at once)
+    assert row.examples == examples * 2  # the streams, then the waves (it serves 4 at once)
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def _corpus_params() -> list[object]:
+    """One param per saved counterexample; a saved race (replayed until it shows) is timing."""
+    races = {f"mutant_{name}" for name in RACES}
+    return [
+        pytest.param(p, id=p.stem, marks=[pytest.mark.timing] if p.stem in races else [])
+        for p in CORPUS
+    ]
+
+
+@pytest.mark.parametrize("path", _corpus_params())
 def test_saved_counterexample_still_fails_and_the_engine_passes(
     models: Any, path: Path, tmp_path: Path
 ) -> None:
@@ -135,7 +160,7 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
     name = json.loads(path.read_text())["mutant"]
     mutant = MUTANTS[name]
     model = models(mutant.model)
-    options = VerifyOptions(failures_dir=tmp_path, **mutant.verify)  # type: ignore[arg-type]
+    options = VerifyOptions(failures_dir=tmp_path, **mutant.verify, **TIMEOUT)  # type: ignore[arg-type]
     waves = waves_from(stream, meta)
     if waves is not None:  # a race: replayed until it shows (the reference never fails)
         checks = []
@@ -160,6 +185,7 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
     assert requests <= 4 and images <= 2, meta
 
 
+@pytest.mark.slow
 def test_mutant_is_selectable_from_the_command_line(tmp_path: Path) -> None:
     """``--prefixcache-engine=reference_engine.mutants:NAME`` replaying the saved case, four
     times: each run must exit with pytest's own code 1. When the worker thread that ran MLX

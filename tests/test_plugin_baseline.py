@@ -198,6 +198,12 @@ def test_requests_share_a_fresh_instance_only_when_they_share_nothing() -> None:
     one = Request((first, Message("user", ("x",))))
     assert not shares_nothing(one, Request((first, Message("user", ("y",)))))
     assert shares_nothing(one, _opened("Apples"))  # type: ignore[arg-type]  # another role
+    # other first messages that open alike share a prefix beyond a few words: not shared
+    long = "What colour is this image, and what shape"
+    assert not shares_nothing(_opened(long + " A?"), _opened(long + " B?"))  # type: ignore[arg-type]
+    assert shares_nothing(_opened("You are a judge"), _opened("You are a clerk"))  # type: ignore[arg-type]
+    assert not shares_nothing(_opened("x" * 16 + "A"), _opened("x" * 16 + "B"))  # type: ignore[arg-type]
+    assert shares_nothing(_opened("x" * 15 + "A"), _opened("x" * 15 + "B"))  # type: ignore[arg-type]
 
 
 def test_one_fresh_instance_answers_its_share_of_requests_that_share_nothing(

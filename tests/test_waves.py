@@ -202,3 +202,16 @@ def test_suite_catches_mixed_rows_and_the_saved_wave_replays(pytester: pytest.Py
         "--prefixcache-engine=fakeengines:good", f"--prefixcache-replay={found.group(1)}", "-rs"
     )
     plain.assert_outcomes(skipped=1)
+
+
+def test_a_server_that_ran_another_count_of_prefills_fails_the_wave() -> None:
+    from pytest_prefixcache import EngineFault
+
+    engine = FakeEngine(concurrent=2)
+    Verifier(engine).run_waves(TWO_WAVES)  # no count: nothing to compare
+    problems = ["http://127.0.0.1:1 was sent 4 request(s) but its model ran 3 prefill(s)"]
+    engine.request_count_problems = lambda: problems  # type: ignore[attr-defined]
+    with pytest.raises(EngineFault, match=r"wave 0, request count: .* ran 3 prefill"):
+        Verifier(engine).run_waves(TWO_WAVES)
+    problems.clear()  # a count that agrees
+    Verifier(engine).run_waves(TWO_WAVES)

@@ -77,10 +77,14 @@ def reference_server(
     )
 
 
-def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngine:
+def mlx_lm_server(
+    model_dir: str | os.PathLike[str] | None = None, *, concurrency: int | None = None
+) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
-    0``; token ids rendered locally. Text only; it has no namespaces."""
+    0``; token ids rendered locally. Text only; it has no namespaces. ``concurrency``:
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; the server batches
+    text requests, the tap follows each one's batch rows)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     cmd = (
         f"{TAP} mlx_lm.server:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
@@ -95,6 +99,7 @@ def mlx_lm_server(model_dir: str | os.PathLike[str] | None = None) -> OpenAIEngi
             tap=True,
             render=TextRenderer(model),
             check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
+            concurrency=concurrency_from_env() if concurrency is None else concurrency,
         ),  # entry
         "mlx-lm",
         model,
@@ -176,6 +181,7 @@ def vllm_server(
     top_logprobs: int = 20,
     audit: bool = True,
     audit_share: int = 8,
+    concurrency: int = 1,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -190,7 +196,8 @@ def vllm_server(
     bit-identical on the CPU backend, float32, one request at a time). Starts take 40-150 s
     (246 s on a busy 2-core machine: the start timeout is 600 s),
     and the baseline audit starts a fresh server for up to ``audit_share`` audited requests
-    that share nothing (``audit=False``: not audited, a partial verdict).
+    that share nothing (``audit=False``: not audited, a partial verdict). ``concurrency``:
+    requests sent at once (at most the ``--max-num-seqs 4`` it runs with; default 1).
     """
     config = _config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -217,6 +224,7 @@ def vllm_server(
         env=VLLM_ENV,
         start_timeout=start_timeout,
         audit=audit,
+        concurrency=concurrency,
     )
     engine.fresh_instance_share = audit_share
     return engine

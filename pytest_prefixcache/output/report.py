@@ -56,6 +56,8 @@ class Report:
 
     seed: int | None = None
     shards: int = 1
+    parallel_streams: int = 1
+    """``--prefixcache-parallel-streams`` (the reproduce line repeats it: other streams drawn)."""
     engine: str = ""
     model: str | None = None
     """The model directory the engine factories were given (``--prefixcache-model``); None:
@@ -227,6 +229,7 @@ class Report:
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.shards = max(self.shards, other.shards)
+        self.parallel_streams = max(self.parallel_streams, other.parallel_streams)
         where = f"{worker}: {other.worst_diff_where}" if worker else other.worst_diff_where
         self.add_diff(other.worst_diff, where)
         self.worst_kl = max(self.worst_kl, other.worst_kl)
@@ -256,6 +259,7 @@ class Report:
             "format": FORMAT,
             "seed": self.seed,
             "shards": self.shards,
+            "parallel_streams": self.parallel_streams,
             "engine": self.engine,
             "model": self.model,
             "tolerance": self.tolerance,

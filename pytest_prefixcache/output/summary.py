@@ -219,6 +219,8 @@ def summarize(report: Report) -> Summary:
     seed = []
     if report.seed is not None:
         shards = f" --prefixcache-shards={report.shards}" if report.shards > 1 else ""
+        if report.parallel_streams > 1:
+            shards += f" --prefixcache-parallel-streams={report.parallel_streams}"
         seed.append(Line("seed", f"reproduce with --prefixcache-seed={report.seed}{shards}"))
     tone = {"pass": "good", "partial": "good"}.get(report.verdict, "bad")
     verdict = [

@@ -194,6 +194,14 @@ OPTIONS: tuple[Option, ...] = (
            doc="split the generated tests into N shards with seeds derived from the session "
            "seed (default: one per pytest-xdist worker)",
            type=settings.positive_int, metavar="N"),
+    Option("parallel-streams", "Run N generated streams at once, each in its own namespace, "
+           "when the engine declares concurrent service (max_concurrency above 1) and "
+           "namespaces; the same checks per stream (default: 1, one at a time)",
+           doc="run N generated streams at once, each in its own namespace, on an engine that "
+           "declares `max_concurrency` above 1 and namespaces; every check per stream as "
+           "sequentially, failures replay in parallel (default 1: one at a time)",
+           type=settings.positive_int, metavar="N", default=DEFAULTS.parallel_streams,
+           cli=("verify",), setting="parallel_streams"),
     Option("database", "Hypothesis example database, replayed first: a directory, a "
            "redis://HOST:PORT/DB URL shared by many machines, or none (default: "
            f"$PREFIXCACHE_DATABASE, else {settings.DEFAULT_DATABASE})",

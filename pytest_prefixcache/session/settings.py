@@ -191,6 +191,9 @@ class Settings:
     """Seconds between progress lines (0: none)."""
     budget: float | None = None
     """Wall-clock seconds: generated tests start new rounds of examples until it is spent."""
+    parallel_streams: int = 1
+    """Generated streams run this many at once, each in its own namespace, on an engine that
+    declares concurrent service and namespaces (1: one at a time)."""
 
     def shard_examples(self, divisor: int = 1) -> int:
         """Examples per shard of a property that runs ``examples / divisor`` in all."""
@@ -258,6 +261,8 @@ class Settings:
         out = f"--prefixcache-seed={self.seed}"
         if self.shards > 1:
             out += f" --prefixcache-shards={self.shards}"
+        if self.parallel_streams > 1:  # the streams are drawn in groups: other streams
+            out += f" --prefixcache-parallel-streams={self.parallel_streams}"
         return out
 
     def replay_command(self, path: str) -> str:

@@ -104,6 +104,7 @@ def make_slots(config: pytest.Config, targets: list[Target] | None) -> None:
     for t in targets:
         s = _settings(base, t)
         rep = Report(seed=s.seed, engine=t.describe(), model=s.model, shards=s.shards)
+        rep.parallel_streams = s.parallel_streams
         rep.tolerance = _tolerance(s)
         rep.allow_partial = s.allow_partial
         slots[t.name] = Slot(t.name, s, rep, EngineWorker(f"prefixcache-{t.name}"), t)
@@ -143,7 +144,7 @@ def row(slot: Slot) -> dict[str, Any]:
     """A configuration's row of the session report."""
     rep = slot.report
     data = rep.to_json()
-    for key in ("format", "records", "seed", "shards"):
+    for key in ("format", "records", "seed", "shards", "parallel_streams"):
         data.pop(key, None)
     verdict = "error" if rep.engine_error else rep.verdict
     return {"name": slot.name, **data, "verdict": verdict}

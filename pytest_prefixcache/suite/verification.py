@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed
 from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
 from pytest_prefixcache._moves import MOVES, StreamSpec
@@ -26,6 +28,7 @@ from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, request_waves
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
+from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
 from pytest_prefixcache.verify.verifier import Verifier
 
 #: The waves property runs examples / WAVES_SHARE examples (a wave costs about three runs a
@@ -33,6 +36,9 @@ from pytest_prefixcache.verify.verifier import Verifier
 WAVES_SHARE = 5
 #: Requests in flight in one wave at most, whatever the engine declares.
 MAX_WAVE = 8
+#: With parallel streams a group goes on after each stream with odds MORE_LANES : 1 (until
+#: the lanes are full; one "more?" draw per stream, so shrinking deletes streams).
+MORE_LANES = 15
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -139,8 +145,17 @@ def _run_scenario(verifier: Verifier, path: Any) -> None:
     _skip_unsupported(verifier, tuple(stream), f"scenario {Path(path).name}")
     try:
         waves = waves_from(stream, meta)
+        lanes = parallel_from(stream, meta) if waves is None else None
     except PrefixCacheError as exc:
         raise pytest.UsageError(f"stream file {str(path)!r}: {exc}") from None
+    if lanes is not None:
+        k, why = lanes_for(verifier.engine, len(lanes))
+        if k < len(lanes):
+            pytest.skip(
+                f"scenario {Path(path).name} runs {len(lanes)} streams in parallel and {why}"
+            )
+        run_parallel(verifier, lanes)
+        return
     if waves is not None:
         k = max_concurrency(verifier.engine)
         if k < max(len(w) for w in waves):
@@ -169,6 +184,16 @@ def test_request_streams(
     """Generated request streams: every cached outcome equals the uncached one, and more."""
     s = prefixcache_settings
     streams = request_streams(**_stream_kwargs(prefixcache_verifier))
+    lanes, why = lanes_for(prefixcache_verifier.engine, s.parallel_streams)
+    if why:
+        warnings.warn(
+            f"--prefixcache-parallel-streams={s.parallel_streams}: {lanes} at once, as {why}",
+            pytest.PytestWarning,
+            stacklevel=1,
+        )
+    if lanes > 1:
+        _parallel_streams(pytestconfig, s, prefixcache_verifier, shard, streams, lanes)
+        return
     for round_seed in _rounds(pytestconfig, s, shard, share=0.6):
         # settings above seed: @seed alone would switch the example database off
         @_hypothesis_settings(pytestconfig, s)
@@ -178,6 +203,45 @@ def test_request_streams(
             prefixcache_verifier.run(stream)
 
         _timeout_first(prefixcache_verifier, property_stream)
+
+
+def _groups(
+    streams: st.SearchStrategy[tuple[Request, ...]], lanes: int
+) -> st.SearchStrategy[tuple[tuple[Request, ...], ...]]:
+    """Groups of up to ``lanes`` streams, each in namespaces of its own; they shrink toward
+    one stream (which runs alone, as on the sequential path)."""
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[tuple[Request, ...], ...]:
+        group = [draw(streams)]
+        while len(group) < lanes and draw(st.integers(0, MORE_LANES)):
+            group.append(draw(streams))
+        return separate(group)
+
+    return build()
+
+
+def _parallel_streams(
+    config: pytest.Config,
+    s: Settings,
+    verifier: Verifier,
+    shard: int,
+    streams: st.SearchStrategy[tuple[Request, ...]],
+    lanes: int,
+) -> None:
+    """The generated streams in groups of ``lanes`` at once (``--prefixcache-parallel-streams``,
+    :mod:`pytest_prefixcache.verify.parallel`): as many streams in all as one at a time."""
+    __tracebackhide__ = True
+    groups = _groups(streams, lanes)
+    for round_seed in _rounds(config, s, shard, share=0.6):
+
+        @_hypothesis_settings(config, s, max_examples=s.shard_examples(lanes))
+        @seed(round_seed)
+        @given(group=groups)
+        def property_parallel_streams(group: tuple[tuple[Request, ...], ...]) -> None:
+            run_parallel(verifier, group)
+
+        _timeout_first(verifier, property_parallel_streams)
 
 
 def test_waves(

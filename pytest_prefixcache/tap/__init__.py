@@ -3,8 +3,10 @@
 ``python -m pytest_prefixcache.tap MODULE:FUNC ARGS...`` wraps ``__call__`` of the language
 model classes of mlx-lm and mlx-vlm, then runs ``FUNC`` with ``sys.argv = [MODULE, *ARGS]``
 in the same process. Every forward call appends one :class:`TapRecord` to the JSON-lines file
-named by ``$PREFIXCACHE_TAP``: the number of input positions, the KV offset after the call and
-the full-vocabulary log-softmax of the last row. The wrapper never raises into the server.
+named by ``$PREFIXCACHE_TAP``: the number of input positions and, for every batch row
+(:class:`TapRow`), its KV offsets before and after the call, its right padding, its input token
+ids and the full-vocabulary log-softmax of its last position. The wrapper never raises into the
+server. :mod:`.tracks` follows each request's rows from call to call (several in flight).
 ``$PREFIXCACHE_TAP_TARGETS`` (comma-separated ``module:Class``) replaces the default list of
 wrapped classes (:data:`.wrap.DEFAULT_TARGETS`); each process's first line names the classes it
 wrapped, so that a request with no matching record can say why (:func:`missing_reason`).
@@ -27,6 +29,7 @@ __all__ = [
     "TARGETS_ENV",
     "TapReader",
     "TapRecord",
+    "TapRow",
     "find_prompt_call",
     "missing_reason",
     "parse_record",
@@ -39,8 +42,53 @@ TARGETS_ENV = "PREFIXCACHE_TAP_TARGETS"
 
 
 @dataclass(frozen=True, eq=False)
+class TapRow:
+    """One batch row of a forward call.
+
+    Attributes:
+        before / after: the row's KV offset before and after the call (a left-padded row
+            starts below 0; a right-padded one counts its padding until the batch is finalized).
+        pad: positions of right padding in the row: its last positions are padding, so its
+            logits are not a real position's (a padded prefill row, comparable with nothing).
+        ids: the row's input token ids (padding included), or None when the call got embeddings.
+        logprobs: the log-softmax of the row's last position, float32, full vocabulary.
+    """
+
+    before: int
+    after: int
+    pad: int
+    ids: tuple[int, ...] | None
+    logprobs: np.ndarray
+
+    @property
+    def padded(self) -> bool:
+        return self.pad > 0
+
+    @property
+    def real_ids(self) -> tuple[int, ...] | None:
+        """The input ids of real positions (the padding cut off), None when unknown."""
+        if self.ids is None:
+            return None
+        lead = min(len(self.ids), max(0, -self.before))  # left padding of a fresh batch
+        tail = min(self.pad, len(self.ids) - lead)
+        return self.ids[lead : len(self.ids) - tail]
+
+    @property
+    def real_before(self) -> int:
+        """Real positions in the row's KV before the call."""
+        return max(0, self.before)
+
+    @property
+    def real_after(self) -> int:
+        """Real positions in the row's KV after the call (its padding left out)."""
+        return self.after - self.pad
+
+
+@dataclass(frozen=True, eq=False)
 class TapRecord:
-    """One forward call: which class, input positions, KV offset after it, last-row log-softmax."""
+    """One forward call: which class, input positions, KV offset after it (the largest of its
+    rows'), row 0's log-softmax, every row (:class:`TapRow`) and the batch's cache (``cache``:
+    the process id and the tap's number of the cache object the call ran on)."""
 
     seq: int
     cls: str
@@ -48,17 +96,43 @@ class TapRecord:
     batch: int
     offset: int
     logprobs: np.ndarray
+    rows: tuple[TapRow, ...] = ()
+    cache: str = ""
+    pid: int = 0
 
     @property
     def start(self) -> int:
         """The KV offset before the call."""
         return self.offset - self.n_inputs
 
+    def row_list(self) -> tuple[TapRow, ...]:
+        """Its rows; a record written without them (one row) as its single row."""
+        if self.rows:
+            return self.rows
+        return (TapRow(self.start, self.offset, 0, None, self.logprobs),)
+
+
+def _lp(text: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(text), dtype=np.float32).copy()
+
 
 def parse_record(line: str) -> TapRecord:
     d = json.loads(line)
-    lp = np.frombuffer(base64.b64decode(d["lp"]), dtype=np.float32).copy()
-    return TapRecord(d["seq"], d["cls"], d["n"], d["batch"], d["offset"], lp)
+    rows = tuple(
+        TapRow(
+            int(r["b"]),
+            int(r["a"]),
+            int(r.get("pad", 0)),
+            None if r.get("ids") is None else tuple(int(t) for t in r["ids"]),
+            _lp(r["lp"]),
+        )
+        for r in d.get("rows") or ()
+    )
+    lp = rows[0].logprobs if rows else _lp(d["lp"])
+    pid = int(d.get("pid", 0))
+    return TapRecord(
+        d["seq"], d["cls"], d["n"], d["batch"], d["offset"], lp, rows, d.get("cache", ""), pid
+    )
 
 
 class TapReader:

@@ -52,7 +52,9 @@ class _Sink:
         with self.lock, open(self.path, "a") as f:
             f.write(json.dumps({"installed": list(wrapped), "pid": os.getpid()}) + "\n")
 
-    def write(self, cls: str, n: int, batch: int, offset: int, lp: bytes) -> None:
+    def write(
+        self, cls: str, n: int, batch: int, offset: int, rows: list[dict[str, Any]], key: str
+    ) -> None:
         with self.lock:
             rec = {
                 "seq": self.seq,
@@ -61,30 +63,117 @@ class _Sink:
                 "batch": batch,
                 "offset": offset,
                 "pid": os.getpid(),
-                "lp": base64.b64encode(lp).decode("ascii"),
+                "cache": key,
+                "rows": rows,
             }
             self.seq += 1
             with open(self.path, "a") as f:
                 f.write(json.dumps(rec) + "\n")
 
 
+def _layer(cache: Any) -> Any:
+    """The first layer cache with a KV offset: on a hybrid, layer 0 holds a recurrent state
+    (``ArraysCache``, no offset); a rotating window's ``offset`` counts every position seen,
+    not the ring's size. None when no layer has one."""
+    for layer in cache or ():
+        if getattr(layer, "offset", None) is not None:
+            return layer
+    return None
+
+
+def _per_row(value: Any, batch: int) -> list[int] | None:
+    """An int, or a batch cache's array with one entry per row, as one int per row."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return [value] * batch
+    import numpy as np
+
+    rows = [int(v) for v in np.asarray(value).reshape(-1)]
+    if len(rows) == 1:
+        return rows * batch
+    return rows if len(rows) == batch else None
+
+
 def _offset(cache: Any, n: int) -> int:
-    """The KV offset after the call, from the first layer cache that has one: on a hybrid,
-    layer 0 holds a recurrent state (``ArraysCache``, no offset); a rotating window's
-    ``offset`` counts every position seen, not the ring's size. -1 when no layer has one."""
+    """The KV offset after a call with ``n`` positions (a batch cache's: its longest row's):
+    ``n`` without a cache, -1 when no layer has an offset."""
     if not cache:
         return n
-    for layer in cache:
-        off = getattr(layer, "offset", None)
-        if off is None:
-            continue
-        try:
-            return int(off)
-        except TypeError:  # a batch cache: one offset per row
-            import numpy as np
+    layer = _layer(cache)
+    if layer is None:
+        return -1
+    if isinstance(layer.offset, int):
+        return layer.offset
+    import numpy as np
 
-            return int(np.asarray(off).max())
-    return -1
+    return int(np.asarray(layer.offset).max())
+
+
+def _offsets(cache: Any) -> Any:
+    """The first offset layer's offset now (an int or a batch cache's array), or None."""
+    layer = _layer(cache)
+    return None if layer is None else layer.offset
+
+
+#: Serials of the cache objects the tap has seen (a copy, a new object, gets a new one).
+_counter = iter(range(1, 1 << 62))
+_counter_lock = threading.Lock()
+
+
+def _cache_key(cache: Any) -> str:
+    """A name for the batch a call ran on: the first offset layer's object, numbered the first
+    time the tap sees it (a copy of it, made by ``copy.deepcopy``, is numbered anew)."""
+    layer = _layer(cache)
+    if layer is None:
+        return f"{os.getpid()}:-"
+    mark = getattr(layer, "_prefixcache_tap", None)
+    if not (isinstance(mark, tuple) and len(mark) == 2 and mark[1] == id(layer)):
+        with _counter_lock:
+            mark = (next(_counter), id(layer))
+        try:
+            layer._prefixcache_tap = mark
+        except Exception:  # a class without a __dict__: its id stands in
+            mark = (-id(layer), id(layer))
+    return f"{os.getpid()}:{mark[0]}"
+
+
+def _rows(
+    inputs: Any, logits: Any, cache: Any, before: Any, n: int, batch: int
+) -> list[dict[str, Any]]:
+    """One entry per batch row: its KV offset before and after the call (``b``, ``a``), its
+    right padding (``pad``: the row's last positions are padding, its logits not a real
+    position's), its input token ids (``ids``) and its last position's log-softmax (``lp``)."""
+    import mlx.core as mx
+    import numpy as np
+
+    last = logits[:, -1].astype(mx.float32)
+    lp = last - mx.logsumexp(last, axis=-1, keepdims=True)
+    mx.eval(lp)
+    data = np.asarray(lp, dtype=np.float32)
+    layer = _layer(cache)
+    after = _per_row(None if layer is None else layer.offset, batch)
+    first = _per_row(before, batch)
+    pads = _per_row(getattr(layer, "_right_padding", None), batch) or [0] * batch
+    ids: list[list[int]] | None = None
+    if inputs is not None and getattr(inputs, "ndim", 0) == 2 and "int" in str(inputs.dtype):
+        ids = [[int(t) for t in row] for row in np.asarray(inputs).tolist()]
+    out = []
+    for i in range(batch):
+        a = after[i] if after else (n if not cache else -1)
+        b = first[i] if first else (a - n if a >= 0 else -1)
+        if a >= 0 and b != a - n:  # a model that moved the offset before the wrapped call
+            b = a - n  # (mlx-vlm's language models): the call's positions end at ``a``
+        out.append(
+            {
+                "b": b,
+                "a": a,
+                "pad": pads[i],
+                "ids": None if ids is None else ids[i],
+                "lp": base64.b64encode(data[i].tobytes()).decode("ascii"),
+            }
+        )
+    return out
 
 
 def _wrap(cls: type, sink: _Sink) -> None:
@@ -96,6 +185,12 @@ def _wrap(cls: type, sink: _Sink) -> None:
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         depth = getattr(_depth, "n", 0)
+        before = None
+        if not depth:
+            try:
+                before = _offsets(sig.bind_partial(self, *args, **kwargs).arguments.get("cache"))
+            except Exception:  # never raise into the server
+                pass
         _depth.n = depth + 1
         try:
             out = original(self, *args, **kwargs)
@@ -104,20 +199,16 @@ def _wrap(cls: type, sink: _Sink) -> None:
         if depth:  # called from inside another tapped call: that one records
             return out
         try:
-            import mlx.core as mx
-            import numpy as np
-
             bound = sig.bind_partial(self, *args, **kwargs).arguments
             inputs = bound.get("inputs", args[0] if args else None)
+            cache = bound.get("cache")
             logits = getattr(out, "logits", out)
             batch, n = int(logits.shape[0]), int(logits.shape[1])
             if inputs is not None and getattr(inputs, "ndim", 0) >= 2:
                 n = int(inputs.shape[1])
-            last = logits[0, -1].astype(mx.float32)
-            lp = last - mx.logsumexp(last)
-            mx.eval(lp)
-            data = np.asarray(lp, dtype=np.float32).tobytes()
-            sink.write(name, n, batch, _offset(bound.get("cache"), n), data)
+            rows = _rows(inputs, logits, cache, before, n, batch)
+            offset = max((r["a"] for r in rows), default=-1)
+            sink.write(name, n, batch, offset, rows, _cache_key(cache))
         except Exception:  # never raise into the server
             pass
         return out

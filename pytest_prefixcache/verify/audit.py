@@ -22,7 +22,7 @@ leak into it; unless the engine declares ``fresh_instance_share = N`` (a server 
 15-40 s to start): then one fresh instance answers up to N audited requests that share
 nothing it could carry from one to the next (up to ``HELD`` instances are kept at once, and a
 request goes to the first one it shares nothing with; :func:`shares_nothing`: no image, and
-other first messages, so the prompts part inside the first message). A separate namespace
+first messages that part within a few words, :data:`SHARED_OPENING`). A separate namespace
 would not do: the caches the audit exists to catch may ignore namespaces.
 """
 
@@ -36,12 +36,13 @@ from ..checks.baseline import CHECK
 from ..checks.coverage import APPLIED, NOT_SAMPLED
 from ..errors import EngineError
 from ..output.report import Report
-from ..types import Engine, Outcome, Request
+from ..types import Engine, Message, Outcome, Request
 
 __all__ = [
     "HELD",
     "REPEATED_PER_STREAM",
     "REPLACED_PER_STREAM",
+    "SHARED_OPENING",
     "Audit",
     "fresh_share",
     "rearrangement",
@@ -74,14 +75,33 @@ def rearrangement(images: tuple[str, ...], before: tuple[str, ...]) -> str | Non
     return None
 
 
+#: Characters two first messages may have in common, from their start, and still count as
+#: sharing nothing: a few words (both system prompts of the strategies open with "You ").
+SHARED_OPENING = 16
+
+
+def _opening(message: Message) -> str:
+    """A message's content as the text its prompt carries (an image as its digest)."""
+    return "".join(p if isinstance(p, str) else f"<image {p.digest}>" for p in message.content)
+
+
 def shares_nothing(request: Request, earlier: Request) -> bool:
     """True when a fresh instance that answered ``earlier`` (uncached) can carry nothing into
-    ``request`` that would change its answer: no image in common, and other first messages,
-    so the two prompts part inside the first message (after the chat template's opening and
-    at most a few words)."""
+    ``request`` that would change its answer: no image in common, and first messages that part
+    within their first :data:`SHARED_OPENING` characters (another role, or content that differs
+    there), so the two prompts share nothing beyond the chat template's opening and a few
+    words."""
     if {i.digest for i in request.images} & {i.digest for i in earlier.images}:
         return False
-    return request.messages[0] != earlier.messages[0]
+    first, other = request.messages[0], earlier.messages[0]
+    if first.role != other.role:
+        return True
+    a, b = _opening(first), _opening(other)
+    if a == b:  # the prompts go on together into the template's next turn
+        return False
+    parted = (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    common = next(parted, min(len(a), len(b)))
+    return common < SHARED_OPENING
 
 
 def fresh_share(engine: object) -> int:

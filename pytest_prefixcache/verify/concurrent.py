@@ -11,9 +11,12 @@ For each wave (:class:`~pytest_prefixcache.types.Wave`) the verifier
    cached replies of that wave are then judged within :data:`NOISE_FACTOR` times the
    measured noise (a wrong KV row is orders of magnitude above it);
 4. checks each request as the stream path does: faults, the cold baseline, the pair's
-   agreement, shapes (merges), equivalence (first and worst position, both values), and the
-   reuse bound, judged in the order the engine served the wave (``Outcome.served``); when the
-   engine does not say, against every other request of the wave, since any order was possible.
+   agreement, shapes (merges), equivalence (first and worst position, both values), the
+   reuse bound, judged in the order the engine served the wave (``Outcome.served``; when the
+   engine does not say, against every other request of the wave, since any order was
+   possible), and the engine's claims against what its model computed (the logit tap);
+5. asks an engine that counts them (``request_count_problems()``: the HTTP adapter with the
+   tap) whether its servers ran as many prefills as they were sent requests.
 
 A failure names the wave, its arrivals and served order, and saves the waves (their
 structure under the stream file's ``"waves"`` key, see :mod:`..output.streams`) for
@@ -32,6 +35,8 @@ from ..checks import (
     Problem,
     ReuseOracle,
     baseline_problems,
+    claim_problems,
+    claims_counts,
     compare,
     fault_problems,
     merge_problems,
@@ -55,6 +60,7 @@ __all__ = [
     "BATCH_NOISE",
     "CONCURRENT",
     "NOISE_FACTOR",
+    "REQUEST_COUNT",
     "WaveStep",
     "max_concurrency",
     "run_waves",
@@ -62,6 +68,8 @@ __all__ = [
 
 #: The coverage row of the requests served in waves.
 CONCURRENT = "concurrent"
+#: How a fault names a server that received more or fewer requests than sent (the tap's count).
+REQUEST_COUNT = "request count"
 #: The finding of a cache-off wave whose replies differ from the same requests alone.
 BATCH_NOISE = "batch non-invariance"
 #: Under measured batch noise, a cached reply passes within this many times the noise.
@@ -355,7 +363,18 @@ def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
                 Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems
             ]
         _check(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        for side, said in (("cached run: ", c), ("uncached run alone: ", a)):
+            figures, aligned = claims_counts(said)
+            verifier.report.claims_checked += figures
+            verifier.report.steps_aligned += aligned
+            _check(verifier, claim_problems(said), ctx, i, side, cached=c, match=m)
         _count(verifier, request, c, a, comparison.steps)
         verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
         steps.append(WaveStep(request, c, a, noise[i], m, comparison))
+    counted = getattr(verifier.engine, "request_count_problems", None)
+    if callable(counted):  # every reply of the wave is in: nothing in flight
+        found = verifier._call("request_count_problems()", counted, _context(ctx, 0))
+        if isinstance(found, list) and found:
+            head = f"{REQUEST_COUNT}: {found[0]} (each request must run the model once)"
+            _fail(verifier, Problem("fault", head, tuple(map(str, found[1:]))), ctx, len(wave) - 1)
     return steps

@@ -101,6 +101,8 @@ class Verifier(ShortRepr):
     """A fresh instance recomputes a sample of uncached requests (the baseline audit)."""
     wave_workers: list[EngineWorker] = field(default_factory=list)
     """One long-lived worker per request in flight in a wave (the waves property)."""
+    lane_workers: list[EngineWorker] = field(default_factory=list)
+    """One long-lived worker per stream run in parallel (:mod:`.parallel`)."""
     _rendered: list[Rendered] = field(default_factory=list)
     _replies: list[str | None] = field(default_factory=list)
     """The text of each cached run's reply so far (what closed-loop markers are filled with)."""

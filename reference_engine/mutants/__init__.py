@@ -31,7 +31,7 @@ from .accounting import (
     SlowRestore,
     ZeroByteAccounting,
 )
-from .concurrency import EvictInUse, ReadBeforeWrite, WrongBatchRow
+from .concurrency import EvictInUse, RaggedBatch, ReadBeforeWrite, WrongBatchRow
 from .keys import (
     ImageOrderIgnored,
     NamespaceMissing,
@@ -174,6 +174,8 @@ _ALL = (
            "request in flight reuses the zeros", "equivalence", ReadBeforeWrite),
     Mutant("evict_in_use", 10, "blocks another request in flight holds evicted, their "
            "memory reused", "equivalence", EvictInUse, {"max_bytes": SMALL_BUDGET}),
+    Mutant("ragged_batch", 10, "cached prefixes of different lengths batched left-padded, "
+           "the padding attended (no mask)", "equivalence", RaggedBatch),
     Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
            NamespaceMissing),
     Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "

@@ -18,7 +18,7 @@ from ..engine import Engine
 from ..model import LoadedModel
 from ..pool import Block, BlockPool, Reuse
 
-__all__ = ["EvictInUse", "ReadBeforeWrite", "WrongBatchRow"]
+__all__ = ["EvictInUse", "RaggedBatch", "ReadBeforeWrite", "WrongBatchRow"]
 
 
 def _rows(cache: list[Any], layers: Sequence[int]) -> int:
@@ -195,3 +195,81 @@ class EvictInUse(Engine):
     def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
         super().__init__(model, **kwargs)
         self.pool = _HolderBlindPool(self.pool.max_bytes, on_drop=self.kv.dropped)
+
+
+class RaggedBatch(Engine):
+    """Class 10, concurrency: cached requests in flight resume from prefixes of different
+    lengths, their caches are merged into one batch left-padded to the longest (as
+    mlx-lm's ``BatchKVCache.merge`` pads with zero rows), and the suffixes are prefilled
+    without the padding mask: a shorter row's queries attend the zero rows before its prefix.
+    Its reply and the blocks it stores (its real rows, the padding cut off) are wrong.
+
+    Alone there is no padding, and cold requests resume from nothing (a batch of cold prefills
+    is padded on the right, which a causal prefill never attends): the streams and the
+    cache-off noise wave see nothing. Reproduces the missing ``left_padding`` mask of ragged
+    batches (ml-explore/mlx-lm #1776's two requests with different histories in one batch;
+    the masks ``BatchKVCache.make_mask`` builds from ``left_padding``).
+    """
+
+    def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._prefixes: dict[int, int] = {}
+        """The reused prefix of each cached request in flight, by thread: the batch's rows."""
+        self._padding: dict[int, int] = {}
+
+    def run(self, request: Any, *, use_cache: bool = True, template: bool = True) -> Any:
+        try:
+            return super().run(request, use_cache=use_cache, template=template)
+        finally:
+            self._prefixes.pop(threading.get_ident(), None)
+            self._padding.pop(threading.get_ident(), None)
+
+    def admit(
+        self, keys: Sequence[BlockKey], rendered: Any, request: Any, *, use_cache: bool
+    ) -> tuple[int | None, Reuse, list[bytes]]:
+        served, reuse, writing = super().admit(keys, rendered, request, use_cache=use_cache)
+        if use_cache:
+            self._prefixes[threading.get_ident()] = reuse.tokens
+        return served, reuse, writing
+
+    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
+        import mlx.core as mx
+
+        me = threading.get_ident()
+        cache = super().restore(reuse, capacity)
+        longest = max((n for t, n in list(self._prefixes.items()) if t != me), default=0)
+        pad = longest - reuse.tokens
+        if me not in self._prefixes or not reuse.tokens or pad <= 0:
+            return cache
+        # BUG: this row of the merged batch starts with ``pad`` zero rows, never masked.
+        for layer in cache:
+            if getattr(layer, "keys", None) is None:
+                continue
+            k, v = layer.keys, layer.values
+            layer.keys = mx.concatenate([mx.zeros((*k.shape[:2], pad, k.shape[3]), k.dtype), k], 2)
+            layer.values = mx.concatenate(
+                [mx.zeros((*v.shape[:2], pad, v.shape[3]), v.dtype), v], 2
+            )
+            layer.offset += pad
+        self._padding[me] = pad
+        return cache
+
+    def prefill(
+        self,
+        ids: Sequence[int],
+        start: int,
+        embeds: Any,
+        cache: list[Any],
+        positions: Any,
+        **hooks: Any,
+    ) -> Any:
+        pad = self._padding.pop(threading.get_ident(), 0)
+        if pad:  # the engine stores after the row is taken out of the batch, not meanwhile
+            hooks.pop("at_last_chunk", None)
+        logits = super().prefill(ids, start, embeds, cache, positions, **hooks)
+        for layer in cache if pad else ():  # the row taken out of the batch: padding cut off
+            if getattr(layer, "keys", None) is None:
+                continue
+            layer.keys, layer.values = layer.keys[..., pad:, :], layer.values[..., pad:, :]
+            layer.offset -= pad
+        return logits

@@ -15,6 +15,7 @@ import dataclasses
 import math
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -117,12 +118,23 @@ class ClaimWatch:
         self.decode_steps = decode_steps
         self.timeout = timeout
         self.log_settle = log_settle
+        self._lock = threading.Lock()
+        self._active: dict[str, set[Pending]] = {}
+        """The requests under watch per server: a figure read around one request while
+        another is in flight on the same server is not that request's alone."""
 
     def start(self, target: ServerProcess | str | None, request: Request, *, tap: bool) -> Pending:
         """Read the before-figures of ``target`` (a server started here, or a URL)."""
         base = target.url if isinstance(target, ServerProcess) else str(target).rstrip("/")
         log = target.log_path if isinstance(target, ServerProcess) else None
         pending = Pending(self, base, request, tap)
+        with self._lock:
+            active = self._active.setdefault(base, set())
+            if active:  # every request in flight shares its figures with the others
+                pending.shared = True
+                for other in active:
+                    other.shared = True
+            active.add(pending)
         for s in self.sources:
             if isinstance(s, (StatsDelta, MetricDelta)):
                 pending.before[s] = self._read(base, s)[0]
@@ -175,10 +187,24 @@ class Pending:
         n = max(request.max_new_tokens, watch.decode_steps) if tap else request.max_new_tokens
         self.request = dataclasses.replace(request, max_new_tokens=n)
         """The request to send: with the tap, ``decode_steps`` tokens."""
+        self.shared = False
+        """Another request was in flight on the server meanwhile (stats, metrics and log
+        figures then claim nothing for this one)."""
+
+    def done(self) -> None:
+        """No longer in flight (:meth:`finish` calls it)."""
+        with self.watch._lock:
+            self.watch._active.get(self.base, set()).discard(self)
 
     def finish(self, out: Outcome, reply: Any, identify: Identify | None = None) -> Outcome:
         """``out`` (tapped when the tap is on) with :attr:`Outcome.claims`, cut back to the
         request's ``max_new_tokens``."""
+        try:
+            return self._finish(out, reply, identify)
+        finally:
+            self.done()
+
+    def _finish(self, out: Outcome, reply: Any, identify: Identify | None) -> Outcome:
         claims = Claims(
             reuse=tuple(self._claim(s, reply) for s in self.watch.sources),
             steps=api_steps(reply, identify),
@@ -199,6 +225,9 @@ class Pending:
         if isinstance(s, Header):
             text = self.headers.get(s.header.lower())
             return Claim(s.name, s.unit, None if text is None else number(text), repr(text))
+        if self.shared:
+            raw = "not this request's alone: another request was in flight on the server"
+            return Claim(s.name, s.unit, None, raw)
         if isinstance(s, LogPattern):
             return self._log_claim(s)
         before = self.before[s]

@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import EngineError
+from ...tap.tracks import TapLedger
 from ...types import Outcome, Request
-from .baselines import Cold, check_baseline
+from .baselines import check_baseline
 from .chat import chat_body
-from .claims import ClaimWatch, Pending
+from .claims import Pending
+from .config import Baseline, CacheControl, Command, Process, Readout, grouped
 from .fresh import Forks, FreshServers
-from .prompt_ids import PromptIds, Source, Spans
+from .prompt_ids import PromptIds
 from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
 from .resets import endpoints, reset_caches
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
@@ -45,7 +46,6 @@ from .tapped import attach_tap, log_tap, tapped_outcome
 
 __all__ = ["OpenAIEngine"]
 
-Command = Sequence[str] | str
 Server = ServerProcess | str
 
 
@@ -54,60 +54,31 @@ class OpenAIEngine:
 
     Args:
         cmd: server command line with ``{port}``; or ``url`` of a running server.
-        cold: how the uncached baseline is made (see :mod:`.baselines`). Default: ``"reset"``.
-        cold_cmd / cold_url: the baseline server (default: another ``cmd``).
         model: the ``model`` field sent, if any. Default: None.
-        top_logprobs: k requested per step. Default: ``10`` (mlx-lm allows at most 11).
-        namespace_header / namespace_field: the header and/or body field carrying
-            ``Request.namespace`` (vLLM: ``namespace_field="cache_salt"``); with neither,
-            requests with a namespace are refused. Default: None.
-        reset_paths: the cache-reset endpoints, ``"METHOD /path"`` each. Default:
-            ``reset_method reset_path`` (``POST /v1/cache/reset``). ``reset_tolerated``: the
-            ``error`` texts a reset reply may carry and still count as a reset. Default: none.
-        health_path: the readiness endpoint. Default: ``"/health"``.
+        baseline: how the uncached baseline is made and audited (:class:`.config.Baseline`:
+            ``cold``, ``cold_cmd``, ``cold_url``, ``audit``, ``fork``).
+        cache: what the server's cache answers to (:class:`.config.CacheControl`: namespaces,
+            reset endpoints, ``reuse_reference``, ``block_size``, ``warm_start``).
+        readout: what is read from replies and from the model (:class:`.config.Readout`:
+            ``top_logprobs``, ``check_labels``, ``tap``, ``claims``, prompt ids, ``vocab``).
+        process: the servers started here (:class:`.config.Process`: ``env``, ``timeout``,
+            ``start_timeout``, ``health_path``).
         supports_images: whether to send image requests. Default: ``True``.
         extra_body: fields added to every request body (they win over the adapter's own).
-        prompt_ids: where the server says the prompt's token ids: ``"reply"`` (vLLM; asks for
-            ``return_token_ids``), ``"tokenize"`` (llama-server's ``/tokenize``), or None.
-        image_token_id: the image placeholder id, for image spans in server-side ids.
-        check_labels: check each step's own token against its top_logprobs (off for servers
-            that mislabel steps, like mlx-lm 0.32.2). Default: ``True``.
-        tap: read the logit tap of every server started here. Default: ``False``.
-        vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
-            that carry no ``id`` (decoded text), or a :class:`.replies.Vocabulary` of another
-            kind (SGLang: ``kind="bytes"``). Default: None.
-        extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
-            image spans, merges, message starts, full logits). Default: ``False``.
-        render: renders a request to (token ids, image spans) locally (see :mod:`.render`);
-            checked against the server's ids and ``usage.prompt_tokens``. Default: None.
-        timeout / start_timeout: seconds per HTTP request / for a server to become ready.
-        env: extra environment for started servers.
-        tap_log: with ``tap``, a JSON-lines file of the API's and the tap's reuse per request.
         atol: the tolerance this server's cold and warm runs need (a preset's measured rule);
             the plugin judges by it unless a tolerance option (``--prefixcache-atol``,
             ``--prefixcache-rtol``, ``--prefixcache-kl``) is given. Default: exact.
-        audit: let the baseline audit start a fresh server per audited request (off: the
-            coverage table says the baseline was not audited). Default: ``True``.
-        fork: fork the servers from a process that has imported the command's module, and
-            start the audit's next fresh server ahead (``{python} -m MODULE`` commands; see
-            :mod:`.fresh`), instead of starting each from scratch. Default: None (on Linux;
-            not on macOS, where a process that has imported MLX is not safe to fork).
-        claims: the claim sources read around every request (see :mod:`.claims`); with
-            ``tap``, their figures and the API's per-step logprobs are compared with what the
-            model computed (the claims check). Default: None.
-        reuse_reference / block_size: what the server's cache can reuse by design, the
-            reference its efficiency and positive control are judged against: ``"token"``,
-            ``"snapshot"`` (hybrid or sliding-window models: it resumes only at snapshots) or
-            ``"block"`` (whole blocks of ``block_size`` only). Default: ``"token"``.
-        warm_start: the server fills its own cache while it starts (rapid-mlx 0.16.10 sends a
-            whole request through its prefix cache to warm up hybrid and sliding-window
-            models), so a server just started is reset too before its first stream.
-            Default: ``False`` (a server just started has nothing to empty).
         concurrency: requests the server serves at once: above 1, ``run`` may be called
-            from that many threads (the plugin's waves property sends concurrent requests;
-            not with ``tap`` or ``claims``). With ``cold="reset"`` or ``"restart"`` the cold
-            requests still go one at a time (the waves' noise control is then not
-            concurrent: use ``cold="server"`` or ``"salt"`` for one that is). Default: ``1``.
+            from that many threads (the plugin's waves property sends concurrent requests).
+            The tap follows each request's batch rows (:mod:`pytest_prefixcache.tap.tracks`)
+            and gives the served order; claim sources read around a request (stats,
+            metrics, logs) claim nothing for a request that had another in flight on its
+            server (the API's and headers' figures are per request). With ``cold="reset"``
+            or ``"restart"`` the cold requests still go one at a time (the waves' noise
+            control is then not concurrent: use ``cold="server"`` or ``"salt"`` for one
+            that is). Default: ``1``.
+        **fields: any field of the four groups by name, instead of its group:
+            ``OpenAIEngine(cmd, cold="server", tap=True)``.
     """
 
     #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
@@ -118,114 +89,103 @@ class OpenAIEngine:
         cmd: Command | None = None,
         *,
         url: str | None = None,
-        cold: Cold = "reset",
-        cold_cmd: Command | None = None,
-        cold_url: str | None = None,
         model: str | None = None,
-        top_logprobs: int = 10,
-        namespace_header: str | None = None,
-        namespace_field: str | None = None,
-        reset_path: str = "/v1/cache/reset",
-        reset_method: str = "POST",
-        reset_paths: Sequence[str] | str | None = None,
-        reset_tolerated: Sequence[str] = (),
-        health_path: str = "/health",
+        baseline: Baseline | None = None,
+        cache: CacheControl | None = None,
+        readout: Readout | None = None,
+        process: Process | None = None,
         supports_images: bool = True,
         extra_body: Mapping[str, Any] | None = None,
-        prompt_ids: Source | None = None,
-        image_token_id: int | None = None,
-        check_labels: bool = True,
-        tap: bool = False,
-        timeout: float = 120.0,
-        start_timeout: float = 120.0,
-        env: Mapping[str, str] | None = None,
-        vocab: str | os.PathLike[str] | Vocabulary | None = None,
-        extensions: bool = False,
-        render: Callable[[Request], tuple[list[int], Spans]] | None = None,
-        tap_log: str | os.PathLike[str] | None = None,
         atol: float = 0.0,
-        audit: bool = True,
-        claims: ClaimWatch | None = None,
-        fork: bool | None = None,
-        reuse_reference: str = "token",
-        block_size: int | None = None,
-        warm_start: bool = False,
         concurrency: int = 1,
+        **fields: Any,
     ) -> None:
+        groups = grouped(
+            {"baseline": baseline, "cache": cache, "readout": readout, "process": process},
+            fields,
+        )
+        base: Baseline = groups["baseline"]
+        kv: CacheControl = groups["cache"]
+        read: Readout = groups["readout"]
+        proc: Process = groups["process"]
+        self.baseline, self.cache, self.readout, self.process = base, kv, read, proc
+        cold, cold_cmd, tap, claims = base.cold, base.cold_cmd, read.tap, read.claims
         check_baseline(
             cmd=cmd,
             url=url,
             cold=cold,
             cold_cmd=cold_cmd,
-            cold_url=cold_url,
-            salted=namespace_header is not None or namespace_field is not None,
+            cold_url=base.cold_url,
+            salted=kv.namespace_header is not None or kv.namespace_field is not None,
             tap=tap,
         )
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise EngineError(f"concurrency={concurrency!r} is not an int >= 1")
-        if concurrency > 1 and (tap or claims is not None):
-            raise EngineError(
-                f"concurrency={concurrency} with the logit tap or claims: both read the model "
-                "around one request at a time; verify concurrency without them"
-            )
         #: Requests the plugin may send at once (its waves property); 1: one at a time.
         self.max_concurrency = concurrency
         self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
+        self._fresh_lock = threading.Lock()  # the audit's fresh servers, made once (parallel lanes)
         self.cold = cold
         self.atol = atol
         #: How the report names ``atol`` when a preset set it from a measured rule.
         self.tolerance_rule = ""
-        self.reuse_reference, self.block_size = reuse_reference, block_size
+        self.reuse_reference, self.block_size = kv.reuse_reference, kv.block_size
         self.model = model
-        self.top_logprobs = top_logprobs
-        self.namespace_header = namespace_header
-        self.namespace_field = namespace_field
-        self.supports_namespaces = namespace_header is not None or namespace_field is not None
+        self.top_logprobs = read.top_logprobs
+        self.namespace_header = kv.namespace_header
+        self.namespace_field = kv.namespace_field
+        self.supports_namespaces = self.namespace_header is not None or (
+            self.namespace_field is not None
+        )
         try:
-            self.resets = endpoints(reset_paths or f"{reset_method} {reset_path}")
-            self.reset_tolerated = tuple(reset_tolerated)
+            self.resets = endpoints(kv.reset_paths or f"{kv.reset_method} {kv.reset_path}")
+            self.reset_tolerated = tuple(kv.reset_tolerated)
         except ValueError as exc:
             raise EngineError(str(exc)) from None
         self.supports_images = supports_images
         self.extra_body = dict(extra_body or {})
-        self.check_labels = check_labels
+        self.check_labels = read.check_labels
         #: The Outcome's tokens are the ids each step's own entry names (the sampled tokens)
         #: instead of each step's argmax: for a server whose own ids are right while sampling
         #: is constrained (llama-server with a grammar), so that the reply's tokens, which the
         #: next closed-loop prompt carries, are the ones the oracle counts. Default: False.
         self.sampled_tokens = False
         self.tap = tap
-        self.tap_log = tap_log
+        self.tap_log = read.tap_log
         self.claims = claims
-        self.timeout = timeout
+        self.timeout = proc.timeout
         self.tap_disagreements: list[str] = []
+        vocab = read.vocab
         self.vocab = vocab if isinstance(vocab, Vocabulary) or vocab is None else Vocabulary(vocab)
-        self.extensions = extensions
-        self.prompt_ids = PromptIds(prompt_ids, render, image_token_id)
+        self.extensions = read.extensions
+        self.prompt_ids = PromptIds(read.prompt_ids, read.render, read.image_token_id)
         self.render_mismatches: list[str] = []
-        self._readers: dict[int, Any] = {}
+        self._readers: dict[int, TapLedger] = {}
         self._clean: set[int] = set()  # servers started and not sent a request since
-        self.warm_start = warm_start
-        self._opts: dict[str, Any] = {"health_path": health_path, "start_timeout": start_timeout}
-        self._env = dict(env or {})
+        self.warm_start = kv.warm_start
+        start_timeout = proc.start_timeout
+        self._opts: dict[str, Any] = {"health_path": proc.health_path}
+        self._opts["start_timeout"] = start_timeout
+        self._env = dict(proc.env or {})
         self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
-        self._forks = Forks(fork=fork, env=self._env, start_timeout=start_timeout)
+        self._forks = Forks(fork=base.fork, env=self._env, start_timeout=start_timeout)
         self._fresh: FreshServers | None = None  # built on first use; the copies share it
         self._owner = True  # fresh instances (copies) leave the shared servers alone
         #: The baseline audit starts a new server per audited request (fresh_instance).
-        self.supports_fresh_instances = audit and self._fresh_cmd is not None
+        self.supports_fresh_instances = base.audit and self._fresh_cmd is not None
         #: Audited requests one fresh server may answer (the audit keeps them from sharing
         #: anything it could carry); set by the presets of slow servers.
         self.fresh_instance_share = 1
         self.fresh_instances_missing = (
             "a server given by URL: no fresh server can be started"
-            if audit
+            if base.audit
             else "the audit's fresh servers are switched off (audit=False, PREFIXCACHE_AUDIT=0)"
         )
         #: Restarts of the cold server that stood in for a reset (it has no reset endpoint).
         self.restarts_for_cold = 0
         self.server: Server = ""
         self.cold_server: Server | None = None
+        cold_url = base.cold_url
         try:
             self.server = self._make(cmd, url)
             if cold != "salt":
@@ -247,7 +207,28 @@ class OpenAIEngine:
         proc.start()
         if not self.warm_start:
             self._clean.add(id(proc))
+        ledger = self._readers.get(id(proc))
+        if ledger is not None:  # what it computed while starting is its warm-up
+            ledger.started()
         return proc
+
+    def request_count_problems(self) -> list[str]:
+        """With the tap: every server started here whose model ran more or fewer prefills
+        than the requests posted to it (another client on its port, a reply served without
+        the model, one computation answering two requests); call it with no request in
+        flight."""
+        out = []
+        for s in (self.server, self.cold_server):
+            if not isinstance(s, ServerProcess) or id(s) not in self._readers:
+                continue
+            ledger = self._readers[id(s)]
+            ledger.refresh()
+            if ledger.received != ledger.sent:
+                out.append(
+                    f"{s.url} was sent {ledger.sent} request(s) but its model ran "
+                    f"{ledger.received} prefill(s) (the logit tap's count)"
+                )
+        return out
 
     @property
     def uncached_times_skewed(self) -> str:
@@ -266,9 +247,10 @@ class OpenAIEngine:
         cmd = self._fresh_cmd
         if cmd is None:
             raise EngineError(self.fresh_instances_missing)
-        if self._fresh is None:
-            forked = self._forks.get(cmd) is not None
-            self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
+        with self._fresh_lock:  # parallel streams audit from several threads
+            if self._fresh is None:
+                forked = self._forks.get(cmd) is not None
+                self._fresh = FreshServers(lambda: self._process(cmd).start(), ahead=forked)
         fresh = copy.copy(self)
         fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
         fresh._owner = False
@@ -332,6 +314,20 @@ class OpenAIEngine:
     def _run(self, request: Request, use_cache: bool) -> Outcome:
         target, namespace = self._route(request, use_cache)
         pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
+        try:
+            return self._served(target, namespace, request, use_cache, pending)
+        finally:
+            if pending is not None:
+                pending.done()
+
+    def _served(
+        self,
+        target: Server | None,
+        namespace: str,
+        request: Request,
+        use_cache: bool,
+        pending: Pending | None,
+    ) -> Outcome:
         request = request if pending is None else pending.request  # more decode steps, tapped
         reply = self._post(target, request, namespace, pending)
         parsed = parse_reply(reply, self.vocab)
@@ -419,6 +415,9 @@ class OpenAIEngine:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
             self._clean.discard(id(target))
+            ledger = self._readers.get(id(target))
+            if ledger is not None:
+                ledger.count_sent()
         body, headers = chat_body(
             request,
             top_logprobs=self.top_logprobs,

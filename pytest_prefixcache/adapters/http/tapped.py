@@ -1,9 +1,11 @@
 """Completing an HTTP Outcome from the logit tap's records (see :mod:`pytest_prefixcache.tap`).
 
-The records since the last read are searched for the call whose KV offset after it equals the
-reply's ``prompt_tokens`` (the call that produced the first token); the chunks before it give
-the really prefilled count, the one-position calls after it the decode steps. Every figure the
-API also reports is cross-checked against the tap.
+The server's records are followed request by request (:class:`~pytest_prefixcache.tap.tracks.
+TapLedger`, several in flight): a reply gets the earliest unclaimed track whose first unpadded
+row ends at the reply's ``prompt_tokens`` and whose input ids are the prompt's (when the
+adapter knows them); the track's first row gives the really prefilled count, its one-position
+rows the decode steps, its number the order the server took the request in
+(``Outcome.served``). Every figure the API also reports is cross-checked against the tap.
 """
 
 from __future__ import annotations
@@ -15,31 +17,31 @@ import tempfile
 import time
 import uuid
 import weakref
-from typing import Any
 
 import numpy as np
 
 from ...errors import EngineError
+from ...tap.tracks import Found, TapLedger
 from ...types import Outcome
 from .server import ServerProcess, remove_quietly
 
 __all__ = ["apply_tap", "attach_tap", "log_tap", "tapped_outcome"]
 
 
-def attach_tap(proc: ServerProcess, owner: object) -> Any:
+def attach_tap(proc: ServerProcess, owner: object) -> TapLedger:
     """Make ``proc`` (started under ``python -m pytest_prefixcache.tap``) write its tap records
     to a new file of its own, kept across restarts and removed when ``owner`` is collected;
-    returns the reader of that file."""
+    returns the ledger of that file's tracks."""
     from ...tap import ENV, TapReader
 
     path = os.path.join(tempfile.gettempdir(), f"prefixcache-tap-{uuid.uuid4().hex}")
     proc.extra_env[ENV] = path
     weakref.finalize(owner, remove_quietly, path)  # also when never closed
-    return TapReader(path)
+    return TapLedger(TapReader(path))
 
 
 def tapped_outcome(
-    reader: Any, out: Outcome, completion_tokens: int, max_new_tokens: int
+    reader: TapLedger, out: Outcome, completion_tokens: int, max_new_tokens: int
 ) -> tuple[Outcome, list[str]]:
     """The API's Outcome completed from the tap (:func:`apply_tap`), its API per-step
     distributions dropped (the tap's replace them), and the API figures the tap contradicts."""
@@ -50,34 +52,39 @@ def tapped_outcome(
 
 
 def apply_tap(
-    reader: Any, out: Outcome, expected: int, n: int, *, wait: float = 5.0
+    ledger: TapLedger, out: Outcome, expected: int, n: int, *, wait: float = 5.0
 ) -> tuple[Outcome, list[str]]:
-    """``out`` with the tap's logits, step logits, greedy tokens and really reused count,
-    and the list of API figures the tap contradicts. Waits up to ``wait`` seconds for the
-    ``expected`` steps to be written."""
-    from ...tap import decode_steps, find_prompt_call, missing_reason, prefill_start
+    """``out`` with the tap's logits, step logits, greedy tokens, really reused count and
+    served order, and the list of API figures the tap contradicts. Waits up to ``wait``
+    seconds for the ``expected`` steps to be written."""
+    from ...tap import missing_reason
 
     if out.prompt_tokens is None:
         raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")
-    records: list[Any] = []
-    steps: list[Any] = []
-    i = None
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        records += reader.read_new()
-        i = find_prompt_call(records, out.prompt_tokens)
-        if i is not None:
-            steps = decode_steps(records, i, expected)
-            if len(steps) >= expected:
-                break
+    found: Found | None = None
+    while True:
+        found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens)
+        late = time.monotonic() >= deadline
+        if found is not None and (late or len(found.steps) >= expected) and ledger.claim(found):
+            break
+        if late:
+            found = None
+            break
         time.sleep(0.02)
-    if i is None:
-        why = missing_reason(records, out.prompt_tokens, getattr(reader, "installed", None))
+    if found is None:
+        why = missing_reason(ledger.records(), out.prompt_tokens, ledger.installed)
         raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}: {why}")
-    reused = prefill_start(records, i)
+    steps = found.steps
+    reused = found.reused
     logits = [np.asarray(r.logprobs, dtype=np.float32) for r in steps]
     real_tokens = tuple(int(np.argmax(lp)) for lp in logits)
     problems: list[str] = []
+    if found.ids_checked is False:
+        problems.append(
+            f"the tap's rows ending at the prompt length {out.prompt_tokens} hold other token "
+            "ids than the prompt's: the reply was attributed by its length alone"
+        )
     if out.cached_tokens is not None and out.cached_tokens != reused:
         problems.append(
             f"API cached_tokens={out.cached_tokens} but the tap saw "
@@ -95,6 +102,7 @@ def apply_tap(
         tokens=real_tokens[:n],
         step_logits=tuple(logits[: min(n, len(steps))]),
         cached_tokens=reused,
+        served=found.served,
     )
     return tapped, problems
 

@@ -1,0 +1,249 @@
+"""Following each request through a batching server's forward calls (several in flight).
+
+A server that batches concurrent requests runs one forward call for many rows, moves rows
+between batches (a prompt batch split off to decode, a decode batch extended with newcomers,
+finished rows filtered out) and pads short prompts. :class:`TapLedger` reads the records of
+one server (:class:`.TapReader`) and builds one :class:`Track` per request the server
+computed: the rows of its prefill chunks, the row that produced its first generated token and
+one row per decode step. A row continues a track when its KV offset before the call equals
+the real positions the track holds, and (for a one-position call after a decode step) its
+input token is the track's greedy next token; rows of a batch keep their order when the batch
+is filtered or split, so the tracks live on a batch take its rows in order. Any other row
+starts a track: a prefill the server received.
+
+:meth:`TapLedger.find` attributes a reply to a track: the first unpadded row whose KV offset
+after the call is the prompt length, on a track whose real input ids are the prompt's (when
+the client knows the prompt's ids), the earliest such track first; a track is claimed by one
+reply only. The track's number is the order the server took the requests in
+(``Outcome.served``); :attr:`TapLedger.received` counts the prefills it received.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import TapReader, TapRecord, TapRow
+
+__all__ = ["Found", "TapLedger", "Track"]
+
+#: Records kept for the message naming why no record matched.
+_RECENT = 256
+
+
+@dataclass(eq=False)
+class Track:
+    """One request's rows, in call order; ``index`` is its place among the server's prefills."""
+
+    index: int
+    pid: int
+    key: str
+    row: int
+    last_order: int
+    rows: list[tuple[int, TapRow]] = field(default_factory=list)
+    """(input positions of the call, row) per call."""
+    claimed: bool = False
+
+    @property
+    def last(self) -> TapRow:
+        return self.rows[-1][1]
+
+    def follows(self, row: TapRow, n: int) -> bool:
+        """Whether ``row`` (of a call with ``n`` input positions) continues this track: after
+        a prefill chunk (several positions, or padded), any row starting where its real
+        positions end; after a one-position row, a one-position row fed its greedy token."""
+        last_n, last = self.rows[-1]
+        if row.before < 0 or row.real_before != last.real_after:
+            return False
+        if last_n > 1 or last.padded:
+            return True
+        if n != 1 or not row.ids:
+            return n == 1 and row.ids is None
+        return int(row.ids[-1]) == int(np.argmax(last.logprobs))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A reply's track: its first-token row and decode rows, the reuse it shows, its order."""
+
+    track: Track
+    steps: tuple[TapRow, ...]
+    reused: int
+    served: int
+    ids_checked: bool | None
+    """True: the track's input ids are the prompt's; None: not known; False: they differ."""
+
+
+class TapLedger:
+    """The tracks of one tapped server, built from its records; thread-safe.
+
+    ``sent`` counts the requests posted to the server (the adapter adds them), ``warmup`` the
+    prefills it ran before the first (a server that warms its cache at start)."""
+
+    def __init__(self, reader: TapReader) -> None:
+        self.reader = reader
+        self.lock = threading.Lock()
+        self.tracks: list[Track] = []
+        self.recent: list[TapRecord] = []
+        self.sent = 0
+        self.warmup = 0
+        self._order = 0
+        self._by_key: dict[str, list[Track]] = {}
+        self._key_last: dict[str, int] = {}
+
+    @property
+    def installed(self) -> list[str] | None:
+        return self.reader.installed
+
+    @property
+    def received(self) -> int:
+        """Prefills the server ran since it started, its warm-up left out."""
+        return len(self.tracks) - self.warmup
+
+    def started(self) -> None:
+        """The server (re)started: what it computed beyond the requests sent is its warm-up."""
+        with self.lock:
+            self._ingest()
+            self.warmup = max(self.warmup, len(self.tracks) - self.sent)
+
+    def refresh(self) -> None:
+        """Read the records written since the last read."""
+        with self.lock:
+            self._ingest()
+
+    def count_sent(self) -> None:
+        with self.lock:
+            self.sent += 1
+
+    def _ingest(self) -> None:
+        for rec in self.reader.read_new():
+            self._order += 1
+            self.recent.append(rec)
+            self._add(rec, self._order)
+        del self.recent[:-_RECENT]
+
+    def _live(self, t: Track) -> bool:
+        """Whether ``t`` ran in the latest call on its batch (a row filtered out did not)."""
+        return self._key_last.get(t.key) == t.last_order
+
+    def _add(self, rec: TapRecord, order: int) -> None:
+        rows = rec.row_list()
+        n = rec.n_inputs
+        owner: dict[int, Track] = {}
+        # the tracks live on this batch take its rows in order (filtering keeps the order)
+        here = sorted(
+            (t for t in self._by_key.get(rec.cache, ()) if self._live(t)), key=lambda t: t.row
+        )
+        j = 0
+        for t in here:
+            for i in range(j, len(rows)):
+                if t.follows(rows[i], n):
+                    owner[i], j = t, i + 1
+                    break
+        # rows moved from another batch (split off, or extended into this one), in order
+        taken = {id(t) for t in owner.values()}
+        for i, row in enumerate(rows):
+            if i in owner or row.before < 0:
+                continue
+            moved = [
+                t
+                for key, ts in self._by_key.items()
+                if key != rec.cache and key.split(":")[0] == rec.cache.split(":")[0]
+                for t in ts
+                if id(t) not in taken and self._live(t) and t.follows(row, n)
+            ]
+            if moved:
+                t = min(moved, key=lambda t: (t.claimed, -t.last_order, t.row))
+                owner[i] = t
+                taken.add(id(t))
+        for i, row in enumerate(rows):
+            if i in owner:
+                t = owner[i]
+            else:  # a prefill the server received
+                t = Track(len(self.tracks), rec.pid, rec.cache, i, order)
+                self.tracks.append(t)
+                self._by_key.setdefault(rec.cache, []).append(t)
+            if t.key != rec.cache:
+                self._by_key[t.key].remove(t)
+                self._by_key.setdefault(rec.cache, []).append(t)
+            t.key, t.row, t.last_order = rec.cache, i, order
+            t.rows.append((n, row))
+        self._key_last[rec.cache] = order
+        # a row missing from its batch's latest call was filtered out: it never runs again
+        self._by_key[rec.cache] = [t for t in self._by_key[rec.cache] if t.last_order == order]
+
+    def find(
+        self,
+        prompt_tokens: int,
+        ids: Sequence[int] | None,
+        steps: int,
+        said: int | None = None,
+    ) -> Found | None:
+        """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
+        prompt's ``ids``, when given): reads the new records first; None when none does yet.
+        Among tracks the ids do not tell apart (two identical prompts in flight), one that
+        reused ``said`` tokens (the reply's own figure) first: the model computed both, and
+        which reply got which is not in the records."""
+        with self.lock:
+            self._ingest()
+            best: tuple[tuple[int, int, int], Found] | None = None
+            for t in self.tracks:
+                if t.claimed:
+                    continue
+                found = _answer(t, prompt_tokens, ids, steps)
+                if found is None:
+                    continue
+                agrees = int(said is not None and found.reused != said)
+                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], agrees, t.index)
+                if best is None or rank < best[0]:
+                    best = (rank, found)
+            return None if best is None else best[1]
+
+    def claim(self, found: Found) -> bool:
+        """Give ``found``'s track to one reply; False when another reply took it first."""
+        with self.lock:
+            if found.track.claimed:
+                return False
+            found.track.claimed = True
+            return True
+
+    def records(self) -> list[TapRecord]:
+        with self.lock:
+            return list(self.recent)
+
+
+def _answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) -> Found | None:
+    """The track's answer to a ``prompt_tokens`` long prompt: its first unpadded row that ends
+    there, right after the prefill (not a decode step); None when it has none."""
+    first = next(
+        (k for k, (_, r) in enumerate(t.rows) if r.after == prompt_tokens and not r.padded),
+        None,
+    )
+    if first is None:
+        return None
+    if first and t.rows[first - 1][0] == 1 and not t.rows[first - 1][1].padded:
+        return None  # a decode step of a longer request, not a prompt's end
+    start = t.rows[0][1].real_before
+    checked: bool | None = None
+    if ids is not None and len(ids) == prompt_tokens:
+        seen: list[int] = []
+        for _, r in t.rows[: first + 1]:
+            real = r.real_ids
+            if real is None:
+                seen = []
+                break
+            seen += real
+        if seen or first == 0:
+            checked = tuple(seen) == tuple(int(x) for x in ids[start:prompt_tokens])
+    out = [t.rows[first][1]]
+    for _, r in t.rows[first + 1 :]:
+        if len(out) >= steps:
+            break
+        if r.before == out[-1].after and r.after == r.before + 1 and not r.padded:
+            out.append(r)
+        else:
+            break
+    return Found(t, tuple(out), start, t.index, checked)

@@ -1,0 +1,175 @@
+"""The tap under concurrency: every batch row recorded, each request's rows followed from
+call to call (padded prefill rows, a batch split off, rows extended into another batch), a
+reply attributed by its prompt's ids, the served order and the prefills counted; on
+mlx_lm.server 0.32.2 (it batches concurrent text requests) the waves pass through the tap, and
+a tap fed another batch row fails them."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pytest_prefixcache.tap import TapReader
+from pytest_prefixcache.tap.tracks import TapLedger
+
+VOCAB = 8
+
+
+def lp(top: int, shift: float = 0.0) -> str:
+    v = np.full(VOCAB, -5.0, dtype=np.float32)
+    v[top] = -0.1 + shift
+    return base64.b64encode(v.tobytes()).decode("ascii")
+
+
+def row(b: int, a: int, ids: list[int], top: int, pad: int = 0, shift: float = 0.0) -> dict:
+    return {"b": b, "a": a, "pad": pad, "ids": ids, "lp": lp(top, shift)}
+
+
+def write(path: Path, calls: list[tuple[str, list[dict[str, Any]]]]) -> None:
+    with path.open("a") as f:
+        for seq, (cache, rows) in enumerate(calls):
+            n = max(len(r["ids"]) for r in rows)
+            rec = {"seq": seq, "cls": "M", "n": n, "batch": len(rows), "offset": 0}
+            f.write(json.dumps({**rec, "pid": 1, "cache": f"1:{cache}", "rows": rows}) + "\n")
+
+
+# Two prompts batched the way mlx_lm 0.32.2 does: the prompt but its last token prefilled in a
+# prompt batch (the shorter row right-padded), split off to a batch of its own for the first
+# token, which later joins the running decode batch.
+A = [1, 2, 3, 4, 5, 6]  # 6 tokens, cold
+B = [1, 2, 3, 7, 2]  # 5 tokens, 3 of them reused
+CALLS = [
+    ("p", [row(0, 5, A[:5], 0), row(3, 8, [7, 0, 0, 0, 0], 0, pad=4)]),  # B: 1 real + 4 pads
+    ("g", [row(5, 6, [6], 3), row(4, 5, [2], 5)]),  # the first tokens: A -> 3, B -> 5
+    ("g", [row(6, 7, [3], 4), row(5, 6, [5], 4)]),
+    ("g", [row(7, 8, [4], 4)]),  # B finished and was filtered out
+]
+
+
+def ledger(tmp_path: Path, calls: list[tuple[str, list[dict[str, Any]]]]) -> TapLedger:
+    path = tmp_path / "tap.jsonl"
+    write(path, calls)
+    return TapLedger(TapReader(path))
+
+
+def test_each_request_gets_its_own_rows(tmp_path: Path) -> None:
+    led = ledger(tmp_path, CALLS)
+    b = led.find(5, B, 2)
+    a = led.find(6, A, 3)
+    assert a is not None and b is not None
+    assert (a.reused, a.ids_checked, [int(np.argmax(r.logprobs)) for r in a.steps]) == (
+        0,
+        True,
+        [3, 4, 4],
+    )
+    assert (b.reused, b.ids_checked, [r.after for r in b.steps]) == (3, True, [5, 6])
+    assert a.served < b.served and led.received == 2
+    assert led.claim(a) and not led.claim(a)  # one reply per track
+
+
+def test_a_padded_row_is_never_a_first_token(tmp_path: Path) -> None:
+    # B's padded prefill row ends at offset 8: a prompt of 8 tokens finds nothing there
+    assert ledger(tmp_path, CALLS).find(8, None, 1) is None
+
+
+def test_another_prompt_of_the_same_length_is_told_apart_by_its_ids(tmp_path: Path) -> None:
+    other = [9, 9, 9, 9, 9, 6]
+    calls = [
+        ("p", [row(0, 5, A[:5], 0), row(0, 5, other[:5], 0)]),
+        ("g", [row(5, 6, [6], 3, shift=0.01), row(5, 6, [6], 3, shift=0.02)]),
+    ]
+    led = ledger(tmp_path, calls)
+    second = led.find(6, other, 1)
+    assert second is not None and second.served == 1 and led.claim(second)
+    first = led.find(6, A, 1)
+    assert first is not None and first.served == 0
+    assert first.steps[0].logprobs[3] == pytest.approx(-0.09)
+
+
+def test_the_prefills_a_server_ran_are_counted(tmp_path: Path) -> None:
+    led = ledger(tmp_path, CALLS)
+    led.started()
+    assert (led.sent, led.warmup, led.received) == (0, 2, 0)  # computed before any request
+    write(tmp_path / "tap.jsonl", [("q", [row(0, 4, [1, 2, 3, 4], 2)])])
+    led.count_sent()
+    led.refresh()
+    assert (led.sent, led.received) == (1, 1)
+
+
+def _mlx_lm(concurrency: int, launcher: str = "mlx_lm.server:main") -> Any:
+    pytest.importorskip("mlx_lm")
+    from pytest_prefixcache.adapters import presets
+    from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+    from pytest_prefixcache.package_data import engine_model
+
+    if launcher == "mlx_lm.server:main":
+        return presets.mlx_lm_server(concurrency=concurrency)
+    model = engine_model(None, default="tiny-llama", vision=False, who="mlx_lm.server")
+    tail = f"--model {model} --host 127.0.0.1 --port {{port}}"
+    return OpenAIEngine(
+        f"{presets.TAP} {launcher} {tail}",
+        cold="server",
+        cold_cmd=f"{presets.TAP} mlx_lm.server:main {tail} --prompt-cache-size 0",
+        supports_images=False,
+        tap=True,
+        render=presets.TextRenderer(model),
+        check_labels=False,
+        concurrency=concurrency,
+        env={"PYTHONPATH": str(Path(__file__).parent)},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("concurrency", [2, 4])
+def test_mlx_lm_server_passes_the_waves_through_the_tap(concurrency: int) -> None:
+    from test_adapters_waves import WAVES
+
+    from pytest_prefixcache import Verifier
+    from pytest_prefixcache.verify.concurrent import CONCURRENT
+
+    engine = _mlx_lm(concurrency)
+    try:
+        verifier = Verifier(engine)
+        steps = verifier.run_waves(WAVES)
+        assert verifier.report.coverage[CONCURRENT] == {"applied": 6}  # the tap's order
+        assert verifier.report.worst_diff == 0.0 and verifier.report.cache_hits >= 3
+        assert len({s.cached.served for s in steps}) == 6
+        assert engine.tap_disagreements == [] and engine.request_count_problems() == []
+        batched = [r for r in engine._readers[id(engine.server)].records() if r.batch > 1]
+        assert batched, "no forward call batched two requests"
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_server_storing_another_rows_cache_fails_the_waves() -> None:
+    from test_adapters_waves import WAVES
+
+    from pytest_prefixcache import EquivalenceFailure, Verifier
+
+    engine = _mlx_lm(3, "wrong_row_mlx_lm:main")
+    try:
+        with pytest.raises(EquivalenceFailure, match=r"wave 1, logits differ"):
+            Verifier(engine).run_waves(WAVES)
+    finally:
+        engine.close()
+
+
+def test_identical_prompts_in_flight_go_by_the_replys_own_reuse(tmp_path: Path) -> None:
+    # two copies of A: one prefilled from 0, the other resumed from the first's 5 positions
+    calls = [
+        ("p", [row(0, 5, A[:5], 0)]),
+        ("g", [row(5, 6, [6], 3)]),
+        ("h", [row(5, 6, [6], 3)]),
+    ]
+    led = ledger(tmp_path, calls)
+    resumed = led.find(6, A, 1, said=5)  # the reply said 5 cached: the track that shows it
+    assert resumed is not None and (resumed.reused, resumed.served) == (5, 1)
+    assert led.claim(resumed)
+    rest = led.find(6, A, 1, said=5)  # a reply whose figure agrees with no track left
+    assert rest is not None and rest.reused == 0
