@@ -18,14 +18,18 @@ Flavours (their field shapes, from ../shared/NOTES.md):
   ``vllm:prompt_tokens_by_source_total``) in Prometheus text.
 - ``llama``: entries with ``id``; ``timings.cache_n``/``prompt_n``; ``tokens_cached`` is the
   whole prompt (not reuse); ``/apply-template`` and ``/tokenize``; ``cache_prompt: false``
-  and ``--no-cache`` turn reuse off; no reset endpoint (404).
+  and ``--no-cache-prompt`` turn reuse off; no reset endpoint (404); ``GET /metrics``, the
+  counter ``llamacpp:prompt_tokens_cached_total`` (the cached tokens of every reply).
 
 Faults (negative controls): ``shifted`` (step i carries step i+1's top_logprobs), ``short``
 (the last logprobs entry is missing), ``reset_false`` (the prefix reset says success false and
 keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_logprobs``,
 ``corrupt`` / ``corrupt_step2`` (a cache hit moves the logprobs of decode step 0 / 2 by 1e-3,
 greedy tokens unchanged), ``metric_overclaim`` (vllm: the counters add a block of 32 tokens
-more than the reply's ``cached_tokens`` on every hit).
+more than the reply's ``cached_tokens`` on every hit), ``cache_n_overclaims`` (llama:
+``timings.cache_n`` says 4 more than ``cached_tokens`` and the counter on a hit),
+``sampled_second`` (each step's own entry names its second-best token, as a
+grammar-constrained sampler's does; the logprobs stay the raw ones).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
@@ -112,6 +116,7 @@ class Stub:
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.counters = {"hits": 0, "computed": 0}
+        self.cached_total = 0  # llama's prompt_tokens_cached_total
 
     def _key(self, salt: str, ext: list[tuple[int, str]]) -> str:
         salt = "" if self.fault == "ignores_salt" else salt
@@ -172,8 +177,9 @@ class Stub:
     ) -> dict[str, Any]:
         content = []
         for i, top in enumerate(tops):
-            own = dict(top).get(tokens[i], top[0][1])
-            entry = self._entry(body, tokens[i], own)
+            sampled = top[1][0] if self.fault == "sampled_second" else tokens[i]
+            own = dict(top).get(sampled, top[0][1])
+            entry = self._entry(body, sampled, own)
             entry["top_logprobs"] = [self._entry(body, t, lp) for t, lp in top]
             content.append(entry)
         logprobs = None if self.fault == "null_logprobs" else {"content": content}
@@ -193,7 +199,10 @@ class Stub:
             reply["prompt_token_ids"] = [t for t, _ in ext]
             choice["token_ids"] = tokens
         if self.flavour == "llama":
-            reply["timings"] = {"cache_n": cached, "prompt_n": len(ext) - cached}
+            with self.lock:
+                self.cached_total += cached
+            over = 4 if cached and self.fault == "cache_n_overclaims" else 0
+            reply["timings"] = {"cache_n": cached + over, "prompt_n": len(ext) - cached}
             reply["tokens_cached"] = len(ext)  # the whole prompt, not reuse
         return reply
 
@@ -247,8 +256,16 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:
-        if self.path == "/metrics" and self.server.stub.flavour == "vllm":
-            raw = self.server.stub.metrics().encode()
+        stub = self.server.stub
+        if self.path == "/metrics" and stub.flavour in ("vllm", "llama"):
+            raw = (
+                stub.metrics()
+                if stub.flavour == "vllm"
+                else (
+                    "# TYPE llamacpp:prompt_tokens_cached_total counter\n"
+                    f"llamacpp:prompt_tokens_cached_total {stub.cached_total}\n"
+                )
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(raw)))

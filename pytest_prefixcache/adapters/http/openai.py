@@ -145,6 +145,11 @@ class OpenAIEngine:
         self.supports_images = supports_images
         self.extra_body = dict(extra_body or {})
         self.check_labels = read.check_labels
+        #: The Outcome's tokens are the ids each step's own entry names (the sampled tokens)
+        #: instead of each step's argmax: for a server whose own ids are right while sampling
+        #: is constrained (llama-server with a grammar), so that the reply's tokens, which the
+        #: next closed-loop prompt carries, are the ones the oracle counts. Default: False.
+        self.sampled_tokens = False
         self.tap = tap
         self.tap_log = read.tap_log
         self.claims = claims
@@ -363,6 +368,9 @@ class OpenAIEngine:
         self, parsed: Reply, reply: Any, request: Request, target: Server | None
     ) -> Outcome:
         steps, tokens = parsed.steps, parsed.tokens[: request.max_new_tokens]
+        labels = parsed.labels[: request.max_new_tokens]
+        if self.sampled_tokens and labels and None not in labels:
+            tokens = tuple(t for t in labels if t is not None)
         out = Outcome(
             top_logprobs=steps[0] if steps and steps[0] else None,
             step_top_logprobs=tuple(steps[: len(tokens)]),

@@ -1,0 +1,84 @@
+"""The llama-server lab's engine factory for the matrix (engines/llama/matrix.toml) and the
+targeted tests (engines/llama/test_llama_server.py): where the server and the tiny GGUFs are,
+and what the random-weight fixtures need on top of the ``llama_server`` preset.
+
+``LLAMA_BINARY``: the server's command line (engines/llama/run.sh sets it: ``nice -n 5`` and
+the llama-server it installed or ``LLAMA_SERVER_BIN``); ``LLAMA_MODELS``: the directory
+reference_engine/fixtures/gguf_models.py wrote. Importable with engines/llama and tests/ on
+``sys.path`` (engines/llama/run.sh puts them there).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+from pytest_prefixcache.adapters.llama import llama_server
+
+__all__ = ["ASCII", "RENDER", "engine"]
+
+HERE = Path(__file__).resolve().parent
+RENDER = HERE.parents[1] / "fixtures" / "tiny-qwen2-vl"
+#: llama-server drops the logprobs entry of every generated token whose text ends inside a
+#: UTF-8 character (server-context.cpp process_token: add_token only for complete text) and
+#: the tiny random-weight models often generate such byte tokens; a grammar keeps generation
+#: to printable ASCII, so every step has its entry. The logprobs are the raw (pre-sampling)
+#: ones, so the sampled token need not be their argmax: the label check is off, and the
+#: Outcome's tokens are the sampled ones (``OpenAIEngine.sampled_tokens``).
+ASCII = {"grammar": "root ::= [ -~]*"}
+MODELS = {
+    "text": ("tiny-llama.gguf", None),
+    "vl": ("tiny-qwen2-vl.gguf", "tiny-qwen2-vl-mmproj.gguf"),
+    # Gemma 3: sliding-window layers (window 32) between full ones, so context checkpoints
+    # and --swa-full matter
+    "gemma3-text": ("tiny-gemma3-text.gguf", None),
+}
+
+
+def engine(
+    flags: Sequence[str] = (),
+    *,
+    model: str = "text",
+    audit: bool = False,
+    claims: bool = True,
+    atol: float | None = None,
+    concurrency: int | None = None,
+    top_logprobs: int = 20,
+) -> OpenAIEngine:
+    """:func:`llama_server` on the lab's ``model`` (``text``: tiny-llama.gguf; ``vl``:
+    tiny-qwen2-vl.gguf and its mmproj; ``gemma3-text``: tiny-gemma3-text.gguf) with a matrix
+    combination's ``flags``, the ASCII grammar, the label check off. ``claims`` only where
+    the combination serves one request at a time (``-np`` above 1 declares that many
+    concurrent requests instead: the waves).
+    ``audit=False`` by default, as for the other matrices: the cold server keeps no cache and
+    every cold reply must report 0 cached tokens."""
+    models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
+    gguf, mmproj = MODELS[model]
+    e = llama_server(
+        models / gguf,
+        models / mmproj if mmproj else None,
+        binary=os.environ.get("LLAMA_BINARY", "llama-server"),
+        atol=atol,
+        flags=flags,
+        render_dir=RENDER if mmproj else None,
+        audit=audit,
+        claims=claims and (concurrency or 1) <= 1 and not _parallel(flags),
+        concurrency=concurrency,
+    )
+    e.top_logprobs = top_logprobs
+    e.extra_body.update(ASCII)
+    e.check_labels = False
+    # the grammar's token is what the server generated and what a closed-loop prompt carries
+    # back: the oracle counts the reply's KV through those ids, not the raw argmax
+    e.sampled_tokens = True
+    return e
+
+
+def _parallel(flags: Sequence[str]) -> bool:
+    """Whether ``flags`` give more than one slot (then the combination runs the waves)."""
+    from pytest_prefixcache.adapters.llama import flag_value, slots, split_flags
+
+    words = split_flags(flags)
+    return flag_value(words, ("-np", "--parallel")) is not None and slots(words) > 1
