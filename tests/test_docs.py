@@ -191,7 +191,7 @@ def test_the_test_command_is_two_lines_after_its_marker() -> None:
     assert lines[i + 1 : i + 4] == [
         "```sh",
         'python3 -m venv .venv && .venv/bin/pip install -e ".[mlx,dev]" && HF_HUB_OFFLINE=1 '
-        ".venv/bin/pytest --durations=30",
+        ".venv/bin/pytest -n 2 --durations=30",
         "```",
     ]
     assert "getline; getline; print" in (ROOT / ".ci" / "run").read_text()

@@ -128,11 +128,13 @@ WALL_TIME_CHECKS = {"min speedup"}
 #: third-party engine (the http subpackage is the OpenAI-compatible adapter).
 ADAPTER_TESTS = {
     "http": "tests/test_adapters_openai.py",
+    "llama": "tests/test_adapters_llama_stub.py",
     "mlx_lm": "tests/test_adapters_mlx_lm.py",
     "mlx_vlm_apc": "tests/test_adapters_mlx_vlm_apc.py",
     "omlx": "tests/test_adapters_omlx_stub.py",
     "seed": "tests/test_seed_preset.py",
     "sglang": "tests/test_adapters_sglang_stub.py",
+    "vllm": "tests/test_adapters_vllm_stub.py",
 }
 #: Modules of the package that are not adapters of their own.
 NOT_ADAPTERS = {"__init__", "presets", "tolerances", "omlx_launch", "openai"}
