@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def test_a_server_storing_another_rows_cache_fails_the_waves() -> None:
             try:
                 Verifier(engine).run_waves(WAVES)
             except EquivalenceFailure as exc:
-                assert "wave 1, logits differ" in str(exc), exc
+                assert re.search(r"wave \d+, logits differ", str(exc)), exc
                 return
             engine.reset()
     finally:
