@@ -12,7 +12,10 @@ step ahead as mlx-lm computes). Reuse is reported in ``usage``, ``GET /v1/cache/
 ``--fault`` breaks one claim (each is a negative control of tests/test_claims.py):
 ``stats-overclaim`` (stats add 4 tokens to every hit), ``log-false-hit`` (the log reports a hit
 on every request), ``shift-logprobs`` (``logprobs.content[i]`` holds step i+1's distribution),
-``drop-last`` (the last ``logprobs.content`` entry is omitted). Run as
+``drop-last`` (the last ``logprobs.content`` entry is omitted). Two break the request count
+(tests/test_tap_tracks.py): ``refuse-first`` answers the first chat request 503 without running
+the model (oMLX's memory gate), ``replay-repeat`` answers an exact repeat from the logits it
+stored, without a forward call (a request that runs no prefill). Run as
 ``python tests/claims_stub_server.py --port P [--no-cache] [--fault F]``.
 """
 
@@ -51,6 +54,8 @@ class Stub:
         self.stats = {"hits": 0, "misses": 0, "tokens_saved": 0}
         self.lock = threading.Lock()
         self.seq = 0
+        self.posts = 0
+        self.replies: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
 
     def tap(self, n: int, offset: int, lp: np.ndarray) -> None:
         path = os.environ.get("PREFIXCACHE_TAP")
@@ -152,7 +157,15 @@ def handler(stub: Stub) -> type[BaseHTTPRequestHandler]:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
             with stub.lock:
                 if self.path == "/v1/chat/completions":
-                    self.send(200, *stub.complete(body))
+                    stub.posts += 1
+                    key = json.dumps(body, sort_keys=True)
+                    if stub.fault == "refuse-first" and stub.posts == 1:
+                        self.send(503, {"error": {"message": "memory at capacity"}})
+                    elif stub.fault == "replay-repeat" and key in stub.replies:
+                        self.send(200, *stub.replies[key])  # no forward call, no tap record
+                    else:
+                        stub.replies[key] = stub.complete(body)
+                        self.send(200, *stub.replies[key])
                 elif self.path == "/v1/cache/reset":
                     stub.seen.clear()
                     self.send(200, {"ok": True})

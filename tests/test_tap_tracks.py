@@ -9,12 +9,15 @@ from __future__ import annotations
 import base64
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from adapter_support import SYSTEM, req, user
 
+from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.tap import TapReader
 from pytest_prefixcache.tap.tracks import TapLedger
 
@@ -183,3 +186,83 @@ def test_identical_prompts_in_flight_go_by_the_replys_own_reuse(tmp_path: Path) 
     assert led.claim(resumed)
     rest = led.find(6, A, 1, said=5)  # a reply whose figure agrees with no track left
     assert rest is not None and rest.reused == 0
+
+
+def test_a_request_left_unanswered_may_have_run_or_not(tmp_path: Path) -> None:
+    led = ledger(tmp_path, [])
+    led.started()
+    write(tmp_path / "tap.jsonl", [("q", [row(0, 4, [1, 2, 3, 4], 2)])])
+    led.count_sent()
+    led.count_unanswered()  # refused (a 503): no prefill
+    assert led.count_problem() == ""
+    write(tmp_path / "tap.jsonl", [("r", [row(0, 3, [1, 2, 5], 2)])])  # or failed after it
+    assert led.count_problem() == ""
+    write(tmp_path / "tap.jsonl", [("s", [row(0, 2, [6, 7], 2)])])  # another client's prefill
+    assert "answered 1 request(s) (and left 1 unanswered" in led.count_problem()
+
+
+def test_a_request_answered_without_a_prefill_is_still_reported(tmp_path: Path) -> None:
+    led = ledger(tmp_path, [("q", [row(0, 4, [1, 2, 3, 4], 2)])])
+    led.count_sent()
+    led.count_unanswered()  # an unanswered request does not excuse an answered one
+    led.count_sent()  # answered from stored logits: no forward call recorded
+    problem = led.count_problem()
+    assert problem.startswith("answered 2 request(s)") and "ran 1 prefill(s)" in problem
+
+
+def _request() -> Any:
+    return req(SYSTEM, user("Tell me about the mountains."), max_new_tokens=2)
+
+
+def _stub(fault: str) -> Any:
+    from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+
+    cmd = [sys.executable, str(Path(__file__).parent / "claims_stub_server.py"), "--port", "{port}"]
+    return OpenAIEngine(
+        [*cmd, "--fault", fault],
+        cold="server",
+        cold_cmd=[*cmd, "--no-cache"],
+        supports_images=False,
+        tap=True,
+        top_logprobs=5,
+        start_timeout=60,
+    )
+
+
+def test_a_refused_request_is_no_request_count_fault() -> None:
+    # oMLX 0.7.0's memory gate answered 503 (no forward call): counted as a request sent, it
+    # made every later wave on that server fail "sent N request(s) but its model ran N-1"
+    engine = _stub("refuse-first")
+    try:
+        request = _request()
+        with pytest.raises(EngineError, match="answered 503"):
+            engine.run(request, use_cache=True)
+        engine.run(request, use_cache=True)
+        assert engine.request_count_problems() == []
+    finally:
+        engine.close()
+
+
+def test_a_reply_served_without_the_model_is_a_request_count_fault() -> None:
+    engine = _stub("replay-repeat")
+    try:
+        request = _request()
+        engine.run(request, use_cache=True)
+        with pytest.raises(EngineError):  # the tap has no row for the repeat
+            engine.run(request, use_cache=True)
+        (problem,) = engine.request_count_problems()
+        assert "answered 2 request(s) but its model ran 1 prefill(s)" in problem
+    finally:
+        engine.close()
+
+
+def test_a_count_mismatch_is_reported_once(tmp_path: Path) -> None:
+    led = ledger(tmp_path, [("q", [row(0, 4, [1, 2, 3, 4], 2)])])
+    led.count_sent()
+    led.count_sent()  # one answered without a prefill: reported ...
+    assert "ran 1 prefill(s) (the logit" in led.count_problem()
+    write(tmp_path / "tap.jsonl", [("r", [row(0, 3, [1, 2, 5], 2)])])
+    led.count_sent()  # ... and the next request, which ran its own, is judged alone
+    assert led.count_problem() == ""
+    led.count_sent()  # a second one answered without a prefill is reported again
+    assert "since the last mismatch reported" in led.count_problem()

@@ -80,8 +80,10 @@ class Found:
 class TapLedger:
     """The tracks of one tapped server, built from its records; thread-safe.
 
-    ``sent`` counts the requests posted to the server (the adapter adds them), ``warmup`` the
-    prefills it ran before the first (a server that warms its cache at start)."""
+    ``sent`` counts the requests the server answered (the adapter adds them), ``unanswered``
+    those posted that got no reply (an error status, a timeout, a broken connection: the model
+    may have run them or not), ``warmup`` the prefills it ran before the first request (a
+    server that warms its cache at start)."""
 
     def __init__(self, reader: TapReader) -> None:
         self.reader = reader
@@ -89,7 +91,11 @@ class TapLedger:
         self.tracks: list[Track] = []
         self.recent: list[TapRecord] = []
         self.sent = 0
+        self.unanswered = 0
         self.warmup = 0
+        self.excused = 0
+        """Prefills a reported mismatch left over (negative: missing ones)."""
+        self.reported = 0
         self._order = 0
         self._by_key: dict[str, list[Track]] = {}
         self._key_last: dict[str, int] = {}
@@ -115,8 +121,34 @@ class TapLedger:
             self._ingest()
 
     def count_sent(self) -> None:
+        """A request the server answered (it must have run one prefill)."""
         with self.lock:
             self.sent += 1
+
+    def count_unanswered(self) -> None:
+        """A request posted that got no reply: refused (e.g. oMLX's 503 when its memory gate
+        closes: no prefill), failed after its prefill, or still running: 0 or 1 prefill."""
+        with self.lock:
+            self.unanswered += 1
+
+    def count_problem(self) -> str:
+        """Why the prefills counted do not fit the requests ('' when they do): fewer than
+        the requests answered, or more than those and every unanswered one together. A
+        mismatch is reported once: the next call judges only what came after it (a wave
+        after a faulty one, e.g. Hypothesis shrinking on the same server, is judged alone)."""
+        with self.lock:
+            self._ingest()
+            got = self.received - self.excused
+            low, high = self.sent, self.sent + self.unanswered
+            if low <= got <= high:
+                return ""
+            self.excused += got - min(max(got, low), high)
+        told = f"answered {low} request(s)"
+        if high > low:
+            told += f" (and left {high - low} unanswered, which may or may not have run)"
+        since = " since the last mismatch reported" if self.reported else ""
+        self.reported += 1
+        return f"{told} but its model ran {got} prefill(s){since} (the logit tap's count)"
 
     def _ingest(self) -> None:
         for rec in self.reader.read_new():

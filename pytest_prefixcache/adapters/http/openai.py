@@ -213,21 +213,19 @@ class OpenAIEngine:
         return proc
 
     def request_count_problems(self) -> list[str]:
-        """With the tap: every server started here whose model ran more or fewer prefills
-        than the requests posted to it (another client on its port, a reply served without
-        the model, one computation answering two requests); call it with no request in
-        flight."""
+        """With the tap: every server started here whose model ran fewer prefills than the
+        requests it answered (a reply served without the model, one computation answering two
+        requests) or more than those and the requests it left unanswered together (another
+        client on its port); call it with no request in flight. A request refused with an
+        error status (oMLX's 503 when its memory gate closes) ran nothing: it is not counted
+        as answered (:meth:`.TapLedger.count_unanswered`)."""
         out = []
         for s in (self.server, self.cold_server):
             if not isinstance(s, ServerProcess) or id(s) not in self._readers:
                 continue
-            ledger = self._readers[id(s)]
-            ledger.refresh()
-            if ledger.received != ledger.sent:
-                out.append(
-                    f"{s.url} was sent {ledger.sent} request(s) but its model ran "
-                    f"{ledger.received} prefill(s) (the logit tap's count)"
-                )
+            problem = self._readers[id(s)].count_problem()
+            if problem:
+                out.append(f"{s.url} {problem}")
         return out
 
     @property
@@ -415,9 +413,6 @@ class OpenAIEngine:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
             self._clean.discard(id(target))
-            ledger = self._readers.get(id(target))
-            if ledger is not None:
-                ledger.count_sent()
         body, headers = chat_body(
             request,
             top_logprobs=self.top_logprobs,
@@ -429,6 +424,7 @@ class OpenAIEngine:
                 **self.extra_body,
             },
         )
+        ledger = self._readers.get(id(target)) if isinstance(target, ServerProcess) else None
         try:
             status, reply = http_json(
                 "POST",
@@ -439,10 +435,14 @@ class OpenAIEngine:
                 response_headers=None if pending is None else pending.headers,
             )
         except OSError as exc:
+            if ledger is not None:
+                ledger.count_unanswered()
             proc = target if isinstance(target, ServerProcess) else None
             raise EngineError(
                 f"POST {base}/v1/chat/completions: {connection_problem(exc, base, proc)}"
             ) from exc
+        if ledger is not None:  # counted once the reply is in: a refusal ran no prefill
+            (ledger.count_sent if status == 200 else ledger.count_unanswered)()
         if status != 200:
             log = target.log_note() if isinstance(target, ServerProcess) else ""
             raise EngineError(
