@@ -17,7 +17,7 @@ request as ``side_by_side.py`` does (``interleaved_pass``):
 - mlx-vlm APC, block and exact-snapshot modes (``adapters/mlx_vlm_apc.py``), on the VLM
   fixture, every workload;
 - rapid-mlx (``adapters/seed.py``, ``--mllm``, on the VLM fixture) when a venv of it exists
-  under ``$SEED_DIR`` or a checkout's ``.seed-engines/``; otherwise skipped, saying why.
+  under ``$SEED_DIR`` or a checkout's ``.engines/seed/``; otherwise skipped, saying why.
 
 Per request: an uncached run (cold), then a cached run (warm), each timed to the first token
 (``max_new_tokens=0``; the peers' adapters always sample one token); the largest
@@ -106,8 +106,8 @@ def snapshot_reference(match: Match) -> int | None:
 # -- engines -----------------------------------------------------------------------------------
 def rapid_mlx_python() -> tuple[str | None, str]:
     """The python of a rapid-mlx venv, or None and why not: ``$SEED_DIR``, else the
-    ``.seed-engines/`` of this checkout or of any worktree of its repository."""
-    roots = [os.environ.get("SEED_DIR"), str(FIXTURES.parent / ".seed-engines")]
+    ``.engines/seed/`` of this checkout or of any worktree of its repository."""
+    roots = [os.environ.get("SEED_DIR"), str(FIXTURES.parent / ".engines" / "seed")]
     try:
         listing = subprocess.run(
             ["git", "-C", str(FIXTURES.parent), "worktree", "list", "--porcelain"],
@@ -115,7 +115,7 @@ def rapid_mlx_python() -> tuple[str | None, str]:
             text=True,
             check=True,
         ).stdout
-        roots += [ln[9:] + "/.seed-engines" for ln in listing.splitlines() if ln[:9] == "worktree "]
+        roots += [ln[9:] + "/.engines/seed" for ln in listing.splitlines() if ln[:9] == "worktree "]
     except (OSError, subprocess.CalledProcessError):
         pass
     looked = []

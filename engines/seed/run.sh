@@ -2,7 +2,7 @@
 # Opt-in verification of the seed engines: vllm-mlx 0.6.0 and its fork rapid-mlx 0.16.10.
 #
 # NOT part of CI or the default install. Each engine gets its own virtual environment under
-# $SEED_DIR (default: .seed-engines/ in the repository, git-ignored by its own .gitignore):
+# $SEED_DIR (default: .engines/seed/ of the main checkout, git-ignored, shared by its worktrees):
 # about 6.5 GB each, because torchvision pulls a CUDA build of torch, and each pins older
 # mlx-lm/mlx-vlm than this project. pip's cache lives in $SEED_DIR too: nothing under ~/.cache.
 # An existing venv that already holds the pinned engine is reused as it is
@@ -45,7 +45,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export SEED_DIR="${SEED_DIR:-$ROOT/.seed-engines}"  # adapters.seed finds the venvs there
+COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
+MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
+export SEED_DIR="${SEED_DIR:-$MAIN_CHECKOUT/.engines/seed}"  # adapters.seed finds the venvs there
 PYTHON="${PYTHON:-python3}"
 EXAMPLES="${SEED_EXAMPLES:-100}"
 MATRIX="${SEED_MATRIX:-$ROOT/engines/seed/matrix.toml}"

@@ -104,7 +104,7 @@ _model_for = model_dir  # seed_server's parameter of that name hides the functio
 
 
 def default_python(engine: str) -> str:
-    root = os.environ.get("SEED_DIR") or str(FIXTURES.parent / ".seed-engines")
+    root = os.environ.get("SEED_DIR") or str(FIXTURES.parent / ".engines" / "seed")
     return str(Path(root) / engine / "bin" / "python")
 
 
