@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from .errors import EngineError, PrefixCacheError
 
@@ -100,6 +101,18 @@ def model_from_env(default: str) -> Path:
         return resolve_model(value)
     except EngineError as exc:
         raise EngineError(f"{MODEL_ENV}={value}: {exc}") from None
+
+
+def model_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The model directory's config.json; EngineError naming the file when it cannot be read or
+    is not a JSON object."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"cannot read {path}/config.json: {exc}") from None
+    if not isinstance(config, dict):
+        raise EngineError(f"{path}/config.json is not a JSON object")
+    return config
 
 
 def is_vision_model(path: str | os.PathLike[str]) -> bool:

@@ -19,14 +19,13 @@ Read in SGLang 0.5.23 (``serving_chat.py``, ``protocol.py``, ``http_server.py``)
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from ..errors import EngineError
+from ..package_data import model_config
 from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.openai import OpenAIEngine
 from .http.replies import Vocabulary
@@ -137,7 +136,7 @@ def sglang_server(
     if cold not in COLD:
         raise EngineError(f"cold={cold!r} is not one of {', '.join(COLD)}")
     model = Path(model_dir)
-    config = _config(model)
+    config = model_config(model)
     image_token = config.get("image_token_id")
     page = page_size_of(flags)
     cmd = sglang_command(model, flags, python=python, cache_report=cache_report, metrics=metrics)
@@ -177,13 +176,3 @@ def sglang_server(
         engine.atol = atol
         engine.tolerance_rule = engine_rule("sglang", model_type)
     return engine
-
-
-def _config(model_dir: Path) -> dict[str, Any]:
-    try:
-        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot read {model_dir}/config.json: {exc}") from None
-    if not isinstance(config, dict):
-        raise EngineError(f"{model_dir}/config.json is not a JSON object")
-    return config

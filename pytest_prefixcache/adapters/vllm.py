@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import EngineError
-from ..package_data import FIXTURES
+from ..package_data import FIXTURES, model_config
 from .http.claims import ClaimWatch, sources_from_json
 from .http.openai import OpenAIEngine
 
@@ -127,14 +127,6 @@ def claim_specs() -> list[dict[str, Any]]:
     ]
 
 
-def _config(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        config: dict[str, Any] = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"cannot read {model_dir}/config.json: {exc}") from None
-    return config
-
-
 def vllm_server(
     model_dir: str | os.PathLike[str],
     *,
@@ -175,7 +167,7 @@ def vllm_server(
     baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
     nothing (``audit=False``: not audited, a partial verdict).
     """
-    config = _config(model_dir)
+    config = model_config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     image_token = config.get("image_token_id")
     all_flags = [*flags, *extra_args]
