@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
-from .http.claims import ClaimWatch, sources_from_json
+from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 
@@ -216,7 +216,7 @@ def omlx_server(
         audit=audit,
         reuse_reference="block",
         block_size=block_size(model, requested_block(flags)),
-        claims=ClaimWatch(sources_from_json(json.dumps(claim_specs())), decode_steps=decode_steps)
+        claims=ClaimWatch(sources_from_specs(claim_specs()), decode_steps=decode_steps)
         if claims
         else None,
         concurrency=concurrency,

@@ -20,7 +20,6 @@ What the engines' sources say about each flag (read in the installed packages) i
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -30,7 +29,7 @@ from typing import Any
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
 from .http.baselines import Cold
-from .http.claims import ClaimWatch, sources_from_json
+from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 from .presets import audit_share, concurrency_from_env, with_split_rule
@@ -245,9 +244,7 @@ def seed_server(
         # sliding-window models (server.py: "Hybrid model: running full request warmup"):
         # its boundary snapshot after the first token was reused by the first stream
         warm_start=engine == "rapid-mlx",
-        claims=ClaimWatch(
-            sources_from_json(json.dumps(claim_specs(engine, flags))), decode_steps=decode_steps
-        )
+        claims=ClaimWatch(sources_from_specs(claim_specs(engine, flags)), decode_steps=decode_steps)
         if claims and tap
         else None,
         concurrency=concurrency,

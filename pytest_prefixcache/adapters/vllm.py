@@ -13,7 +13,6 @@ engines/vllm/matrix.toml.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -22,7 +21,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, model_config
-from .http.claims import ClaimWatch, sources_from_json
+from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 
 __all__ = [
@@ -191,7 +190,7 @@ def vllm_server(
         reuse_reference="block",
         block_size=block,
         concurrency=concurrency,
-        claims=ClaimWatch(sources_from_json(json.dumps(claim_specs()))) if claims else None,
+        claims=ClaimWatch(sources_from_specs(claim_specs())) if claims else None,
     )
     engine.fresh_instance_share = audit_share
     # vLLM v1 hashes and caches every block that fills, generated tokens included: a next turn

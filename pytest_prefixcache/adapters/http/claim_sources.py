@@ -40,6 +40,7 @@ __all__ = [
     "metric_sum",
     "number",
     "sources_from_json",
+    "sources_from_specs",
 ]
 
 #: The values of :data:`~pytest_prefixcache.types.ClaimUnit`.
@@ -136,6 +137,15 @@ def sources_from_json(text: str) -> list[Source]:
     "field": "hits"}, {"metric": "vllm:prefix_cache_hits_total"}]``."""
     try:
         items = json.loads(text)
+    except ValueError as exc:
+        raise EngineError(f"claim sources {text[:200]!r}: {exc}") from None
+    return sources_from_specs(items, text)
+
+
+def sources_from_specs(items: Any, text: str | None = None) -> list[Source]:
+    """Claim sources from the parsed form of :func:`sources_from_json`'s list (a preset's own
+    specs); errors name ``text``, else the list as JSON."""
+    try:
         if not isinstance(items, list):
             raise ValueError("not a list")
         out = []
@@ -146,7 +156,8 @@ def sources_from_json(text: str) -> list[Source]:
             rest = {k: v for k, v in item.items() if k != kind}
             out.append(cls(**{first: item[kind]}, **rest))
     except (ValueError, TypeError, AttributeError) as exc:
-        raise EngineError(f"claim sources {text[:200]!r}: {exc}") from None
+        shown = json.dumps(items, default=str) if text is None else text
+        raise EngineError(f"claim sources {shown[:200]!r}: {exc}") from None
     return out
 
 

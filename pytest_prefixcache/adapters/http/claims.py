@@ -35,6 +35,7 @@ from .claim_sources import (
     metric_sum,
     number,
     sources_from_json,
+    sources_from_specs,
 )
 from .server import ServerProcess, http_json
 
@@ -49,6 +50,7 @@ __all__ = [
     "StatsDelta",
     "api_steps",
     "sources_from_json",
+    "sources_from_specs",
 ]
 
 #: Names a top_logprobs entry's token id when the entry carries none (a Vocabulary).
