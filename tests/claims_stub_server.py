@@ -12,11 +12,12 @@ step ahead as mlx-lm computes). Reuse is reported in ``usage``, ``GET /v1/cache/
 ``--fault`` breaks one claim (each is a negative control of tests/test_claims.py):
 ``stats-overclaim`` (stats add 4 tokens to every hit), ``log-false-hit`` (the log reports a hit
 on every request), ``shift-logprobs`` (``logprobs.content[i]`` holds step i+1's distribution),
-``drop-last`` (the last ``logprobs.content`` entry is omitted). Two break the request count
+``drop-last`` (the last ``logprobs.content`` entry is omitted). Three break the request count
 (tests/test_tap_tracks.py): ``refuse-first`` answers the first chat request 503 without running
 the model (oMLX's memory gate), ``replay-repeat`` answers an exact repeat from the logits it
-stored, without a forward call (a request that runs no prefill). Run as
-``python tests/claims_stub_server.py --port P [--no-cache] [--fault F]``.
+stored, without a forward call (a request that runs no prefill), ``double-prefill`` prefills
+every prompt a second time, whole, after answering it (an entry stored by computing it
+again). Run as ``python tests/claims_stub_server.py --port P [--no-cache] [--fault F]``.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ class Stub:
         generated = seq[len(prompt) : len(prompt) + n]
         if self.cache:
             self.seen.append(prompt + generated)
+        if self.fault == "double-prefill":
+            self.tap(len(prompt), len(prompt), logprobs_after(prompt))
         shown = dists[1 : n + 1] if self.fault == "shift-logprobs" else dists[:n]
         content = [self.step(tok, lp) for tok, lp in zip(generated, shown, strict=True)]
         if self.fault == "drop-last":

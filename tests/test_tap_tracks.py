@@ -266,3 +266,24 @@ def test_a_count_mismatch_is_reported_once(tmp_path: Path) -> None:
     assert led.count_problem() == ""
     led.count_sent()  # a second one answered without a prefill is reported again
     assert "since the last mismatch reported" in led.count_problem()
+
+
+@pytest.mark.parametrize("fault", ["double-prefill", "none"])
+def test_a_request_that_ran_the_model_twice_fails_the_sequential_path(fault: str) -> None:
+    # the sequential path asks after every request (the waves after every wave); "none" is
+    # the control: the same stub, one prefill per request, passes
+    from pytest_prefixcache import EngineFault, Verifier
+
+    engine = _stub(fault)
+    try:
+        verifier = Verifier(engine)
+        if fault == "none":
+            verifier.run([_request(), _request()])
+            return
+        with pytest.raises(EngineFault) as info:
+            verifier.run([_request(), _request()])
+        text = str(info.value)
+        assert "request count: " in text and "request 0" in text
+        assert "answered 1 request(s) but its model ran 2 prefill(s)" in text
+    finally:
+        engine.close()

@@ -51,6 +51,7 @@ from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
 from .messages import Context
+from .request_count import REQUEST_COUNT, request_count_problems
 from .worker import CallResult, EngineWorker
 
 if TYPE_CHECKING:
@@ -68,8 +69,6 @@ __all__ = [
 
 #: The coverage row of the requests served in waves.
 CONCURRENT = "concurrent"
-#: How a fault names a server that received more or fewer requests than sent (the tap's count).
-REQUEST_COUNT = "request count"
 #: The finding of a cache-off wave whose replies differ from the same requests alone.
 BATCH_NOISE = "batch non-invariance"
 #: Under measured batch noise, a cached reply passes within this many times the noise.
@@ -371,10 +370,7 @@ def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
         _count(verifier, request, c, a, comparison.steps)
         verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
         steps.append(WaveStep(request, c, a, noise[i], m, comparison))
-    counted = getattr(verifier.engine, "request_count_problems", None)
-    if callable(counted):  # every reply of the wave is in: nothing in flight
-        found = verifier._call("request_count_problems()", counted, _context(ctx, 0))
-        if isinstance(found, list) and found:
-            head = f"{REQUEST_COUNT}: {found[0]} (each request must run the model once)"
-            _fail(verifier, Problem("fault", head, tuple(map(str, found[1:]))), ctx, len(wave) - 1)
+    # every reply of the wave is in: nothing in flight
+    for problem in request_count_problems(verifier, _context(ctx, 0)):
+        _fail(verifier, problem, ctx, len(wave) - 1)
     return steps

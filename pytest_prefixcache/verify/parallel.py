@@ -39,6 +39,7 @@ from ..types import Request
 from .audit import Audit
 from .concurrent import max_concurrency
 from .messages import Context, format_failure
+from .request_count import request_count_problems
 from .verifier import Verifier
 from .worker import EngineWorker
 
@@ -241,7 +242,7 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
             Report(streams=base + j + 1),
             audit=Audit(audit.fresh, audit.missing, audit.share),
         )
-        lane.number, lane.group = j, group
+        lane.number, lane.group, lane.counts_requests = j, group, False
         group.lanes.append(lane)
     results: list[list[Step]] = [[] for _ in streams]
     alone: dict[int, VerificationFailure] = {}
@@ -284,6 +285,13 @@ def run_parallel(main: Verifier, streams: Sequence[Sequence[Request]]) -> list[l
             results[j] = _confirm_alone(main, group.lanes[j], streams[j], exc)
         except BaseException as err:
             group.failed = err
+    if group.failed is None:  # every lane stopped: nothing in flight
+        last = max(group.lanes, key=lambda lane: len(lane.stream))
+        ctx = Context(tuple(last.stream), len(last.stream) - 1)
+        for problem in request_count_problems(main, ctx)[:1]:
+            note = f"counted once the {len(streams)} streams run in parallel had all stopped"
+            problem = dataclasses.replace(problem, details=(*problem.details, note))
+            group.failed = group.failure(last, problem, ctx, (), None)
     for lane in group.lanes:
         lane.report.streams = 1
         main.report.merge(lane.report)

@@ -68,6 +68,7 @@ from .closed_loop import (
 from .concurrent import WaveStep, run_waves
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
+from .request_count import request_count_problems
 from .worker import CallTimedOut, EngineWorker
 
 __all__ = [
@@ -103,6 +104,9 @@ class Verifier(ShortRepr):
     """One long-lived worker per request in flight in a wave (the waves property)."""
     lane_workers: list[EngineWorker] = field(default_factory=list)
     """One long-lived worker per stream run in parallel (:mod:`.parallel`)."""
+    counts_requests: bool = True
+    """Ask the engine after each request whether its model ran one prefill per request
+    (:mod:`.request_count`); off in parallel lanes, whose group asks once all are in."""
     _rendered: list[Rendered] = field(default_factory=list)
     _replies: list[str | None] = field(default_factory=list)
     """The text of each cached run's reply so far (what closed-loop markers are filled with)."""
@@ -233,6 +237,8 @@ class Verifier(ShortRepr):
         assert isinstance(uncached, Outcome)
         self._check(baseline_problems(uncached), ctx, "uncached run: ")
         self._check(pair_problems(cached, uncached), ctx)
+        if self.counts_requests:  # nothing in flight: both replies are in
+            self._check(request_count_problems(self, ctx), ctx)
         match = None
         render: list[Problem] = []
         if cached.token_ids is not None:
