@@ -333,3 +333,42 @@ def test_the_reproduce_line_names_the_parallel_streams() -> None:
     merged = Report(seed=7)
     merged.merge(again, worker="gw0")
     assert merged.parallel_streams == 4
+
+
+def test_the_request_count_is_asked_once_every_lane_stopped(model: Any) -> None:
+    """Lanes never ask while others are in flight (a prefill of another lane's request would
+    count against theirs); the group asks once, after all of them, and fails on a mismatch."""
+    from pytest_prefixcache import EngineFault
+
+    engine = Engine(model)
+    asked: list[int] = []
+    problems: list[str] = []
+
+    def count() -> list[str]:
+        asked.append(len(inflight))
+        return list(problems)
+
+    inflight: list[Request] = []
+    run = engine.run
+
+    def tracking(request: Request, *, use_cache: bool) -> Any:
+        inflight.append(request)
+        try:
+            return run(request, use_cache=use_cache)
+        finally:
+            inflight.remove(request)
+
+    engine.run = tracking  # type: ignore[method-assign]
+    engine.request_count_problems = count  # type: ignore[attr-defined]
+    streams = separate([(_req("Hello."), _req("Hello.")), (_req("Goodbye."),)])
+    run_parallel(_verifier(engine), streams)
+    assert asked == [0]  # once, with nothing in flight
+    problems.append("http://127.0.0.1:1 answered 3 request(s) but its model ran 4 prefill(s)")
+    with pytest.raises(EngineFault) as info:
+        run_parallel(_verifier(engine), streams)
+    text = str(info.value)
+    assert "request count: http://127.0.0.1:1 answered 3" in text
+    assert "once the 2 streams run in parallel had all stopped" in text
+    one = _verifier(engine)  # the sequential path asks after each request
+    with pytest.raises(EngineFault, match="request count"):
+        one.run(streams[0])
