@@ -10,6 +10,7 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
@@ -200,14 +201,17 @@ def test_a_difference_at_a_later_decode_step_is_compared(
     assert "step 2 (before new token 2)" in problems[0].details[0]
 
 
+def printable(entry: dict[str, Any]) -> int | None:
+    return ord(entry["token"]) if len(entry["token"]) == 1 else None
+
+
 def test_entries_named_empty_are_a_fault_without_token_ids() -> None:
     """vLLM names special and byte tokens '': without token_id:N they cannot be compared."""
     srv = serve("vllm")
     try:
         engine = OpenAIEngine(url=url_of(srv), cold="salt", namespace_field="cache_salt")
         # a vocabulary that names every printable token (what Vocabulary does with tokenizer.json)
-        vocab = lambda e: ord(e["token"]) if len(e["token"]) == 1 else None  # noqa: E731
-        engine.readout = dataclasses.replace(engine.readout, vocab=vocab)  # type: ignore[arg-type]
+        engine.readout = dataclasses.replace(engine.readout, vocab=printable)
         with pytest.raises(EngineError, match=r"decode step \d+: \d+ top_logprobs entr(y|ies) "
                            r"name no token id, e.g. \{'token': '', 'logprob': [-.0-9]+, "
                            r"'bytes': \[\]\} .*return_tokens_as_token_ids"):  # fmt: skip
