@@ -19,22 +19,16 @@ effect must stay far above any rule. Writes ``results/decode_tolerance.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from split_tolerance import language_model
+from tolerance_cases import Column, fresh_cache, last_logprobs, main, run
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: (library, fixture) pairs measured: every fixture, by the library that serves it.
 CASES = (
     ("mlx-lm", "tiny-llama"),
@@ -44,118 +38,54 @@ CASES = (
     ("mlx-vlm", "tiny-qwen3.5-vl"),
     ("mlx-vlm", "tiny-gemma3"),
 )
-
-
-def _fresh(model: Any) -> list[Any]:
-    for attr in ("_position_ids", "_rope_deltas"):  # mlx-vlm's Qwen VLMs keep them per prompt
-        if hasattr(model, attr):
-            setattr(model, attr, None)
-    if hasattr(model, "make_cache"):
-        return list(model.make_cache())
-    from mlx_vlm.models.cache import KVCache
-
-    return [KVCache() for _ in model.layers]
-
-
-def _last(out: Any) -> np.ndarray:
-    import mlx.core as mx
-
-    logits = getattr(out, "logits", out)[0, -1].astype(mx.float32)
-    return np.array(logits - mx.logsumexp(logits))
-
-
-def run(model: Any, chunks: list[list[int]]) -> np.ndarray:
-    """Feed ``chunks`` in order into one fresh cache; the last position's log-softmax."""
-    import mlx.core as mx
-
-    cache = _fresh(model)
-    out = None
-    for chunk in chunks:
-        out = model(mx.array([chunk]), cache=cache)
-    return _last(out)
+COLUMNS = (
+    Column("worst_decode_vs_prefill", "worst decode vs prefill", "worst"),
+    Column("argmax_changed", "argmax changed", "count", ""),
+    Column("smallest_output_off_by_one", "smallest bug", "smallest"),
+)
 
 
 def greedy(model: Any, prompt: list[int], k: int, lo: int) -> list[int]:
     """k greedy tokens after ``prompt``, decoded one step at a time (ids >= ``lo``)."""
     import mlx.core as mx
 
-    cache = _fresh(model)
+    cache = fresh_cache(model)
     out = model(mx.array([prompt]), cache=cache)
     tokens: list[int] = []
     for _ in range(k):
-        lp = _last(out)
+        lp = last_logprobs(out)
         tokens.append(lo + int(np.argmax(lp[lo:])))
         out = model(mx.array([tokens[-1:]]), cache=cache)
     return tokens
 
 
-def measure(library: str, fixture: str, trials: int, seed: int) -> dict[str, Any]:
-    from pytest_prefixcache.package_data import fixture_model
-
-    model, model_type = language_model(library, fixture)
-    config = json.loads((fixture_model(fixture) / "config.json").read_text())
-    vocab = int(config.get("text_config", config).get("vocab_size", config.get("vocab_size")))
-    rng = np.random.default_rng(seed)
-    worst = 0.0
-    bug = float("inf")
-    argmax_changed = 0
-    for _ in range(trials):
-        n = int(rng.integers(40, 600))
-        prompt = rng.integers(10, vocab, size=n).tolist()
-        k = int(rng.integers(2, 9))
-        out = greedy(model, prompt, k, 10)
-        suffix = rng.integers(10, vocab, size=int(rng.integers(4, 41))).tolist()
-        nxt = prompt + out + suffix
-        cold = run(model, [nxt])
-        # the cache: the prompt prefilled, the output's KV from one-token steps (all but the
-        # last output token, never fed back), then the rest of the next prompt
-        steps = [[t] for t in out[:-1]]
-        warm = run(model, [prompt, *steps, nxt[n + k - 1 :]])
-        worst = max(worst, float(np.max(np.abs(cold - warm))))
-        argmax_changed += int(cold.argmax() != warm.argmax())
-        # the negative control: one output token's KV computed for its neighbour
-        at = int(rng.integers(0, k - 1))
-        shifted = list(out[:-1])
-        shifted[at] = prompt[-1] if at == 0 else out[at - 1]
-        if shifted[at] == out[at]:
-            shifted[at] = 10 + (out[at] - 10 + 1) % (vocab - 10)
-        stale = run(model, [prompt, *[[t] for t in shifted], nxt[n + k - 1 :]])
-        bug = min(bug, float(np.max(np.abs(cold - stale))))
+def trial(model: Any, rng: np.random.Generator, vocab: int) -> dict[str, float]:
+    """One seeded prompt, its greedy output and the next turn: the cache's way (decode-time KV)
+    vs the cold prefill, and the negative control (one output's KV for its neighbour)."""
+    n = int(rng.integers(40, 600))
+    prompt = rng.integers(10, vocab, size=n).tolist()
+    k = int(rng.integers(2, 9))
+    out = greedy(model, prompt, k, 10)
+    suffix = rng.integers(10, vocab, size=int(rng.integers(4, 41))).tolist()
+    nxt = prompt + out + suffix
+    cold = run(model, [nxt])
+    # the cache: the prompt prefilled, the output's KV from one-token steps (all but the
+    # last output token, never fed back), then the rest of the next prompt
+    steps = [[t] for t in out[:-1]]
+    warm = run(model, [prompt, *steps, nxt[n + k - 1 :]])
+    # the negative control: one output token's KV computed for its neighbour
+    at = int(rng.integers(0, k - 1))
+    shifted = list(out[:-1])
+    shifted[at] = prompt[-1] if at == 0 else out[at - 1]
+    if shifted[at] == out[at]:
+        shifted[at] = 10 + (out[at] - 10 + 1) % (vocab - 10)
+    stale = run(model, [prompt, *[[t] for t in shifted], nxt[n + k - 1 :]])
     return {
-        "library": library,
-        "fixture": fixture,
-        "model_type": model_type,
-        "trials": trials,
-        "worst_decode_vs_prefill": worst,
-        "argmax_changed": argmax_changed,
-        "smallest_output_off_by_one": bug,
+        "worst_decode_vs_prefill": float(np.max(np.abs(cold - warm))),
+        "argmax_changed": int(cold.argmax() != warm.argmax()),
+        "smallest_output_off_by_one": float(np.max(np.abs(cold - stale))),
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=12, help="prompts per case (default 12)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "decode_tolerance.json")
-    args = parser.parse_args(argv)
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-    rows = [measure(lib, fix, args.trials, args.seed) for lib, fix in CASES]
-    print("| library | fixture | worst decode vs prefill | argmax changed | smallest bug |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['library']} | {r['fixture']} | {r['worst_decode_vs_prefill']:.2e} | "
-            f"{r['argmax_changed']} | {r['smallest_output_off_by_one']:.2e} |"
-        )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/decode_tolerance.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    args.out.write_text(json.dumps({"command": command.strip(), "rows": rows}, indent=2) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(__file__, __doc__, CASES, trial, COLUMNS))

@@ -16,20 +16,16 @@ Writes ``results/split_tolerance.json``.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pytest_prefixcache.package_data import fixture_model
+from tolerance_cases import Column, main, run
 
-RESULTS = Path(__file__).resolve().parent / "results"
 #: (library, fixture) pairs measured.
 CASES = (
     ("mlx-lm", "tiny-qwen3.5"),
@@ -38,104 +34,33 @@ CASES = (
     ("mlx-vlm", "tiny-gemma3"),
     ("mlx-vlm", "tiny-qwen2-vl"),
 )
+COLUMNS = (
+    Column("worst_split", "worst split", "worst"),
+    Column("worst_last_token_chunk", "worst last-token chunk", "worst"),
+    Column("argmax_changed", "argmax changed", "count", ""),
+    Column("smallest_one_token_bug", "smallest one-token bug", "smallest"),
+)
 
 
-def language_model(library: str, fixture: str) -> tuple[Any, str]:
-    """The model whose forward the library's servers run, and its model type."""
-    path = fixture_model(fixture)
-    if library == "mlx-lm":
-        from mlx_lm import load
-
-        model = load(str(path))[0]
-        return model, str(model.model_type)
-    from mlx_vlm import load as vlm_load
-
-    model = vlm_load(str(path))[0]
-    return model.language_model, str(model.config.model_type)
-
-
-def last_logprobs(model: Any, ids: list[int], cuts: list[int]) -> np.ndarray:
-    import mlx.core as mx
-
-    for attr in ("_position_ids", "_rope_deltas"):  # mlx-vlm's Qwen VLMs keep them per prompt
-        if hasattr(model, attr):
-            setattr(model, attr, None)
-    if hasattr(model, "make_cache"):
-        cache = model.make_cache()
-    else:  # mlx-vlm's Qwen2-VL: full attention only
-        from mlx_vlm.models.cache import KVCache
-
-        cache = [KVCache() for _ in model.layers]
-    start, out = 0, None
-    for end in [*cuts, len(ids)]:
-        out = model(mx.array([ids[start:end]]), cache=cache)
-        start = end
-    logits = getattr(out, "logits", out)[0, -1].astype(mx.float32)
-    return np.array(logits - mx.logsumexp(logits))
-
-
-def measure(library: str, fixture: str, trials: int, seed: int) -> dict[str, Any]:
-    model, model_type = language_model(library, fixture)
-    config = json.loads((fixture_model(fixture) / "config.json").read_text())
-    vocab = int(config.get("text_config", config).get("vocab_size", config.get("vocab_size")))
-    rng = np.random.default_rng(seed)
-    split = last = 0.0
-    bug = float("inf")
-    argmax_changed = 0
-    for _ in range(trials):
-        n = int(rng.integers(40, 800))
-        ids = rng.integers(10, vocab, size=n).tolist()
-        one = last_logprobs(model, ids, [])
-        k = int(rng.integers(2, n - 2))
-        two = last_logprobs(model, ids, [k])
-        end = last_logprobs(model, ids, [n - 1])
-        split = max(split, float(np.max(np.abs(one - two))))
-        last = max(last, float(np.max(np.abs(one - end))))
-        argmax_changed += int(one.argmax() != two.argmax()) + int(one.argmax() != end.argmax())
-        stale = list(ids)
-        at = n - int(rng.integers(8, 41))
-        stale[at] = 10 + (stale[at] - 10 + 1) % (vocab - 10)
-        bug = min(bug, float(np.max(np.abs(one - last_logprobs(model, stale, [])))))
+def trial(model: Any, rng: np.random.Generator, vocab: int) -> dict[str, float]:
+    """One seeded prompt: one-shot vs split at a random point and vs the last token alone,
+    and the negative control (one token replaced 8 to 40 positions before the end)."""
+    n = int(rng.integers(40, 800))
+    ids = rng.integers(10, vocab, size=n).tolist()
+    one = run(model, [ids])
+    k = int(rng.integers(2, n - 2))
+    two = run(model, [ids[:k], ids[k:]])
+    end = run(model, [ids[: n - 1], ids[n - 1 :]])
+    stale = list(ids)
+    at = n - int(rng.integers(8, 41))
+    stale[at] = 10 + (stale[at] - 10 + 1) % (vocab - 10)
     return {
-        "library": library,
-        "fixture": fixture,
-        "model_type": model_type,
-        "trials": trials,
-        "worst_split": split,
-        "worst_last_token_chunk": last,
-        "argmax_changed": argmax_changed,
-        "smallest_one_token_bug": bug,
+        "worst_split": float(np.max(np.abs(one - two))),
+        "worst_last_token_chunk": float(np.max(np.abs(one - end))),
+        "argmax_changed": int(one.argmax() != two.argmax()) + int(one.argmax() != end.argmax()),
+        "smallest_one_token_bug": float(np.max(np.abs(one - run(model, [stale])))),
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=12, help="prompts per case (default 12)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=RESULTS / "split_tolerance.json")
-    args = parser.parse_args(argv)
-    import mlx.core as mx
-
-    mx.set_default_device(mx.cpu)
-    rows = [measure(lib, fix, args.trials, args.seed) for lib, fix in CASES]
-    print(
-        "| library | fixture | worst split | worst last-token chunk | argmax changed | "
-        "smallest one-token bug |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r['library']} | {r['fixture']} | {r['worst_split']:.2e} | "
-            f"{r['worst_last_token_chunk']:.2e} | {r['argmax_changed']} | "
-            f"{r['smallest_one_token_bug']:.2e} |"
-        )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/split_tolerance.py " + " ".join(
-        sys.argv[1:] if argv is None else argv
-    )
-    args.out.write_text(json.dumps({"command": command.strip(), "rows": rows}, indent=2) + "\n")
-    return 0
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(main(__file__, __doc__, CASES, trial, COLUMNS))

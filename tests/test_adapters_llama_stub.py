@@ -5,6 +5,7 @@ cache-less second server as the cold baseline."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,7 +104,7 @@ def test_a_combination_s_flags_reach_the_server_and_the_cold_one_drops_the_cache
         assert cold[cold.index("-np") + 1] == "3" and cold.count("-np") == 1
         assert cold[-3:] == ["--no-cache-prompt", "--cache-ram", "0"]
         # -np 3: three requests at once (the waves); no claims, which read one request at a time
-        assert engine.max_concurrency == 3 and engine.claims is None
+        assert engine.max_concurrency == 3 and engine.readout.claims is None
     finally:
         engine.close()
 
@@ -215,7 +216,7 @@ def test_sampled_tokens_are_the_entries_own_ids_when_asked(
     monkeypatch.setenv("STUB_FAULT", "sampled_second")
     engine = preset()
     try:
-        engine.check_labels = False
+        engine.readout = dataclasses.replace(engine.readout, check_labels=False)
         argmax = engine.run(TEXT, use_cache=False)
         engine.sampled_tokens = True
         sampled = engine.run(TEXT, use_cache=False)

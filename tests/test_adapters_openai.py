@@ -3,6 +3,7 @@ mlx_vlm.server on the tiny fixtures (127.0.0.1, ephemeral ports, servers stopped
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -136,14 +137,15 @@ def test_mlx_lm_server_with_tap_is_bit_exact(lm: OpenAIEngine) -> None:
 def test_tap_log_has_the_api_and_the_tap_reuse_per_request(
     lm: OpenAIEngine, tmp_path: Path
 ) -> None:
-    lm.tap_log = tmp_path / "tap.jsonl"
+    readout = lm.readout
+    lm.readout = dataclasses.replace(readout, tap_log=tmp_path / "tap.jsonl")
     try:
         lm.reset()
         lm.run(TEXT, use_cache=True)
         lm.run(TEXT, use_cache=False)
         lm.run(TEXT, use_cache=True)
     finally:
-        lm.tap_log = None
+        lm.readout = readout
     lines = [json.loads(x) for x in (tmp_path / "tap.jsonl").read_text().splitlines()]
     assert [x["use_cache"] for x in lines] == [True, False, True]
     assert {x["prompt_tokens"] for x in lines} == {lines[0]["prompt_tokens"]} != {None}

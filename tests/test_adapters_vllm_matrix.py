@@ -64,15 +64,19 @@ def test_reuse_is_judged_against_the_block_size_in_force(tmp_path: Path) -> None
     with vllm_server(model_dir(tmp_path), python=PYTHON, flags=["--block-size 128"]) as engine:
         assert (engine.reuse_reference, engine.block_size) == ("block", 128)
     with vllm_server(model_dir(tmp_path), python=PYTHON) as plain:
-        assert (plain.reuse_reference, plain.block_size, plain.claims) == ("block", 32, None)
+        assert (plain.reuse_reference, plain.block_size, plain.readout.claims) == (
+            "block",
+            32,
+            None,
+        )
         assert plain.caches_output  # type: ignore[attr-defined]
 
 
 def test_claims_and_waves_are_declared_apart(tmp_path: Path) -> None:
     with vllm_server(model_dir(tmp_path), python=PYTHON, concurrency=4) as engine:
-        assert engine.max_concurrency == 4 and engine.claims is None
+        assert engine.max_concurrency == 4 and engine.readout.claims is None
     with vllm_server(model_dir(tmp_path), python=PYTHON, concurrency=4, claims=True) as both:
-        assert both.max_concurrency == 4 and both.claims is not None
+        assert both.max_concurrency == 4 and both.readout.claims is not None
     specs = claim_specs()
     assert specs[0] == {"api": "usage.prompt_tokens_details.cached_tokens"}
     assert {s.get("metric") for s in specs[1:]} == {
@@ -96,7 +100,7 @@ def test_the_matrix_factory_names_what_is_missing(
         vllm_matrix_engine("text", python=sys.executable)
     monkeypatch.setenv("VLLM_AUDIT", "1")
     with vllm_matrix_engine(str(model_dir(tmp_path)), python=PYTHON) as audited:
-        assert audited.supports_fresh_instances and audited.claims is not None
+        assert audited.supports_fresh_instances and audited.readout.claims is not None
 
 
 def stub_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str = "") -> object:
@@ -192,7 +196,7 @@ def test_a_waves_combination_sends_its_waves_through_the_preset(
     model = str(model_dir(tmp_path))
     with vllm_matrix_engine(model, ["--max-num-seqs 2"], concurrency=4, claims=False,
                             python=PYTHON) as engine:  # fmt: skip
-        assert engine.max_concurrency == 4 and engine.claims is None
+        assert engine.max_concurrency == 4 and engine.readout.claims is None
         verifier = Verifier(engine)
         if fault:
             with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):

@@ -5,16 +5,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from adapter_support import SYSTEM, assistant, img, req, user
 from stub_openai import PAD, serve, url_of
 
 from pytest_prefixcache import EngineError
+from pytest_prefixcache.adapters.http.config import FIELDS
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import VLLM_RESETS, vllm_server
 from pytest_prefixcache.checks import Tolerance, compare
@@ -127,6 +130,9 @@ def test_the_fresh_instance_is_a_new_cold_server(vllm: OpenAIEngine, tmp_path: P
     fresh = vllm.fresh_instance()
     try:
         assert fresh.server is not vllm.server and fresh.server is fresh.cold_server
+        # the copy's baseline is a replaced group: the original keeps its own, no field is copied
+        assert (fresh.baseline.cold, vllm.baseline.cold) == ("server", "salt")
+        assert not FIELDS.keys() & vars(fresh).keys()
         out = fresh.run(TEXT, use_cache=False)
         assert out.cached_tokens == 0 and out.tokens == vllm.run(TEXT, use_cache=True).tokens
     finally:
@@ -195,13 +201,17 @@ def test_a_difference_at_a_later_decode_step_is_compared(
     assert "step 2 (before new token 2)" in problems[0].details[0]
 
 
+def printable(entry: dict[str, Any]) -> int | None:
+    return ord(entry["token"]) if len(entry["token"]) == 1 else None
+
+
 def test_entries_named_empty_are_a_fault_without_token_ids() -> None:
     """vLLM names special and byte tokens '': without token_id:N they cannot be compared."""
     srv = serve("vllm")
     try:
         engine = OpenAIEngine(url=url_of(srv), cold="salt", namespace_field="cache_salt")
         # a vocabulary that names every printable token (what Vocabulary does with tokenizer.json)
-        engine.vocab = lambda e: ord(e["token"]) if len(e["token"]) == 1 else None  # type: ignore[assignment]
+        engine.readout = dataclasses.replace(engine.readout, vocab=printable)
         with pytest.raises(EngineError, match=r"decode step \d+: \d+ top_logprobs entr(y|ies) "
                            r"name no token id, e.g. \{'token': '', 'logprob': [-.0-9]+, "
                            r"'bytes': \[\]\} .*return_tokens_as_token_ids"):  # fmt: skip

@@ -11,6 +11,11 @@
 Every field can also be given to ``OpenAIEngine`` by name (``OpenAIEngine(cmd, cold="server")``
 is ``OpenAIEngine(cmd, baseline=Baseline(cold="server"))``); :func:`grouped` sorts such names
 into their groups and refuses a name no group has, or a field given both ways.
+
+The groups are each field's only home: the engine reads ``engine.readout.top_logprobs`` and keeps
+no copy (it refuses ``engine.top_logprobs = 5``); a changed setting is a replaced group,
+``engine.readout = dataclasses.replace(engine.readout, top_logprobs=5)``, as the audit's fresh
+copies do with ``cold``. :data:`FIELDS` names each field's group.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ if TYPE_CHECKING:
     from .prompt_ids import Source, Spans
     from .replies import Vocabulary
 
-__all__ = ["Baseline", "CacheControl", "Command", "Process", "Readout", "grouped"]
+__all__ = ["FIELDS", "Baseline", "CacheControl", "Command", "Process", "Readout", "grouped"]
 
 Command = Sequence[str] | str
 
@@ -151,19 +156,24 @@ GROUPS: dict[str, type] = {
     "process": Process,
 }
 
+#: Every field of the four groups -> the key of the group that holds it (``"cold"`` ->
+#: ``"baseline"``): the engine keeps each in its group only.
+FIELDS: dict[str, str] = {
+    f.name: key for key, cls in GROUPS.items() for f in dataclasses.fields(cls)
+}
+
 
 def grouped(given: Mapping[str, Any | None], fields: Mapping[str, Any]) -> dict[str, Any]:
     """The four groups, from the groups ``given`` by keyword (None: not given) and the
     ``fields`` given by name; a name no group has, or a field given both in its group and by
     name, is a TypeError naming it."""
-    owner = {f.name: key for key, cls in GROUPS.items() for f in dataclasses.fields(cls)}
     by_group: dict[str, dict[str, Any]] = {key: {} for key in GROUPS}
     for name, value in fields.items():
-        if name not in owner:
-            near = difflib.get_close_matches(name, list(owner) + list(GROUPS), n=1)
+        if name not in FIELDS:
+            near = difflib.get_close_matches(name, list(FIELDS) + list(GROUPS), n=1)
             hint = f" (did you mean {near[0]!r}?)" if near else ""
             raise TypeError(f"OpenAIEngine() got an unexpected keyword argument {name!r}{hint}")
-        by_group[owner[name]][name] = value
+        by_group[FIELDS[name]][name] = value
     out: dict[str, Any] = {}
     for key, cls in GROUPS.items():
         group = given.get(key)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import threading
 import uuid
 from collections.abc import Mapping
@@ -36,11 +37,11 @@ from ...types import Outcome, Request
 from .baselines import check_baseline
 from .chat import chat_body
 from .claims import Pending
-from .config import Baseline, CacheControl, Command, Process, Readout, grouped
+from .config import FIELDS, Baseline, CacheControl, Command, Process, Readout, grouped
 from .fresh import Forks, FreshServers
 from .prompt_ids import PromptIds
 from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
-from .resets import endpoints, reset_caches
+from .resets import Endpoint, endpoints, reset_caches
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
 from .tapped import attach_tap, log_tap, tapped_outcome
 
@@ -105,19 +106,23 @@ class OpenAIEngine:
             fields,
         )
         base: Baseline = groups["baseline"]
-        kv: CacheControl = groups["cache"]
         read: Readout = groups["readout"]
-        proc: Process = groups["process"]
-        self.baseline, self.cache, self.readout, self.process = base, kv, read, proc
-        cold, cold_cmd, tap, claims = base.cold, base.cold_cmd, read.tap, read.claims
+        if read.vocab is not None and not isinstance(read.vocab, Vocabulary):
+            read = dataclasses.replace(read, vocab=Vocabulary(read.vocab))  # read it once
+        #: The settings, each in its group only (:mod:`.config`); a copy that changes one
+        #: replaces its group: ``dataclasses.replace(engine.readout, top_logprobs=5)``.
+        self.baseline: Baseline = base
+        self.cache: CacheControl = groups["cache"]
+        self.readout: Readout = read
+        self.process: Process = groups["process"]
         check_baseline(
             cmd=cmd,
             url=url,
-            cold=cold,
-            cold_cmd=cold_cmd,
+            cold=base.cold,
+            cold_cmd=base.cold_cmd,
             cold_url=base.cold_url,
-            salted=kv.namespace_header is not None or kv.namespace_field is not None,
-            tap=tap,
+            salted=self.supports_namespaces,
+            tap=read.tap,
         )
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise EngineError(f"concurrency={concurrency!r} is not an int >= 1")
@@ -125,50 +130,26 @@ class OpenAIEngine:
         self.max_concurrency = concurrency
         self._cold_lock = threading.Lock()  # cold="reset"/"restart": one cold request at a time
         self._fresh_lock = threading.Lock()  # the audit's fresh servers, made once (parallel lanes)
-        self.cold = cold
         self.atol = atol
         #: How the report names ``atol`` when a preset set it from a measured rule.
         self.tolerance_rule = ""
-        self.reuse_reference, self.block_size = kv.reuse_reference, kv.block_size
         self.model = model
-        self.top_logprobs = read.top_logprobs
-        self.namespace_header = kv.namespace_header
-        self.namespace_field = kv.namespace_field
-        self.supports_namespaces = self.namespace_header is not None or (
-            self.namespace_field is not None
-        )
-        try:
-            self.resets = endpoints(kv.reset_paths or f"{kv.reset_method} {kv.reset_path}")
-            self.reset_tolerated = tuple(kv.reset_tolerated)
-        except ValueError as exc:
-            raise EngineError(str(exc)) from None
+        _ = self.resets, self._prompt_ids  # refused now, not at the first reset or reply
         self.supports_images = supports_images
         self.extra_body = dict(extra_body or {})
-        self.check_labels = read.check_labels
         #: The Outcome's tokens are the ids each step's own entry names (the sampled tokens)
         #: instead of each step's argmax: for a server whose own ids are right while sampling
         #: is constrained (llama-server with a grammar), so that the reply's tokens, which the
         #: next closed-loop prompt carries, are the ones the oracle counts. Default: False.
         self.sampled_tokens = False
-        self.tap = tap
-        self.tap_log = read.tap_log
-        self.claims = claims
-        self.timeout = proc.timeout
         self.tap_disagreements: list[str] = []
-        vocab = read.vocab
-        self.vocab = vocab if isinstance(vocab, Vocabulary) or vocab is None else Vocabulary(vocab)
-        self.extensions = read.extensions
-        self.prompt_ids = PromptIds(read.prompt_ids, read.render, read.image_token_id)
         self.render_mismatches: list[str] = []
         self._readers: dict[int, TapLedger] = {}
         self._clean: set[int] = set()  # servers started and not sent a request since
-        self.warm_start = kv.warm_start
-        start_timeout = proc.start_timeout
-        self._opts: dict[str, Any] = {"health_path": proc.health_path}
-        self._opts["start_timeout"] = start_timeout
-        self._env = dict(proc.env or {})
-        self._fresh_cmd = (cold_cmd or cmd) if cold != "salt" else cmd
-        self._forks = Forks(fork=base.fork, env=self._env, start_timeout=start_timeout)
+        self._fresh_cmd = (base.cold_cmd or cmd) if base.cold != "salt" else cmd
+        self._forks = Forks(
+            fork=base.fork, env=self.process.env, start_timeout=self.process.start_timeout
+        )
         self._fresh: FreshServers | None = None  # built on first use; the copies share it
         self._owner = True  # fresh instances (copies) leave the shared servers alone
         #: The baseline audit starts a new server per audited request (fresh_instance).
@@ -185,27 +166,78 @@ class OpenAIEngine:
         self.restarts_for_cold = 0
         self.server: Server = ""
         self.cold_server: Server | None = None
-        cold_url = base.cold_url
+        cold_cmd, cold_url = base.cold_cmd, base.cold_url
         try:
             self.server = self._make(cmd, url)
-            if cold != "salt":
+            if base.cold != "salt":
                 self.cold_server = self._make(cold_cmd if cold_cmd or cold_url else cmd, cold_url)
         except BaseException:  # what did start (a server, a fork server) goes now, not at exit
             self.close()
             raise
 
+    def __setattr__(self, name: str, value: object) -> None:
+        if name in FIELDS:  # a copy here would go stale when its group is replaced
+            group = FIELDS[name]
+            raise AttributeError(
+                f"OpenAIEngine.{name} lives in its group: set it with engine.{group} = "
+                f"dataclasses.replace(engine.{group}, {name}=...)"
+            )
+        super().__setattr__(name, value)
+
+    # -- settings the protocol and the plugin read, derived from the groups -----------------
+    @property
+    def reuse_reference(self) -> str:
+        """What the server's cache can reuse by design (``cache.reuse_reference``)."""
+        return self.cache.reuse_reference
+
+    @property
+    def block_size(self) -> int | None:
+        """The block size of ``reuse_reference="block"`` (``cache.block_size``)."""
+        return self.cache.block_size
+
+    @property
+    def supports_namespaces(self) -> bool:
+        """Whether a request's namespace can be sent (a namespace header or body field)."""
+        return self.cache.namespace_header is not None or self.cache.namespace_field is not None
+
+    @property
+    def resets(self) -> tuple[Endpoint, ...]:
+        """The cache-reset endpoints (``cache.reset_paths``, else its method and path)."""
+        kv = self.cache
+        try:
+            return endpoints(kv.reset_paths or f"{kv.reset_method} {kv.reset_path}")
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+
+    @property
+    def _prompt_ids(self) -> PromptIds:
+        read = self.readout
+        return PromptIds(read.prompt_ids, read.render, read.image_token_id)
+
+    @property
+    def _vocab(self) -> Vocabulary | None:
+        vocab = self.readout.vocab  # a model directory was read into its Vocabulary at start
+        return Vocabulary(vocab) if isinstance(vocab, (str, os.PathLike)) else vocab
+
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
 
     def _process(self, cmd: Command) -> ServerProcess:
-        proc = ServerProcess(cmd, env=self._env, forker=self._forks.get(cmd), **self._opts)
-        if self.tap:  # one append-only records file per server, kept across its restarts
+        settings = self.process
+        proc = ServerProcess(
+            cmd,
+            env=settings.env,
+            forker=self._forks.get(cmd),
+            health_path=settings.health_path,
+            start_timeout=settings.start_timeout,
+        )
+        if self.readout.tap:  # one append-only records file per server, kept across its restarts
             self._readers[id(proc)] = attach_tap(proc, self)
         return proc
 
     def _start(self, proc: ServerProcess) -> ServerProcess:
         proc.start()
-        if not self.warm_start:
+        if not self.cache.warm_start:
             self._clean.add(id(proc))
         ledger = self._readers.get(id(proc))
         if ledger is not None:  # what it computed while starting is its warm-up
@@ -233,7 +265,7 @@ class OpenAIEngine:
         """Why an uncached run's time is not a cold prefill's ('' when it is): with
         ``cold="restart"``, or a reset that fell back to restarts, every uncached run starts a
         server first, so no warm/cold speedup is computed from them."""
-        if self.cold == "restart":
+        if self.baseline.cold == "restart":
             return "the uncached runs restart a server (cold='restart')"
         if self.restarts_for_cold:
             return "the uncached runs restart a server: it has no cache reset endpoint"
@@ -253,7 +285,7 @@ class OpenAIEngine:
         fresh.tap_disagreements, fresh.render_mismatches, fresh._clean = [], [], set()
         fresh._owner = False
         fresh.server = fresh.cold_server = self._fresh.take()
-        fresh.cold = "server"
+        fresh.baseline = dataclasses.replace(self.baseline, cold="server")
         return fresh
 
     # -- the protocol -----------------------------------------------------------------------
@@ -288,9 +320,9 @@ class OpenAIEngine:
             done = reset_caches(
                 base,
                 self.resets,
-                self.timeout,
+                self.process.timeout,
                 can_restart=proc is not None,
-                tolerated=self.reset_tolerated,
+                tolerated=self.cache.reset_tolerated,
             )
         except EngineError as exc:
             raise EngineError(f"{exc}{proc.log_note() if proc else ''}") from None
@@ -302,7 +334,7 @@ class OpenAIEngine:
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
             raise EngineError("this server adapter is configured without image support")
-        if not use_cache and self.cold in ("reset", "restart"):
+        if not use_cache and self.baseline.cold in ("reset", "restart"):
             # a reset (or restart) before each cold request keeps it cold only if no other
             # request is in flight on that server: cold requests go one at a time
             with self._cold_lock:
@@ -311,7 +343,8 @@ class OpenAIEngine:
 
     def _run(self, request: Request, use_cache: bool) -> Outcome:
         target, namespace = self._route(request, use_cache)
-        pending = None if self.claims is None else self.claims.start(target, request, tap=self.tap)
+        claims, tap = self.readout.claims, self.readout.tap
+        pending = None if claims is None else claims.start(target, request, tap=tap)
         try:
             return self._served(target, namespace, request, use_cache, pending)
         finally:
@@ -328,19 +361,20 @@ class OpenAIEngine:
     ) -> Outcome:
         request = request if pending is None else pending.request  # more decode steps, tapped
         reply = self._post(target, request, namespace, pending)
-        parsed = parse_reply(reply, self.vocab)
+        read, vocab = self.readout, self._vocab
+        parsed = parse_reply(reply, vocab)
         if not use_cache and parsed.cached_tokens:
             raise EngineError(
                 f"the uncached baseline reported cached_tokens={parsed.cached_tokens}"
             )
-        if not self.tap:
-            problems = logprob_problems(parsed, request.max_new_tokens, labels=self.check_labels)
+        if not read.tap:
+            problems = logprob_problems(parsed, request.max_new_tokens, labels=read.check_labels)
             if problems:
                 raise EngineError("; ".join(problems))
         out = self._outcome(parsed, reply, request, target)
-        if self.tap:
+        if read.tap:
             out = self._tapped(out, parsed, request, target, use_cache)
-        return out if pending is None else pending.finish(out, reply, self.vocab)
+        return out if pending is None else pending.finish(out, reply, vocab)
 
     def _route(self, request: Request, use_cache: bool) -> tuple[Server | None, str]:
         """The server this run goes to and the namespace it carries (a fresh salt for the
@@ -352,13 +386,14 @@ class OpenAIEngine:
             )
         if use_cache:
             return self.server, request.namespace
-        if self.cold == "salt":
+        cold = self.baseline.cold
+        if cold == "salt":
             return self.server, f"{request.namespace}#prefixcache-cold-{uuid.uuid4().hex}"
         target = self.cold_server
-        if self.cold == "restart" and isinstance(target, ServerProcess):
+        if cold == "restart" and isinstance(target, ServerProcess):
             if id(target) not in self._clean:
                 self._start(target)
-        elif self.cold == "reset":
+        elif cold == "reset":
             self._reset_or_restart(target)
         return target, request.namespace
 
@@ -378,12 +413,13 @@ class OpenAIEngine:
             # max_tokens is at least 1: a request for none sends no reply back
             text=parsed.text if request.max_new_tokens else "",
         )
-        if self.extensions:
+        if self.readout.extensions:
             return with_extension(out, reply, request.max_new_tokens)
-        if self.prompt_ids.active:
+        prompt_ids = self._prompt_ids
+        if prompt_ids.active:
             base = target.url if isinstance(target, ServerProcess) else str(target)
             try:
-                ids, spans = self.prompt_ids(parsed, request, base, self.timeout)
+                ids, spans = prompt_ids(parsed, request, base, self.process.timeout)
             except EngineError as exc:
                 self.render_mismatches.append(str(exc))
                 raise
@@ -399,8 +435,9 @@ class OpenAIEngine:
             self._readers[id(target)], out, parsed.completion_tokens, request.max_new_tokens
         )
         self.tap_disagreements += problems
-        if self.tap_log is not None:
-            log_tap(self.tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems))
+        tap_log = self.readout.tap_log
+        if tap_log is not None:
+            log_tap(tap_log, use_cache=use_cache, api=api, tapped=out, problems=len(problems))
         return out
 
     def _post(
@@ -413,14 +450,15 @@ class OpenAIEngine:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
             self._clean.discard(id(target))
+        read, kv = self.readout, self.cache
         body, headers = chat_body(
             request,
-            top_logprobs=self.top_logprobs,
+            top_logprobs=read.top_logprobs,
             model=self.model,
-            namespace=(self.namespace_field, self.namespace_header, namespace),
+            namespace=(kv.namespace_field, kv.namespace_header, namespace),
             extra={
-                **({"prefixcache": {"logits": True}} if self.extensions else {}),
-                **({"return_token_ids": True} if self.prompt_ids.source == "reply" else {}),
+                **({"prefixcache": {"logits": True}} if read.extensions else {}),
+                **({"return_token_ids": True} if read.prompt_ids == "reply" else {}),
                 **self.extra_body,
             },
         )
@@ -431,7 +469,7 @@ class OpenAIEngine:
                 base + "/v1/chat/completions",
                 body,
                 headers=headers,
-                timeout=self.timeout,
+                timeout=self.process.timeout,
                 response_headers=None if pending is None else pending.headers,
             )
         except OSError as exc:
