@@ -10,6 +10,7 @@ reference_engine/fixtures/gguf_models.py wrote. Importable with engines/llama an
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,9 +68,8 @@ def engine(
         claims=claims and (concurrency or 1) <= 1 and not _parallel(flags),
         concurrency=concurrency,
     )
-    e.top_logprobs = top_logprobs
+    e.readout = dataclasses.replace(e.readout, top_logprobs=top_logprobs, check_labels=False)
     e.extra_body.update(ASCII)
-    e.check_labels = False
     # the grammar's token is what the server generated and what a closed-loop prompt carries
     # back: the oracle counts the reply's KV through those ids, not the raw argmax
     e.sampled_tokens = True
