@@ -89,6 +89,7 @@ def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]
     suite_path = directory / "suite.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
     r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
+    r["block_size"] = BLOCK
     r["records"] = len(suite.get("records", []))
     return r
 
@@ -106,7 +107,7 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             f"{head} {r['requests']} ({r['cache_hits']} hits) | "
             f"{common.share(r['reused_tokens'], r['oracle_tokens'])} | "
             f"{common.share(r['block_reused'], r['block_oracle_tokens'])} "
-            f"(blocks of {r['block_size']}) | {r['worst_diff']:g} | "
+            f"(blocks of {r.get('block_size') or BLOCK}) | {r['worst_diff']:g} | "
             f"{common._failures(r, corpus_link)} |"
         )
     return common.markdown(COLUMNS, lines)
