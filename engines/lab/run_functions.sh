@@ -25,15 +25,8 @@ for name in sys.argv[2:] or [t.name for t in targets]:
 PY
 }
 
-# lab_smoke MODULE MODE_VARIABLE: one chat request cached, cached, cold through the preset of
-# the opt-in test module MODULE (importable: the caller's PYTHONPATH), for the mode the
-# environment variable MODE_VARIABLE names
-lab_smoke() {
-  "$PYTHON" "$ROOT/engines/lab/smoke.py" "$@"
-}
-
 # The words after "$PYTHON" that run the plugin's built-in suite as the lab does (seed 1, a
-# 600 s timeout per request); each run adds its engine, report and examples.
+# 600 s timeout per engine call); each run adds its engine, report and examples.
 LAB_SUITE=(-m pytest -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify
   --pyargs pytest_prefixcache.suite --prefixcache-seed=1 --prefixcache-timeout=600)
 # The words that run an opt-in test module's targeted checks with --runxfail: the findings need

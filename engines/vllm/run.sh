@@ -133,7 +133,7 @@ smoke() {
   local mode="${1:-text}"
   VLLM_MODE="$mode" VLLM_PYTHON="$(server_python "$mode")" VLLM_MODELS="$MODELS" \
     PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" \
-    lab_smoke test_vllm_cpu VLLM_MODE
+    "$PYTHON" "$ROOT/engines/lab/smoke.py" test_vllm_cpu VLLM_MODE
 }
 
 verify() {
