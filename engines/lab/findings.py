@@ -1,6 +1,7 @@
-"""What the engine scripts' findings modules share (seed_findings, llama_findings,
-vllm_findings): the targeted checks' outcomes from JUnit XML, a report's row, the tap log's
-figures, the failures column and the saved counterexamples."""
+"""What the engine scripts' findings modules share (engines/{seed,llama,vllm,omlx}/findings.py,
+engines/llama/matrix_findings.py): the targeted checks' outcomes from JUnit XML, a report's row,
+a matrix file's combinations, the tap log's figures, the table's cells and the saved
+counterexamples. Their command line is :mod:`.command_line`'s."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_prefixcache.session.targets import Target
 
 
 def junit_outcomes(path: Path, expected: Callable[[str], bool]) -> dict[str, str]:
@@ -48,6 +52,13 @@ def row(
     return suite_row(suite, directory, engine, version, mode, outcomes)
 
 
+def matrix_targets(matrix: Path) -> dict[str, tuple[int, Target]]:
+    """The combinations of the matrix file ``matrix`` by name, each with its place in it."""
+    from pytest_prefixcache.session.matrix_file import read_matrix
+
+    return {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+
+
 def mode_checks(path: Path, module: str, env: str, mode: str, folder: Path) -> dict[str, str]:
     """``junit_outcomes`` against the strict xfails an engine script's test module (in
     ``folder``) declares for ``mode`` (``module.KNOWN``, keyed by (mode, test name)); ``env``
@@ -57,39 +68,6 @@ def mode_checks(path: Path, module: str, env: str, mode: str, folder: Path) -> d
     known = importlib.import_module(module).KNOWN
     reasons = {name for (m, name) in known if m == mode}
     return junit_outcomes(path, lambda name: name in reasons)
-
-
-def engine_main(
-    argv: list[str],
-    *,
-    row: Callable[[Path, str, str, str], dict[str, Any]],
-    table: Callable[[Path], str],
-    prefix: str,
-    findings: list[str],
-    script: str,
-    usage: str,
-) -> int:
-    """The command line of an engine script's findings module: ``row DIR ENGINE VERSION MODE``
-    writes DIR/row.json; ``table REPORTS`` prints the table; ``save REPORTS CORPUS`` saves the
-    failures of the ``findings`` modes (``<prefix>-<mode>/row.json``; not the negative
-    controls, which are no findings about the engine)."""
-    if len(argv) == 5 and argv[0] == "row":
-        directory = Path(argv[1])
-        r = row(directory, *argv[2:5])
-        (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
-        print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
-        return 0
-    if len(argv) == 2 and argv[0] == "table":
-        print(table(Path(argv[1])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save":
-        for mode in findings:
-            pattern = f"{prefix}-{mode}/row.json"
-            for name in save(Path(argv[1]), Path(argv[2]), pattern, script):
-                print(f"saved {Path(argv[2]) / name}")
-        return 0
-    print(usage, file=sys.stderr)
-    return 2
 
 
 def tap_figures(path: Path) -> dict[str, Any]:
@@ -218,6 +196,28 @@ def mode_flags(engine: str, mode: str, flags: str | None = None) -> str:
     if flags is not None:
         return f"`{flags}`" if flags else "no flags"
     return mode
+
+
+def markdown(columns: Sequence[str], lines: Iterable[str]) -> str:
+    """A Markdown table: the header of ``columns``, its rule, then ``lines`` (whole rows)."""
+    head = [f"| {' | '.join(columns)} |", f"|{' --- |' * len(columns)}"]
+    return "\n".join([*head, *lines])
+
+
+def efficiency(r: dict[str, Any], *, missing: str = "n/a", thousands: bool = True) -> str:
+    """A row's efficiency against the token oracle: the suite's figure as a percentage
+    (``missing`` when it has none) and the tokens, reused of the oracle's."""
+    eff = r["efficiency"]
+    sep = "," if thousands else ""
+    text = missing if eff is None else f"{100 * eff:.1f}%"
+    return text + f" ({r['reused_tokens']:{sep}} of {r['oracle_tokens']:{sep}})"
+
+
+def share(part: int | None, whole: int | None) -> str:
+    """``part`` of ``whole`` as a percentage and the two figures (n/a without a whole)."""
+    if not whole:
+        return "n/a"
+    return f"{100 * (part or 0) / whole:.1f}% ({part or 0:,} of {whole:,})"
 
 
 def _prefill(t: dict[str, Any]) -> str:

@@ -26,8 +26,14 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
 from lab import findings as common  # noqa: E402
+from lab.command_line import dispatch, mode_commands  # noqa: E402
 
 SCRIPT = "engines/llama/run.sh"
+COLUMNS = (
+    "engine, version", "mode", "tolerance",
+    "cached vs cold, measured (requests: worst, p90, median)", "requests",
+    "efficiency vs oracle", "worst diff", "failures",
+)  # fmt: skip
 MODES = {
     "text": "tiny-llama.gguf, `-fa off`, f32 KV",
     "vl": "tiny-qwen2-vl.gguf + mmproj, images, `-fa off`, f32 KV",
@@ -75,11 +81,7 @@ def _figure(value: float) -> str:
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
-    lines = [
-        "| engine, version | mode | tolerance | cached vs cold, measured (requests: worst, "
-        "p90, median) | requests | efficiency vs oracle | worst diff | failures |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     rows = [json.loads(p.read_text()) for p in sorted(reports.glob("llama-*/row.json"))]
     order = list(MODES)
     for r in sorted(rows, key=lambda r: order.index(r["mode"]) if r["mode"] in order else 9):
@@ -96,26 +98,23 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
         if not r["suite_ran"]:
             lines.append(f"{head} the suite did not run | | | |")
             continue
-        eff = r["efficiency"]
-        eff_text = "n/a" if eff is None else f"{100 * eff:.1f}%"
-        eff_text += f" ({r['reused_tokens']} of {r['oracle_tokens']})"
         lines.append(
-            f"{head} {r['requests']} ({r['cache_hits']} hits) | {eff_text} | "
+            f"{head} {r['requests']} ({r['cache_hits']} hits) | "
+            f"{common.efficiency(r, thousands=False)} | "
             f"{r['worst_diff']:g} | {common._failures(r, corpus_link)} |"
         )
-    return "\n".join(lines)
+    return common.markdown(COLUMNS, lines)
 
 
 def main(argv: list[str]) -> int:
-    return common.engine_main(
-        argv,
+    commands = mode_commands(
         row=row,
         table=table,
         prefix="llama",
         findings=[m for m in MODES if not m.endswith("-exact")],  # not the negative control
         script=SCRIPT,
-        usage=__doc__ or "",
     )
+    return dispatch(argv, commands, __doc__ or "")
 
 
 if __name__ == "__main__":

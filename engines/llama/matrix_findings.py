@@ -19,17 +19,31 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
-from lab.findings import _entries, save, slug, suite_row  # noqa: E402
+from lab.command_line import Command, dispatch, row_lines, saved_lines, table_lines  # noqa: E402
+from lab.findings import (  # noqa: E402 (after the path)
+    _entries,
+    efficiency,
+    markdown,
+    matrix_targets,
+    save,
+    slug,
+    suite_row,
+)
 
 SCRIPT = "engines/llama/run.sh matrix"
 ENGINE = "llama-server"
 #: The combinations whose failures are controls, not findings about the engine.
 CONTROLS = ("llama-off[off]",)
+COLUMNS = (
+    "combination", "flags", "examples", "requests (hits)", "efficiency vs oracle",
+    "worst diff (atol)", "claims", "waves", "failures",
+)  # fmt: skip
 
 
 def rows(
@@ -38,9 +52,7 @@ def rows(
     """One row per configuration of the report in ``run``, written to
     ``reports/matrix-<slug>/row.json`` with its flags, its place in ``matrix`` and the examples
     per property it ran with."""
-    from pytest_prefixcache.session.matrix_file import read_matrix
-
-    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    targets = matrix_targets(matrix)
     suite = json.loads((run / "suite.json").read_text())
     out = []
     for config in suite.get("configs") or [suite]:
@@ -81,11 +93,7 @@ def _rows(reports: Path) -> list[dict[str, Any]]:
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
-    lines = [
-        "| combination | flags | examples | requests (hits) | efficiency vs oracle | worst diff "
-        "(atol) | claims | waves | failures |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     for r in _rows(reports):
         flags = f"`{r['flags']}`" if r["flags"] else "no flags"
         tag = f" ({r['tag']} only)" if r.get("tag") else ""
@@ -94,9 +102,7 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             why = str(r.get("engine_error") or "the suite did not run")[:120]
             lines.append(f"{head} {why} | | | | | |")
             continue
-        eff = r["efficiency"]
-        eff_text = "not judged" if eff is None else f"{100 * eff:.1f}%"
-        eff_text += f" ({r['reused_tokens']:,} of {r['oracle_tokens']:,})"
+        eff_text = efficiency(r, missing="not judged")
         atol = str(r.get("tolerance") or "").split(",")[0].removeprefix("atol=")
         claims = "compared (3 sources, no tap)" if r.get("claims") == "compared" else "off"
         waves = r["waves"]
@@ -107,28 +113,28 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             f"{head} {r['requests']} ({r['cache_hits']}) | {eff_text} | "
             f"{r['worst_diff']:.2g} ({atol}) | {claims} | {waves} | {failures} |"
         )
-    return "\n".join(lines)
+    return markdown(COLUMNS, lines)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) in (5, 6, 7) and argv[0] == "row":
-        examples, tag = [*argv[5:], "", ""][:2]
-        for r in rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), argv[4], examples, tag):
-            print(json.dumps({k: r[k] for k in ("mode", "requests", "efficiency", "verdict")}))
-        return 0
-    if len(argv) == 2 and argv[0] == "table":
-        print(table(Path(argv[1])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save":
-        for path in sorted(Path(argv[1]).glob("matrix-*/row.json")):
+    def write_rows(a: list[str]) -> Iterator[str]:
+        examples, tag = [*a[4:], "", ""][:2]
+        found = rows(Path(a[0]), Path(a[1]), Path(a[2]), a[3], examples, tag)
+        return row_lines(found, ("mode", "requests", "efficiency", "verdict"))
+
+    def save_findings(a: list[str]) -> Iterator[str]:
+        for path in sorted(Path(a[0]).glob("matrix-*/row.json")):
             if json.loads(path.read_text())["mode"] in CONTROLS:
                 continue
             pattern = f"{path.parent.name}/row.json"
-            for name in save(Path(argv[1]), Path(argv[2]), pattern, SCRIPT):
-                print(f"saved {Path(argv[2]) / name}")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+            yield from saved_lines(Path(a[1]), save(Path(a[0]), Path(a[1]), pattern, SCRIPT))
+
+    commands = {
+        "row": Command({4, 5, 6}, write_rows),
+        "table": table_lines(table),
+        "save": Command({2}, save_findings),
+    }
+    return dispatch(argv, commands, __doc__ or "")
 
 
 if __name__ == "__main__":

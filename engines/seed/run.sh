@@ -45,10 +45,10 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
-MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
-export SEED_DIR="${SEED_DIR:-$MAIN_CHECKOUT/.engines/seed}"  # adapters.seed finds the venvs there
 PYTHON="${PYTHON:-python3}"
+source "$ROOT/engines/lab/run_functions.sh"
+# adapters.seed finds the venvs there
+export SEED_DIR="${SEED_DIR:-$(lab_main_checkout)/.engines/seed}"
 EXAMPLES="${SEED_EXAMPLES:-100}"
 MATRIX="${SEED_MATRIX:-$ROOT/engines/seed/matrix.toml}"
 REPORTS="${SEED_REPORTS:-$SEED_DIR/reports}"

