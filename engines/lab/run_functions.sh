@@ -1,6 +1,6 @@
 # The shell the engines' run scripts share (engines/llama/run.sh, engines/vllm/run.sh,
-# engines/seed/run.sh, engines/omlx/verify.sh), sourced after they set ROOT (this checkout) and
-# PYTHON (this project's Python). Defines functions and two word lists; runs nothing.
+# engines/seed/run.sh, engines/omlx/verify.sh and install.sh), sourced after they set ROOT
+# (this checkout) and PYTHON (this project's Python). Defines functions and two word lists; runs nothing.
 
 # lab_main_checkout: the main checkout of this worktree (where .engines/ lives, git-ignored and
 # shared by its worktrees), or ROOT outside git

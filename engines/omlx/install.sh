@@ -3,8 +3,8 @@
 #
 # NOT part of CI or the default install. jundot/omlx is not on the package index and pins git
 # dependencies; flyto-mlx carries its server code (engines/omlx/README.md). The engine gets
-# its own virtual environment under $OMLX_DIR (default: .engines/omlx/ in the repository,
-# git-ignored), with pip's cache there too: nothing under ~/.cache. On Linux MLX needs its CPU
+# its own virtual environment under $OMLX_DIR (default: .engines/omlx/ of the main checkout,
+# git-ignored, shared by its worktrees), with pip's cache there too: nothing under ~/.cache. On Linux MLX needs its CPU
 # backend (mlx[cpu]). An existing venv that already holds the pinned version is reused as it
 # is (OMLX_REINSTALL=1 reinstalls into it): running this twice is cheap.
 #
@@ -12,8 +12,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"
 PYTHON="${PYTHON:-python3}"
+source "$ROOT/engines/lab/run_functions.sh"
+OMLX_DIR="${OMLX_DIR:-$(lab_main_checkout)/.engines/omlx}"
 REQ="flyto-mlx==0.7.0"
 export PIP_CACHE_DIR="$OMLX_DIR/pip-cache" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 

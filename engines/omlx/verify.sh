@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Opt-in verification of oMLX (flyto-mlx 0.7.0) over its flag matrix (engines/omlx/matrix.toml).
 #
-# NOT part of CI. Needs the environment engines/omlx/install.sh makes (.engines/omlx/venv, or
+# NOT part of CI. Needs the environment engines/omlx/install.sh makes (.engines/omlx/venv of the
+# main checkout, or
 # $OMLX_DIR/venv). The servers run there, under the logit tap, on 127.0.0.1 with ephemeral
 # ports, each with a private HOME (oMLX's base path, its SSD cache and logs go there and are
 # removed with it); the checks run from this project's Python ($PYTHON, default python3). The
@@ -25,9 +26,11 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-export OMLX_DIR="${OMLX_DIR:-$ROOT/.engines/omlx}"  # adapters.omlx finds the venv there
 PYTHON="${PYTHON:-python3}"
 source "$ROOT/engines/lab/run_functions.sh"
+# the main checkout's, shared by its worktrees like the other engines'; adapters.omlx finds
+# the venv there
+export OMLX_DIR="${OMLX_DIR:-$(lab_main_checkout)/.engines/omlx}"
 EXAMPLES="${OMLX_EXAMPLES:-3}"
 MATRIX="${OMLX_MATRIX:-$ROOT/engines/omlx/matrix.toml}"
 RUN="${OMLX_REPORTS:-$OMLX_DIR/reports}/run-${OMLX_RUN:-all}"
