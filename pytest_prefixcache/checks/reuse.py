@@ -7,7 +7,9 @@ efficiency floor judge the reference the engine declares (:mod:`.references`): a
 resumes only at snapshots, or keeps whole blocks only, is not a cache that never stores. When
 the token oracle would have fired the control but the declared reference does not, the
 control reports why as a finding (:data:`NO_SNAPSHOT`, :data:`UNDER_ONE_BLOCK`), not a
-failure.
+failure. The control's premise is the previous request: what only an older request left may
+have been evicted since (a cache of bounded capacity, vLLM's on a small KV budget), and a
+repeat that misses it is the finding :data:`OLDER_ENTRY`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "NO_SNAPSHOT",
+    "OLDER_ENTRY",
     "UNDER_ONE_BLOCK",
     "control_problems",
     "efficiency_problem",
@@ -36,6 +39,9 @@ EFFICIENCY_MIN_TOKENS = 64
 NO_SNAPSHOT = "snapshot boundary"
 #: The finding of a block-granular cache whose reusable prefix held too few whole blocks.
 UNDER_ONE_BLOCK = "block granularity"
+#: The finding of a control whose reusable prefix only an older request than the previous one
+#: left (evictable by a bounded cache since).
+OLDER_ENTRY = "older entry"
 
 NOTHING_STORED = (
     "nothing stored: the cache never stores, drops every entry, or its key changes between turns"
@@ -84,6 +90,20 @@ def control_problems(
     kind = "an identical repeat" if same else "an append-only next turn"
     head = f"{kind} of the previous request reused 0 tokens"
     design = match.design
+    recent = match.allowed if match.recent is None else match.recent
+    if match.allowed >= CONTROL_MIN_TOKENS and recent < CONTROL_MIN_TOKENS:
+        return [
+            Problem(
+                OLDER_ENTRY,
+                f"{head}; {design.label} says {match.allowed} were reusable, but from request "
+                f"{match.source}: the previous request leaves only {recent}",
+                (
+                    "a cache of bounded capacity may have evicted an older request's entries "
+                    "since (the cold runs of a salted baseline share it too): not a failure",
+                    match.references(),
+                ),
+            )
+        ]
     if match.allowed >= CONTROL_MIN_TOKENS:
         details = [NOTHING_STORED, match.references()]
         if design.reference == "token" and (match.snapshot or 0) < CONTROL_MIN_TOKENS:

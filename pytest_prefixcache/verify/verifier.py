@@ -28,6 +28,7 @@ from .. import errors
 from ..checks import (
     HYGIENE,
     NO_SNAPSHOT,
+    OLDER_ENTRY,
     UNDER_ONE_BLOCK,
     CacheDesign,
     Match,
@@ -79,7 +80,7 @@ __all__ = [
 
 #: Checks whose problems are efficiency findings: recorded, not failed (render hygiene fails
 #: with ``strict_render``).
-FINDINGS = frozenset({HYGIENE, NO_SNAPSHOT, UNDER_ONE_BLOCK})
+FINDINGS = frozenset({HYGIENE, NO_SNAPSHOT, OLDER_ENTRY, UNDER_ONE_BLOCK})
 
 
 @dataclass(repr=False)
