@@ -22,6 +22,7 @@ from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.vllm import vllm_matrix_engine
 from pytest_prefixcache.checks import OLDER_ENTRY
 from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.types import Wave
 
 STUB = Path(__file__).resolve().parent / "stub_openai.py"
 PYTHON = f"{sys.executable} {STUB} --flavour vllm"
@@ -117,3 +118,24 @@ def test_generated_streams_on_a_small_cache_pass(
     report = verifier.report
     assert lost > 0 and report.failures == [] and report.cache_hits > 0
     assert report.findings.get(OLDER_ENTRY, 0) >= 1, report.findings
+
+
+@pytest.mark.parametrize("fault", ["", "stale_after_evict"], ids=["honest", "stale"])
+def test_waves_on_a_small_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """Waves of three in flight on 11 blocks (the matrix's waves configurations: claims
+    off): the honest stub evicts and passes; the stale one answers a wave's hit from an
+    overwritten block and fails equivalence (the negative control)."""
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 264, "image_token_id": PAD}))
+    monkeypatch.setenv("STUB_FAULT", fault)
+    flags = ["--num-gpu-blocks-override 12", "--max-num-seqs 2"]
+    waves = (Wave((A, B, C)), Wave((A, NEXT, B)), Wave((C, A, NEXT)))
+    with vllm_matrix_engine(str(tmp_path), flags, concurrency=4, claims=False, python=PYTHON) as e:
+        verifier = Verifier(e)
+        if fault:
+            with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):
+                verifier.run_waves(waves)
+            return
+        verifier.run_waves(waves)
+        assert evictions(e) > 0 and verifier.report.cache_hits >= 1
