@@ -195,7 +195,7 @@ class Stub:
             self.lru.move_to_end(key)
 
     def _free_slot(self) -> int:
-        if self.capacity is None or len(self.slots) < self.capacity:
+        if self.capacity is None or len(self.slots) < self.capacity or not self.lru:
             self.slots.append([])
             return len(self.slots) - 1
         key, slot = self.lru.popitem(last=False)

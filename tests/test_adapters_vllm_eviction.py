@@ -17,10 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hseed
 from stub_openai import PAD
 
-from pytest_prefixcache import EquivalenceFailure, Request, Verifier
+from pytest_prefixcache import EquivalenceFailure, PositiveControlFailure, Request, Verifier
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.vllm import vllm_matrix_engine
-from pytest_prefixcache.checks import OLDER_ENTRY
+from pytest_prefixcache.checks import CAPACITY, OLDER_ENTRY
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Wave
 
@@ -42,12 +42,16 @@ STREAM = (A, A, B, C, A, NEXT)
 
 
 def engine(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocks: int | None, fault: str = ""
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    blocks: int | None,
+    fault: str = "",
+    *more: str,
 ) -> OpenAIEngine:
     """The vLLM stub through the matrix factory (claims on), ``blocks`` as the override."""
     (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 264, "image_token_id": PAD}))
     monkeypatch.setenv("STUB_FAULT", fault)
-    flags = [] if blocks is None else [f"--num-gpu-blocks-override {blocks}"]
+    flags = [*([] if blocks is None else [f"--num-gpu-blocks-override {blocks}"]), *more]
     return vllm_matrix_engine(str(tmp_path), flags, python=PYTHON)
 
 
@@ -139,3 +143,25 @@ def test_waves_on_a_small_cache(
             return
         verifier.run_waves(waves)
         assert evictions(e) > 0 and verifier.report.cache_hits >= 1
+
+
+@pytest.mark.parametrize("blocks", [8, 21], ids=["filled", "room"])
+def test_a_repeat_of_a_request_that_fills_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, blocks: int
+) -> None:
+    """On 7 blocks a request of 249 tokens (7 full blocks) and its salted cold run do not both
+    fit: the cold run evicts the whole prefix, the repeat reuses 0, and the control's finding is
+    ``cache capacity`` (vLLM did the same on 11 blocks: 0 of 288). With room for both, the
+    repeat reuses; and a stub that never stores still fails the control (negative control)."""
+    with engine(tmp_path, monkeypatch, blocks) as e:
+        assert e.cache_capacity_tokens == (blocks - 1) * 32  # type: ignore[attr-defined]
+        verifier = Verifier(e)
+        steps = verifier.run([A, A])
+    if blocks == 8:
+        assert steps[1].cached.cached_tokens == 0
+        assert verifier.report.findings == {CAPACITY: 1}
+    else:
+        assert (steps[1].cached.cached_tokens or 0) > 0 and verifier.report.findings == {}
+        never = engine(tmp_path, monkeypatch, blocks, "", "--no-cache-prompt")
+        with never, pytest.raises(PositiveControlFailure, match="nothing stored"):
+            Verifier(never).run([A, A])

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_prefixcache import CacheDesign, EngineError, Message, Outcome, Request
 from pytest_prefixcache.checks import (
+    CAPACITY,
     NO_SNAPSHOT,
     OLDER_ENTRY,
     UNDER_ONE_BLOCK,
@@ -230,6 +231,24 @@ def test_control_from_an_older_request_only_is_a_finding() -> None:
     recent = dataclasses.replace(older, recent=64)
     [q] = control_problems(NEXT, PREV, MISS, recent)
     assert q.check == "positive control"
+
+
+def test_control_after_runs_larger_than_the_cache_is_a_finding() -> None:
+    """The previous request's cached and uncached runs stored 2 x 300 tokens in a cache of
+    320: the uncached run may have evicted the prefix, a finding. The negative control: a
+    cache that holds both runs (or no capacity declared) still fails."""
+    big = match(130, 130, CacheDesign())
+    [p] = control_problems(PREV, PREV, MISS, big, capacity=320, footprint=300)
+    assert p.check == CAPACITY
+    assert p.headline.endswith(
+        "but the previous request's cached and uncached runs stored 600 tokens in a cache "
+        "that holds 320"
+    )
+    assert "not a failure" in p.details[0]
+    [q] = control_problems(PREV, PREV, MISS, big, capacity=600, footprint=300)
+    assert q.check == "positive control"
+    [r] = control_problems(PREV, PREV, MISS, big, footprint=300)
+    assert r.check == "positive control"
 
 
 def test_efficiency_floor_names_the_declared_reference() -> None:

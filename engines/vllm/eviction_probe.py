@@ -12,6 +12,10 @@ same request served alone on a fresh ``cache_salt``. Prints one line per request
 prefix-cache and eviction metrics: ``vllm:kv_block_idle_before_evict_seconds_count`` counts
 sampled blocks handed out again after they had been used (vLLM's "eviction" events).
 
+``--verify``: instead, the verifier runs [A, A] as the suite does (each request cached, then
+on a fresh ``cache_salt`` on the same server) and prints its verdict and findings: with N - 1
+blocks that A fills, A's salted cold run evicts A's whole prefix before the repeat.
+
 Usage (vLLM's interpreter and the models as engines/vllm/run.sh makes them):
   VLLM_PYTHON=".engines/vllm/venv/bin/python" VLLM_MODELS=.engines/vllm/models \
     python engines/vllm/eviction_probe.py --blocks 16 --fillers 3 --wave 4
@@ -24,7 +28,7 @@ import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-from pytest_prefixcache import Message, Outcome, Request
+from pytest_prefixcache import Message, Outcome, Request, VerificationFailure, Verifier
 from pytest_prefixcache.adapters.vllm import default_python, model_path, vllm_server
 
 METRICS = re.compile(
@@ -45,12 +49,27 @@ def same(a: Outcome, b: Outcome) -> bool:
     return a.tokens == b.tokens and list(a.step_top_logprobs) == list(b.step_top_logprobs)
 
 
+def verify(engine: object, first: Request) -> None:
+    verifier = Verifier(engine)  # type: ignore[arg-type]
+    try:
+        steps = verifier.run([first, first])
+    except VerificationFailure as exc:
+        print("FAIL:", str(exc).splitlines()[0])
+        return
+    for i, step in enumerate(steps):
+        allowed = None if step.match is None else step.match.allowed
+        print(f"request {i}: prompt_tokens={step.cached.prompt_tokens} "
+              f"cached_tokens={step.cached.cached_tokens} block reference {allowed}")  # fmt: skip
+    print("PASS; findings:", verifier.report.findings or "none")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=16, help="--num-gpu-blocks-override")
     ap.add_argument("--fillers", type=int, default=3)
     ap.add_argument("--words", type=int, default=40, help="words per prompt")
     ap.add_argument("--wave", type=int, default=0, help="fillers sent at once at the end")
+    ap.add_argument("--verify", action="store_true", help="the verifier on [A, A] instead")
     a = ap.parse_args()
     flags = [
         f"--num-gpu-blocks-override {a.blocks}",
@@ -61,6 +80,10 @@ def main() -> None:
     fillers = [prompt(t, a.words) for t in ("bears", "clouds", "dunes", "eels", "forts")]
     plan = [("A", first), ("A", first), *zip("BCDEF", fillers[: a.fillers]), ("A", first)]
     engine = vllm_server(model_path("text"), python=default_python(), flags=flags, audit=False)
+    if a.verify:
+        with engine:
+            verify(engine, first)
+        return
     with engine:
         ref: Outcome | None = None
         for name, req in plan:

@@ -31,6 +31,7 @@ from .render import (
     render_problems,
 )
 from .reuse import (
+    CAPACITY,
     CONTROL_MIN_TOKENS,
     EFFICIENCY_MIN_TOKENS,
     NO_SNAPSHOT,
@@ -43,6 +44,7 @@ from .reuse import (
 from .timing import SPEEDUP_MIN_SECONDS, speedup_problem
 
 __all__ = [
+    "CAPACITY",
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "HYGIENE",
