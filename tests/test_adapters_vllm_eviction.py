@@ -19,7 +19,7 @@ from stub_openai import PAD
 
 from pytest_prefixcache import EquivalenceFailure, PositiveControlFailure, Request, Verifier
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
-from pytest_prefixcache.adapters.vllm import vllm_matrix_engine
+from pytest_prefixcache.adapters.vllm import vllm_matrix_engine, vllm_server
 from pytest_prefixcache.checks import CAPACITY, OLDER_ENTRY
 from pytest_prefixcache.strategies import request_streams
 from pytest_prefixcache.types import Wave
@@ -165,3 +165,15 @@ def test_a_repeat_of_a_request_that_fills_the_cache(
         never = engine(tmp_path, monkeypatch, blocks, "", "--no-cache-prompt")
         with never, pytest.raises(PositiveControlFailure, match="nothing stored"):
             Verifier(never).run([A, A])
+
+
+def test_the_capacity_is_declared_for_the_salted_baseline_only(tmp_path: Path) -> None:
+    """The cold runs of ``cold="reset"`` go to a server of their own: no shared capacity."""
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 264, "image_token_id": PAD}))
+    flags = ["--num-gpu-blocks-override 13", "--block-size 64"]
+    with vllm_server(tmp_path, python=PYTHON, flags=flags) as salted:
+        assert salted.cache_capacity_tokens == 12 * 64  # type: ignore[attr-defined]
+    with vllm_server(tmp_path, python=PYTHON, flags=flags, cold="reset") as apart:
+        assert not hasattr(apart, "cache_capacity_tokens")
+    with vllm_server(tmp_path, python=PYTHON) as unbounded:
+        assert not hasattr(unbounded, "cache_capacity_tokens")

@@ -159,7 +159,8 @@ def vllm_server(
     bit-identical on the CPU backend, float32, one request at a time). ``claims``: check the
     API's ``cached_tokens`` against vLLM's prefix-cache counters (:func:`claim_specs`).
     ``--num-gpu-blocks-override N`` among the flags declares ``cache_capacity_tokens`` (N - 1
-    blocks: the positive control's ``cache capacity`` finding).
+    blocks, shared with the salted cold runs: the positive control's ``cache capacity``
+    finding; not with ``cold="reset"``, whose cold runs have a server of their own).
     ``concurrency``: requests sent at once (the waves property; with ``claims``, a counter's
     delta read while another request was in flight is not that request's, and is not
     compared). Starts take 40-150 s (246 s on a busy 2-core
@@ -203,7 +204,7 @@ def vllm_server(
     # block) that the salted cold runs share: a request that fills it has its prefix evicted
     # by its own cold run (seen: a 313-token repeat reused 0 of 288 on 11 blocks)
     blocks = flag_value(all_flags, "--num-gpu-blocks-override")
-    if blocks is not None:
+    if blocks is not None and cold == "salt":  # cold="reset": the cold runs' own server
         engine.cache_capacity_tokens = (int(blocks) - 1) * block  # type: ignore[attr-defined]
     return engine
 
