@@ -370,7 +370,9 @@ class Engine(Protocol):
     prompt + output tokens: the references then count output tokens as reusable), and
     ``decode_atol: float`` with ``decode_rule: str`` (the tolerance of a request whose cached
     run reused such KV, and its name in the report; every other request keeps the run's
-    tolerance).
+    tolerance), and ``cache_capacity_tokens: int`` (the most tokens the cache holds, the
+    uncached runs' included when they share it: a repeat whose previous request's two runs
+    needed more may miss, the positive control's finding ``cache capacity``).
 
     Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
     called from up to that many threads at once and that the engine batches or interleaves

@@ -29,7 +29,15 @@ greedy tokens unchanged), ``metric_overclaim`` (vllm: the counters add a block o
 more than the reply's ``cached_tokens`` on every hit), ``cache_n_overclaims`` (llama:
 ``timings.cache_n`` says 4 more than ``cached_tokens`` and the counter on a hit),
 ``sampled_second`` (each step's own entry names its second-best token, as a
-grammar-constrained sampler's does; the logprobs stay the raw ones).
+grammar-constrained sampler's does; the logprobs stay the raw ones), ``stale_after_evict``
+(vllm, with a capacity: an evicted block's hash stays indexed, so a later hit reads the tokens
+of the block that overwrote it: a wrong answer after eviction).
+
+Capacity (vllm): ``--num-gpu-blocks-override N`` keeps at most N - 1 blocks (vLLM holds one
+back as its null block), the salted cold runs' blocks included, and evicts the least recently
+used first; a request's blocks are released last block first, as vLLM's free queue gets them,
+so its first block is evicted last. ``vllm:kv_block_idle_before_evict_seconds_count`` counts
+the evictions (vLLM's residency metric with ``--kv-cache-metrics-sample 1``).
 
 Run as a script: ``python stub_openai.py --flavour vllm [--fault F] [--no-cache-prompt] --port P``
 (``$STUB_FAULT`` is the default fault; unknown arguments, vLLM's and llama-server's, are ignored;
@@ -47,6 +55,7 @@ import os
 import random
 import sys
 import threading
+from collections import OrderedDict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -110,9 +119,15 @@ def step_top(context: list[tuple[int, str]]) -> list[tuple[int, float]]:
 class Stub:
     """The toy model and its prefix cache."""
 
-    def __init__(self, flavour: str, fault: str = "", cache: bool = True) -> None:
+    def __init__(
+        self, flavour: str, fault: str = "", cache: bool = True, capacity: int | None = None
+    ) -> None:
         self.flavour, self.fault, self.cache = flavour, fault, cache
-        self.blocks: set[str] = set()
+        self.capacity = capacity  # blocks kept at most (None: every block)
+        self.index: dict[str, int] = {}  # block hash -> slot
+        self.lru: OrderedDict[str, int] = OrderedDict()  # the blocks held, oldest first
+        self.slots: list[list[tuple[int, str]]] = []  # what each slot holds
+        self.evictions = 0
         self.lock = threading.Lock()
         self.requests: list[dict[str, Any]] = []
         self.counters = {"hits": 0, "computed": 0}
@@ -127,20 +142,15 @@ class Stub:
         ext = render(body["messages"])
         salt = str(body.get("cache_salt", ""))
         use = self.cache and body.get("cache_prompt", True) is not False
-        cached = 0
+        cached, context = 0, list(ext)
         with self.lock:
             if use:
-                for end in range(BLOCK, len(ext), BLOCK):  # never the whole prompt
-                    if self._key(salt, ext[:end]) not in self.blocks:
-                        break
-                    cached = end
-                for end in range(BLOCK, len(ext) + 1, BLOCK):
-                    self.blocks.add(self._key(salt, ext[:end]))
+                cached, context = self._hit(salt, ext)
+                self._store(salt, ext)
             claimed = cached + (BLOCK if cached and self.fault == "metric_overclaim" else 0)
             self.counters["hits"] += claimed
             self.counters["computed"] += len(ext) - cached
         n = int(body.get("max_tokens") or 16)
-        context = list(ext)
         tops, tokens = [], []
         for _ in range(n + 1):
             top = step_top(context)
@@ -157,6 +167,47 @@ class Stub:
         if self.fault == "short":
             tops = tops[:-1]
         return self._reply(body, ext, cached, tokens, tops)
+
+    def _hit(self, salt: str, ext: list[tuple[int, str]]) -> tuple[int, list[tuple[int, str]]]:
+        """The cached prefix's length (whole blocks, never the whole prompt) and the context
+        the model then reads: the slots' tokens for that prefix, the prompt's after it."""
+        cached, context = 0, []
+        for end in range(BLOCK, len(ext), BLOCK):
+            slot = self.index.get(self._key(salt, ext[:end]))
+            if slot is None:
+                break
+            cached, context = end, context + self.slots[slot]
+        return cached, context + ext[cached:]
+
+    def _store(self, salt: str, ext: list[tuple[int, str]]) -> None:
+        """Keep every full block of the prompt: the ones hit are held first (in use: never
+        evicted for this request's own new blocks), then released last block first."""
+        keys = [self._key(salt, ext[:end]) for end in range(BLOCK, len(ext) + 1, BLOCK)]
+        for key in keys:
+            if key in self.lru:
+                self.lru.move_to_end(key)
+        for i in reversed(range(len(keys))):
+            if keys[i] not in self.lru:
+                slot = self._free_slot()
+                self.slots[slot] = ext[i * BLOCK : (i + 1) * BLOCK]
+                self.index[keys[i]] = self.lru[keys[i]] = slot
+        for key in reversed(keys):
+            self.lru.move_to_end(key)
+
+    def _free_slot(self) -> int:
+        if self.capacity is None or len(self.slots) < self.capacity or not self.lru:
+            self.slots.append([])
+            return len(self.slots) - 1
+        key, slot = self.lru.popitem(last=False)
+        self.evictions += 1
+        if self.fault != "stale_after_evict":  # the fault keeps the evicted hash indexed
+            del self.index[key]
+        return slot
+
+    def reset(self) -> None:
+        self.index.clear()
+        self.lru.clear()
+        self.slots.clear()
 
     def _entry(self, body: dict[str, Any], t: int, lp: float) -> dict[str, Any]:
         if self.flavour == "llama":
@@ -212,7 +263,7 @@ class Stub:
         if self.flavour == "vllm" and path == "/reset_prefix_cache":
             if self.fault == "reset_false":
                 return 200, {"success": False}
-            self.blocks.clear()
+            self.reset()
             return 200, {"success": True}
         if self.flavour == "vllm" and path in ("/reset_mm_cache", "/reset_encoder_cache"):
             return 200, None
@@ -236,6 +287,8 @@ class Stub:
                 f"{float(computed)}",
                 f'vllm:prompt_tokens_by_source_total{{{labels},source="local_cache_hit"}} '
                 f"{float(hits)}",
+                f"vllm:kv_block_idle_before_evict_seconds_count{{{labels}}} "
+                f"{float(self.evictions)}",
                 "",
             ]
         )
@@ -279,12 +332,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(*self.server.stub.post(self.path, json.loads(raw or b"{}")))
 
 
-def serve(flavour: str, fault: str = "", cache: bool = True, port: int = 0) -> ThreadingHTTPServer:
+def serve(
+    flavour: str, fault: str = "", cache: bool = True, port: int = 0, capacity: int | None = None
+) -> ThreadingHTTPServer:
     """A stub listening on 127.0.0.1 (``port`` 0: ephemeral), served by a daemon thread;
     ``shutdown()`` and ``server_close()`` it when done."""
     srv = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     srv.daemon_threads = True
-    srv.stub = Stub(flavour, fault, cache)  # type: ignore[attr-defined]
+    srv.stub = Stub(flavour, fault, cache, capacity)  # type: ignore[attr-defined]
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
@@ -299,12 +354,16 @@ if __name__ == "__main__":  # vLLM's and llama-server's other arguments are igno
     ap.add_argument("--fault", default=os.environ.get("STUB_FAULT", ""))
     ap.add_argument("--no-cache-prompt", action="store_true")
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--num-gpu-blocks-override", type=int, default=None)
     a, _ = ap.parse_known_args()
     if os.environ.get("STUB_ARGV_LOG"):  # which command line started it (the matrix tests)
         with open(os.environ["STUB_ARGV_LOG"], "a", encoding="utf-8") as fh:
             fh.write(json.dumps(sys.argv[1:]) + "\n")
     srv = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    srv.stub = Stub(a.flavour, a.fault, not a.no_cache_prompt)  # type: ignore[attr-defined]
+    blocks = a.num_gpu_blocks_override
+    srv.stub = Stub(  # type: ignore[attr-defined]
+        a.flavour, a.fault, not a.no_cache_prompt, None if blocks is None else blocks - 1
+    )
     if os.environ.get("STUB_WARM"):
         srv.stub.complete(json.loads(os.environ["STUB_WARM"]))  # type: ignore[attr-defined]
     srv.serve_forever()

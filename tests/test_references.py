@@ -4,12 +4,16 @@ efficiency floor's reference, and how an engine declares its design."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from pytest_prefixcache import CacheDesign, EngineError, Message, Outcome, Request
 from pytest_prefixcache.checks import (
+    CAPACITY,
     NO_SNAPSHOT,
+    OLDER_ENTRY,
     UNDER_ONE_BLOCK,
     control_problems,
     efficiency_problem,
@@ -194,6 +198,57 @@ def test_control_stays_silent_where_it_did() -> None:
     assert control_problems(NEXT, PREV, hit, match(130, 0)) == []  # something was reused
     other = Request((Message("user", ("y",)),))
     assert control_problems(other, PREV, MISS, match(130, 0)) == []  # not a next turn
+
+
+def test_the_oracle_says_what_the_most_recent_prompt_alone_leaves() -> None:
+    """``Match.recent``: the declared reference applied to the namespace's last prompt only
+    (0 here, where the 100 shared tokens come from an older prompt), None with no history."""
+    blocks = CacheDesign("block", 32)
+    o = ReuseOracle(blocks)
+    assert o.match("", [1] * 10, []).recent is None
+    o.add(0, "", [1] * 100 + [2], [])
+    o.add(1, "", [7] * 50, [])
+    m = o.match("", [1] * 100 + [3], [])
+    assert (m.block, m.source, m.recent) == (96, 0, 0)
+    o.add(2, "", [1] * 70, [])
+    assert o.match("", [1] * 100 + [3], []).recent == 64  # 70 shared: two whole blocks
+    o.add(3, "", [5] * 4, [])
+    assert o.match("other", [5] * 4, []).recent is None  # per namespace
+
+
+def test_control_from_an_older_request_only_is_a_finding() -> None:
+    """What only a request older than the previous one left may have been evicted (a cache of
+    bounded capacity): a finding. The negative control: when the previous request itself left
+    enough, missing it still fails."""
+    older = dataclasses.replace(match(130, 130, CacheDesign()), recent=12)
+    [p] = control_problems(NEXT, PREV, MISS, older)
+    assert p.check == OLDER_ENTRY
+    assert p.headline.endswith(
+        "the token oracle says 130 were reusable, but from request 0: the previous request "
+        "leaves only 12"
+    )
+    assert "not a failure" in p.details[0]
+    recent = dataclasses.replace(older, recent=64)
+    [q] = control_problems(NEXT, PREV, MISS, recent)
+    assert q.check == "positive control"
+
+
+def test_control_after_runs_larger_than_the_cache_is_a_finding() -> None:
+    """The previous request's cached and uncached runs stored 2 x 300 tokens in a cache of
+    320: the uncached run may have evicted the prefix, a finding. The negative control: a
+    cache that holds both runs (or no capacity declared) still fails."""
+    big = match(130, 130, CacheDesign())
+    [p] = control_problems(PREV, PREV, MISS, big, capacity=320, footprint=300)
+    assert p.check == CAPACITY
+    assert p.headline.endswith(
+        "but the previous request's cached and uncached runs stored 600 tokens in a cache "
+        "that holds 320"
+    )
+    assert "not a failure" in p.details[0]
+    [q] = control_problems(PREV, PREV, MISS, big, capacity=600, footprint=300)
+    assert q.check == "positive control"
+    [r] = control_problems(PREV, PREV, MISS, big, footprint=300)
+    assert r.check == "positive control"
 
 
 def test_efficiency_floor_names_the_declared_reference() -> None:

@@ -158,6 +158,9 @@ def vllm_server(
     included (``caches_output``). Tolerance: exact (cold and warm were
     bit-identical on the CPU backend, float32, one request at a time). ``claims``: check the
     API's ``cached_tokens`` against vLLM's prefix-cache counters (:func:`claim_specs`).
+    ``--num-gpu-blocks-override N`` among the flags declares ``cache_capacity_tokens`` (N - 1
+    blocks, shared with the salted cold runs: the positive control's ``cache capacity``
+    finding; not with ``cold="reset"``, whose cold runs have a server of their own).
     ``concurrency``: requests sent at once (the waves property; with ``claims``, a counter's
     delta read while another request was in flight is not that request's, and is not
     compared). Starts take 40-150 s (246 s on a busy 2-core
@@ -197,6 +200,12 @@ def vllm_server(
     # that carries the reply reuses them (seen: 320 cached of 383 where the prompts alone
     # shared 317, exact)
     engine.caches_output = True  # type: ignore[attr-defined]
+    # a KV budget (--num-gpu-blocks-override N: N - 1 blocks, vLLM keeps one as its null
+    # block) that the salted cold runs share: a request that fills it has its prefix evicted
+    # by its own cold run (seen: a 313-token repeat reused 0 of 288 on 11 blocks)
+    blocks = flag_value(all_flags, "--num-gpu-blocks-override")
+    if blocks is not None and cold == "salt":  # cold="reset": the cold runs' own server
+        engine.cache_capacity_tokens = (int(blocks) - 1) * block  # type: ignore[attr-defined]
     return engine
 
 

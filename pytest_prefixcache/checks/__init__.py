@@ -31,9 +31,11 @@ from .render import (
     render_problems,
 )
 from .reuse import (
+    CAPACITY,
     CONTROL_MIN_TOKENS,
     EFFICIENCY_MIN_TOKENS,
     NO_SNAPSHOT,
+    OLDER_ENTRY,
     UNDER_ONE_BLOCK,
     control_problems,
     efficiency_problem,
@@ -42,10 +44,12 @@ from .reuse import (
 from .timing import SPEEDUP_MIN_SECONDS, speedup_problem
 
 __all__ = [
+    "CAPACITY",
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "HYGIENE",
     "NO_SNAPSHOT",
+    "OLDER_ENTRY",
     "RENDER_SLACK",
     "REUSE_REFERENCES",
     "SPEEDUP_MIN_SECONDS",

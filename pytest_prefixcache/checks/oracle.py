@@ -82,6 +82,10 @@ class Match:
     decode_start: int | None = None
     """The first position of this prompt whose KV an earlier request's decode computed (None
     when no earlier output continues into this prompt)."""
+    recent: int | None = None
+    """What the declared reference allows from the namespace's most recent earlier prompt
+    alone (None: no earlier prompt). The positive control's premise is the previous request:
+    a cache with bounded capacity may have evicted what older ones left."""
 
     @property
     def limit(self) -> int:
@@ -144,6 +148,8 @@ class ReuseOracle:
         full, decode_start = 0, None
         stored, stored_source = 0, None
         snap, snap_source, known = 0, None, True
+        cap = len(keys) - 1
+        recent: int | None = None
         for p in self._history.get(namespace, ()):
             n = shared_prefix(keys, p.keys)
             if n > best:
@@ -160,7 +166,7 @@ class ReuseOracle:
             if b > snap:
                 snap, snap_source = b, p.index
             known = known and p.starts_known
-        cap = len(keys) - 1
+            recent = self._allowed(max(n, m) if self.design.outputs else n, cap, b)
         if self.design.outputs and stored > best:
             best, source = stored, stored_source
         token = max(0, min(best, cap))
@@ -176,7 +182,18 @@ class ReuseOracle:
             design=self.design,
             bound=max(0, min(full, cap)),
             decode_start=decode_start if decode_start is not None and decode_start < cap else None,
+            recent=recent,
         )
+
+    def _allowed(self, shared: int, cap: int, boundary: int) -> int:
+        """What the declared reference allows for a prefix of ``shared`` tokens (capped at
+        ``cap``) whose last boundary within it is ``boundary``."""
+        token = max(0, min(shared, cap))
+        if self.design.reference == "snapshot":
+            return boundary
+        if self.design.reference == "block" and self.design.block_size is not None:
+            return block_reuse(token, self.design.block_size)
+        return token
 
     def add(
         self,

@@ -7,7 +7,12 @@ efficiency floor judge the reference the engine declares (:mod:`.references`): a
 resumes only at snapshots, or keeps whole blocks only, is not a cache that never stores. When
 the token oracle would have fired the control but the declared reference does not, the
 control reports why as a finding (:data:`NO_SNAPSHOT`, :data:`UNDER_ONE_BLOCK`), not a
-failure.
+failure. The control's premise is the previous request: what only an older request left may
+have been evicted since (a cache of bounded capacity, vLLM's on a small KV budget), and a
+repeat that misses it is the finding :data:`OLDER_ENTRY`. An engine whose cache holds at most
+``cache_capacity_tokens``, shared with its uncached runs (vLLM's salted baseline on one
+server), may have evicted even the previous request's prefix to serve that request's uncached
+run: when the two runs needed more than the capacity, a miss is the finding :data:`CAPACITY`.
 """
 
 from __future__ import annotations
@@ -18,9 +23,11 @@ from .problem import Problem
 from .references import CacheDesign
 
 __all__ = [
+    "CAPACITY",
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
     "NO_SNAPSHOT",
+    "OLDER_ENTRY",
     "UNDER_ONE_BLOCK",
     "control_problems",
     "efficiency_problem",
@@ -36,6 +43,12 @@ EFFICIENCY_MIN_TOKENS = 64
 NO_SNAPSHOT = "snapshot boundary"
 #: The finding of a block-granular cache whose reusable prefix held too few whole blocks.
 UNDER_ONE_BLOCK = "block granularity"
+#: The finding of a control whose reusable prefix only an older request than the previous one
+#: left (evictable by a bounded cache since).
+OLDER_ENTRY = "older entry"
+#: The finding of a control whose previous request's cached and uncached runs needed more than
+#: the cache holds (the uncached run, on the same cache, may have evicted the prefix).
+CAPACITY = "cache capacity"
 
 NOTHING_STORED = (
     "nothing stored: the cache never stores, drops every entry, or its key changes between turns"
@@ -69,11 +82,20 @@ def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
 
 
 def control_problems(
-    req: Request, prev: Request | None, cached: Outcome, match: Match | None
+    req: Request,
+    prev: Request | None,
+    cached: Outcome,
+    match: Match | None,
+    *,
+    capacity: int | None = None,
+    footprint: int = 0,
 ) -> list[Problem]:
     """The positive control: an identical repeat or an append-only next turn of the previous
     request (same namespace) must reuse something when the declared reference says enough
-    was reusable. When only the token oracle says so, a finding names the design's reason."""
+    was reusable. When only the token oracle says so, a finding names the design's reason.
+    ``capacity``: the tokens the engine's cache holds, its uncached runs' included (None:
+    unbounded); ``footprint``: the previous request's prompt and output tokens, which its
+    cached and its uncached run each stored."""
     if prev is None or cached.cached_tokens is None or cached.cached_tokens > 0:
         return []
     if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
@@ -84,6 +106,34 @@ def control_problems(
     kind = "an identical repeat" if same else "an append-only next turn"
     head = f"{kind} of the previous request reused 0 tokens"
     design = match.design
+    recent = match.allowed if match.recent is None else match.recent
+    if match.allowed >= CONTROL_MIN_TOKENS and recent < CONTROL_MIN_TOKENS:
+        return [
+            Problem(
+                OLDER_ENTRY,
+                f"{head}; {design.label} says {match.allowed} were reusable, but from request "
+                f"{match.source}: the previous request leaves only {recent}",
+                (
+                    "a cache of bounded capacity may have evicted an older request's entries "
+                    "since (the cold runs of a salted baseline share it too): not a failure",
+                    match.references(),
+                ),
+            )
+        ]
+    if match.allowed >= CONTROL_MIN_TOKENS and capacity is not None and 2 * footprint > capacity:
+        return [
+            Problem(
+                CAPACITY,
+                f"{head}; {design.label} says {match.allowed} were reusable, but the previous "
+                f"request's cached and uncached runs stored {2 * footprint} tokens in a cache "
+                f"that holds {capacity}",
+                (
+                    "its uncached run shares the cache and may have evicted the prefix: not a "
+                    "failure (a larger cache would keep it)",
+                    match.references(),
+                ),
+            )
+        ]
     if match.allowed >= CONTROL_MIN_TOKENS:
         details = [NOTHING_STORED, match.references()]
         if design.reference == "token" and (match.snapshot or 0) < CONTROL_MIN_TOKENS:

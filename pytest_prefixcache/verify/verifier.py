@@ -26,8 +26,10 @@ from typing import NoReturn
 
 from .. import errors
 from ..checks import (
+    CAPACITY,
     HYGIENE,
     NO_SNAPSHOT,
+    OLDER_ENTRY,
     UNDER_ONE_BLOCK,
     CacheDesign,
     Match,
@@ -80,7 +82,7 @@ __all__ = [
 
 #: Checks whose problems are efficiency findings: recorded, not failed (render hygiene fails
 #: with ``strict_render``).
-FINDINGS = frozenset({HYGIENE, NO_SNAPSHOT, UNDER_ONE_BLOCK})
+FINDINGS = frozenset({CAPACITY, HYGIENE, NO_SNAPSHOT, OLDER_ENTRY, UNDER_ONE_BLOCK})
 
 
 @dataclass(repr=False)
@@ -115,6 +117,8 @@ class Verifier(ShortRepr):
     _cold: float = 0.0
     _reused: int = 0
     _reusable: int = 0
+    _footprint: int = 0
+    """The previous request's prompt and output tokens (what each of its runs stored)."""
 
     def __post_init__(self) -> None:
         design = self.options.design or CacheDesign.of(self.engine)
@@ -185,7 +189,7 @@ class Verifier(ShortRepr):
         self.oracle.reset()
         self._rendered.clear()
         self._replies.clear()
-        self._reused = self._reusable = 0
+        self._reused = self._reusable = self._footprint = 0
         self._warm = self._cold = 0.0
         self.audit.reset()
         self.report.streams += 1
@@ -291,7 +295,7 @@ class Verifier(ShortRepr):
             + merge_problems(uncached)
             + comparison.problems
             + reuse_problems(cached, match)
-            + self._findings(control_problems(request, prev, cached, match), index)
+            + self._findings(self._control(request, prev, cached, match), index)
             + render,
             ctx,
         )
@@ -301,6 +305,19 @@ class Verifier(ShortRepr):
             self.report.steps_aligned += aligned
             self._check(claim_problems(said), ctx, side)
         return Step(request, cached, uncached, match, comparison)
+
+    def _control(
+        self, request: Request, prev: Request | None, cached: Outcome, match: Match | None
+    ) -> list[Problem]:
+        """The positive control, with the engine's ``cache_capacity_tokens`` (if declared)."""
+        capacity = getattr(self.engine, "cache_capacity_tokens", None)
+        footprint, self._footprint = (
+            self._footprint,
+            (cached.prompt_tokens or 0) + len(cached.tokens),
+        )
+        return control_problems(
+            request, prev, cached, match, capacity=capacity, footprint=footprint
+        )
 
     @property
     def decode_atol(self) -> float:
