@@ -36,10 +36,12 @@ def test_anything_else_prints_the_usage_and_runs_nothing(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     ran: list[list[str]] = []
-    commands = {
-        "rows": Command(at_least(2), lambda a: ran.append(a) or []),
-        "table": Command({1}, lambda a: ran.append(a) or []),
-    }
+
+    def record(args: list[str]) -> list[str]:
+        ran.append(args)
+        return []
+
+    commands = {"rows": Command(at_least(2), record), "table": Command({1}, record)}
     assert dispatch(argv, commands, USAGE) == 2
     assert ran == []
     assert capsys.readouterr() == ("", USAGE + "\n")

@@ -62,7 +62,7 @@ def rows(
         directory.mkdir(parents=True, exist_ok=True)
         # a tagged pass's mode names the tag, so its counterexamples get folders of their own
         r = suite_row(config, directory, ENGINE, version, f"{name} {tag}" if tag else name, {})
-        r.update(order=order, flags=shlex.join(target.flags), examples=examples)
+        r.update(order=order, flags=shlex.join(target.flags or ()), examples=examples)
         r.update(tolerance=config.get("tolerance"), waves=_waves(config), run=run.name)
         coverage = config.get("coverage") or {}
         r.update(verdict=config.get("verdict"), tag=tag, claims=_claims(coverage))

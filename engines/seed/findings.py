@@ -106,10 +106,10 @@ def matrix_rows(
         mode = mode.rstrip("]")
         directory = reports / f"{base}-{mode}"  # base: the engine, or its -waves config
         directory.mkdir(parents=True, exist_ok=True)
-        tap = run / "tap" / f"{tap_name(engine, target.flags)}.jsonl"
+        tap = run / "tap" / f"{tap_name(engine, target.flags or ())}.jsonl"
         outcomes = checks(directory / "checks.xml", engine, mode)
         r = suite_row(config, directory, engine, versions[engine], mode, outcomes, tap)
-        r.update(order=order, flags=shlex.join(target.flags), config=base)
+        r.update(order=order, flags=shlex.join(target.flags or ()), config=base)
         r.update(concurrency=int(target.args.get("concurrency", 1)))
         (directory / "row.json").write_text(json.dumps(r, indent=1) + "\n")
         rows.append(r)
