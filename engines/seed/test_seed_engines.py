@@ -201,7 +201,13 @@ KNOWN.update(
             "vllm-mlx",
             "cb,mllm,memory,whole,b",
             "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-b-equivalence]",
-        ): WAVE_IMAGES
+        ): WAVE_IMAGES,
+        (
+            "vllm-mlx",
+            "cb,mllm,memory,whole,seqs2",
+            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-seqs2-equivalence]",
+        ): f"{WAVE_IMAGES}. With --max-num-seqs 2: two requests with the same text and the "
+        "images [A] and [B] (each cached reply equals the other's cold one exactly, |diff| 0.723)",
     }
 )
 
@@ -216,11 +222,19 @@ POSITIONS_KEPT = (
     "LanguageModel slices the _position_ids it kept from the last prompt it computed them for "
     "instead of computing new ones): a silent wrong answer, with or without the prefix cache"
 )
+ORDER_IN_A_WAVE = (
+    f"{RM} --mllm, waves of up to 4: the positions kept across requests (test_text_after_image), "
+    "differing between two servers: after a text request, "
+    "an image request with a longer prompt sent 500 ms after a text request: the cached server "
+    "serves the text request first (right), the cold one each request alone in stream order, "
+    "the image request first, so its text request answers from the image request's positions "
+    "(wrong): cached and cold differ with 0 tokens reused"
+)
 STALE_IN_A_WAVE = (
     f"{RM} --mllm, waves of up to 4: after a text request (89 tokens), the same longer text "
     "request (110) twice in flight together: both answer 503 'Request cancelled by model "
     "replacement' ([broadcast_shapes] (1,4,110,16) and (1,1,89,16) in mlx-vlm's mRoPE): "
-    "MROPE_STALE, not the batch: alone it fails the same way"
+    "the stale-mRoPE crash of test_text_stream, not the batch: alone it fails the same way"
 )
 MLLM_MODES = ("mllm,memory,bf16,auto", "mllm,memory,bf16,off", "mllm,memory,b,w1024")
 KNOWN.update({("rapid-mlx", mode, "test_text_after_image"): POSITIONS_KEPT for mode in MLLM_MODES})
@@ -230,7 +244,12 @@ KNOWN.update(
             "rapid-mlx",
             "mllm,memory,b,w1024",
             "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-fault]",
-        ): STALE_IN_A_WAVE
+        ): STALE_IN_A_WAVE,
+        (
+            "rapid-mlx",
+            "mllm,memory,b,w1024",
+            "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-equivalence]",
+        ): ORDER_IN_A_WAVE,
     }
 )
 
@@ -391,7 +410,7 @@ WAVES_ARGS = next(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # fresh servers per saved wave: a reset leaves rapid-mlx's kept M-RoPE positions
 def waves_engine() -> Iterator[OpenAIEngine]:
     concurrency = int(WAVES_ARGS.get("concurrency", 4))
     claims = bool(WAVES_ARGS.get("claims", True))
