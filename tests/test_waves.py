@@ -215,3 +215,48 @@ def test_a_server_that_ran_another_count_of_prefills_fails_the_wave() -> None:
         Verifier(engine).run_waves(TWO_WAVES)
     problems.clear()  # a count that agrees
     Verifier(engine).run_waves(TWO_WAVES)
+
+
+class _Refuses(FakeEngine):
+    """Answers the cached run of a request naming ``refused`` with ``error`` (a server's 503
+    with its log, as the HTTP adapter words it), every other run as FakeEngine does."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(concurrent=2)
+        self.error = error
+
+    def run(self, request: Request, use_cache: bool = True):  # type: ignore[no-untyped-def]
+        if use_cache and "refused" in str(request.messages[0].content[0]):
+            raise self.error
+        return super().run(request, use_cache=use_cache)
+
+
+REFUSED = (Wave((_req(LONG + "answered"), _req(LONG + "refused"))),)
+SERVER_503 = (
+    "http://127.0.0.1:1/v1/chat/completions answered 503: {'error': {'message': 'Request "
+    "cancelled by model replacement'}}\nthe server's log, server.log, ends:\n"
+    "ValueError: [broadcast_shapes] Shapes (1,4,110,16) and (1,1,89,16) cannot be broadcast."
+)
+
+
+def test_a_request_refused_in_a_wave_reads_like_a_bug_report() -> None:
+    from pytest_prefixcache import EngineFault
+    from pytest_prefixcache.errors import EngineError
+
+    with pytest.raises(EngineFault) as info:
+        Verifier(_Refuses(EngineError(SERVER_503))).run_waves(REFUSED)
+    msg = str(info.value)
+    head = msg.splitlines()[0]
+    assert head.endswith(
+        "raised EngineError: http://127.0.0.1:1/v1/chat/completions answered "
+        "503: {'error': {'message': 'Request cancelled by model replacement'}}"
+    )
+    assert "wave 0: requests 0-1 in flight together" in msg
+    assert re.search(r"in flight together:\n\s+request 0: answered: \d+ prompt tokens", msg)
+    assert re.search(r"\n\s+request 1: raised EngineError: .* answered 503", msg)
+    assert msg.count("[broadcast_shapes]") == 1  # the server's log once, no adapter traceback
+    assert "Traceback" not in msg and 'File "' not in msg
+    # negative control: an exception that is not the adapter's own words keeps its traceback
+    with pytest.raises(EngineFault) as other:
+        Verifier(_Refuses(RuntimeError("boom"))).run_waves(REFUSED)
+    assert "raised RuntimeError: boom" in str(other.value) and 'File "' in str(other.value)

@@ -17,16 +17,19 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from adapter_support import worst_diff
 from lab.records import record_finding
-from lab.scenarios import TEXT, TEXT_NEXT, image_streams
+from lab.scenarios import IMAGE, TEXT, TEXT_NEXT, image_streams
 
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.seed import seed_server
 from pytest_prefixcache.checks.claims import claim_problems
 from pytest_prefixcache.output.streams import load_stream, waves_from
+from pytest_prefixcache.session.matrix_file import read_matrix
+from pytest_prefixcache.types import Message, Request
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
@@ -198,7 +201,55 @@ KNOWN.update(
             "vllm-mlx",
             "cb,mllm,memory,whole,b",
             "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-b-equivalence]",
-        ): WAVE_IMAGES
+        ): WAVE_IMAGES,
+        (
+            "vllm-mlx",
+            "cb,mllm,memory,whole,seqs2",
+            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-seqs2-equivalence]",
+        ): f"{WAVE_IMAGES}. With --max-num-seqs 2: two requests with the same text and the "
+        "images [A] and [B] (each cached reply equals the other's cold one exactly, |diff| 0.723)",
+    }
+)
+
+
+#: Classified after the rapid-mlx --mllm waves (issue #26 item 6): their 503s and their wrong
+#: answer with nothing reused are MROPE_STALE and this, the same state on the other side.
+POSITIONS_KEPT = (
+    f"{RM} --mllm (mlx-vlm 0.7.2): a text request served after an image request with a longer "
+    "prompt answers from that image request's M-RoPE positions (on a fresh cache-less server: "
+    "the same text request before and after it differ at step 0; rapid-mlx prefills a "
+    "text-only request with pixel_values=None at cache offset 0, where mlx-vlm's qwen2_vl "
+    "LanguageModel slices the _position_ids it kept from the last prompt it computed them for "
+    "instead of computing new ones): a silent wrong answer, with or without the prefix cache"
+)
+ORDER_IN_A_WAVE = (
+    f"{RM} --mllm, waves of up to 4: the positions kept across requests (test_text_after_image), "
+    "differing between two servers: after a text request, "
+    "an image request with a longer prompt sent 500 ms after a text request: the cached server "
+    "serves the text request first (right), the cold one each request alone in stream order, "
+    "the image request first, so its text request answers from the image request's positions "
+    "(wrong): cached and cold differ with 0 tokens reused"
+)
+STALE_IN_A_WAVE = (
+    f"{RM} --mllm, waves of up to 4: after a text request (89 tokens), the same longer text "
+    "request (110) twice in flight together: both answer 503 'Request cancelled by model "
+    "replacement' ([broadcast_shapes] (1,4,110,16) and (1,1,89,16) in mlx-vlm's mRoPE): "
+    "the stale-mRoPE crash of test_text_stream, not the batch: alone it fails the same way"
+)
+MLLM_MODES = ("mllm,memory,bf16,auto", "mllm,memory,bf16,off", "mllm,memory,b,w1024")
+KNOWN.update({("rapid-mlx", mode, "test_text_after_image"): POSITIONS_KEPT for mode in MLLM_MODES})
+KNOWN.update(
+    {
+        (
+            "rapid-mlx",
+            "mllm,memory,b,w1024",
+            "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-fault]",
+        ): STALE_IN_A_WAVE,
+        (
+            "rapid-mlx",
+            "mllm,memory,b,w1024",
+            "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-equivalence]",
+        ): ORDER_IN_A_WAVE,
     }
 )
 
@@ -277,6 +328,39 @@ def test_image_streams(engine: OpenAIEngine, history: list[object], final: objec
     check(engine, final)
 
 
+#: TEXT with IMAGE's picture before its question: the same text, a longer prompt.
+TEXT_WITH_IMAGE = Request(
+    (
+        TEXT.messages[0],
+        Message("user", (*IMAGE.messages[1].content[:1], *TEXT.messages[1].content)),
+    ),
+    max_new_tokens=TEXT.max_new_tokens,
+)
+
+
+@pytest.mark.skipif(not IMAGES, reason="text-only mode")
+def test_text_after_image() -> None:
+    """A text request served after an image request with a longer prompt answers as it did
+    before it, on a fresh pair of servers: the cache-less one (no prefix cache involved),
+    then the cached one. No state of one request's positions may carry over to the next."""
+    with seed_server(ENGINE, FLAGS, audit=False, claims=False) as fresh:
+        for use_cache in (False, True):
+            before = fresh.run(TEXT, use_cache=use_cache)
+            image = fresh.run(TEXT_WITH_IMAGE, use_cache=use_cache)
+            after = fresh.run(TEXT, use_cache=use_cache)
+            diff = worst_diff(after, before)
+            assert after.logits is not None and before.logits is not None
+            step0 = float(np.abs(after.logits - before.logits).max())
+            record(test="text_after_image", use_cache=use_cache, worst_diff=diff, step0=step0)
+            assert diff <= fresh.atol, (
+                f"{ENGINE} {MODE}: a text request ({before.prompt_tokens} prompt tokens) answers "
+                f"differently after an image request of {image.prompt_tokens} prompt tokens than "
+                f"before it ({'cached' if use_cache else 'cache-less'} server): |diff| "
+                f"{step0:.3g} at step 0, greedy tokens {after.tokens} vs {before.tokens}, "
+                f"{after.cached_tokens} tokens reused"
+            )
+
+
 def test_every_token_has_logprobs(engine: OpenAIEngine) -> None:
     """rapid-mlx's API returns one logprobs entry per generated token (what the adapter
     compares without the tap), also for tokens that decode to no text."""
@@ -313,9 +397,24 @@ SAVED_WAVES = sorted(
 )
 
 
-@pytest.fixture(scope="module")
+#: The arguments of the engine's -waves config in matrix.toml (concurrency, claims): a saved
+#: wave replays as it was found (rapid-mlx's with claims off, else the API's per-step logprobs
+#: fail before the wave does).
+WAVES_ARGS = next(
+    (
+        t.args
+        for t in read_matrix(Path(__file__).with_name("matrix.toml"))
+        if t.name.startswith(f"{ENGINE}-waves[")
+    ),
+    {},
+)
+
+
+@pytest.fixture  # fresh servers per saved wave: a reset leaves rapid-mlx's kept M-RoPE positions
 def waves_engine() -> Iterator[OpenAIEngine]:
-    with seed_server(ENGINE, FLAGS, concurrency=4, audit=False) as e:
+    concurrency = int(WAVES_ARGS.get("concurrency", 4))
+    claims = bool(WAVES_ARGS.get("claims", True))
+    with seed_server(ENGINE, FLAGS, concurrency=concurrency, audit=False, claims=claims) as e:
         yield e
 
 

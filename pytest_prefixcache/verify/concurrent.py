@@ -48,11 +48,12 @@ from ..checks.baseline import CHECK as COLD_BASELINE
 from ..checks.coverage import APPLIED, NOT_SAMPLED, coverage_of
 from ..checks.equivalence import Comparison, Tolerance
 from ..checks.oracle import Match
+from ..errors import EngineError
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
 from .messages import Context
 from .request_count import REQUEST_COUNT, request_count_problems
-from .worker import CallResult, EngineWorker
+from .worker import CallResult, EngineWorker, Job
 
 if TYPE_CHECKING:
     from .verifier import Verifier
@@ -158,15 +159,44 @@ def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: _Wave) -> lis
             raise verifier.dead from None
         result: CallResult = job.result
         if result.error is not None:
-            tb = tuple(result.traceback.rstrip().splitlines()[-8:])
-            name = type(result.error).__name__
-            problem = Problem("fault", f"{what} raised {name}: {result.error}", tb)
-            _fail(verifier, problem, ctx, i)
+            _fail(verifier, _raised(what, result, _in_flight(jobs, ctx, deadline)), ctx, i)
         side = "cached run" if use_cache else "cold run in a wave"
         _check(verifier, fault_problems(result.value, wave.requests[i]), ctx, i, f"{side}: ")
         assert isinstance(result.value, Outcome)
         outcomes.append(result.value)
     return outcomes
+
+
+def _first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).partition(chr(10))[0]}"
+
+
+def _in_flight(jobs: Sequence[Job], ctx: _Wave, deadline: float) -> list[str]:
+    """What each request of the wave got, once every one has answered (or the deadline
+    passed): a request that failed is reported with the requests it was sent with."""
+    lines = ["in flight together:"]
+    for j, job in enumerate(jobs):
+        got = "no answer yet"
+        if job.done.wait(max(0.0, deadline - time.perf_counter())):
+            res: CallResult = job.result
+            out = res.value
+            if res.error is not None:
+                got = f"raised {_first_line(res.error)}"
+            elif isinstance(out, Outcome):
+                got = f"answered: {out.prompt_tokens} prompt tokens, {out.cached_tokens} reused"
+        lines.append(f"  request {ctx.first + j}: {got}")
+    return lines
+
+
+def _raised(what: str, result: CallResult, in_flight: list[str]) -> Problem:
+    """A fault that reads like a bug report: the error's first line (an HTTP status and its
+    body), which requests were in flight and what each got, then the rest of the error (a
+    server's log) and, for an exception that is not the adapter's own words, its traceback."""
+    error = result.error
+    assert error is not None
+    rest = str(error).splitlines()[1:]
+    tb = [] if isinstance(error, EngineError) else result.traceback.rstrip().splitlines()[-8:]
+    return Problem("fault", f"{what} raised {_first_line(error)}", (*in_flight, *rest, *tb))
 
 
 def _workers(verifier: Verifier, n: int) -> list[EngineWorker]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DEFAULT_TIMEOUT", "CallResult", "CallTimedOut", "EngineWorker"]
+__all__ = ["DEFAULT_TIMEOUT", "CallResult", "CallTimedOut", "EngineWorker", "Job"]
 
 
 #: Seconds an engine call may take before the engine is treated as dead.
@@ -44,7 +44,7 @@ class CallResult:
     seconds: float = 0.0
 
 
-class _Job:
+class Job:
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = threading.Event()
@@ -56,7 +56,7 @@ class EngineWorker:
 
     def __init__(self, name: str = "prefixcache-engine") -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.dead: str | None = None
         """Why the engine is considered dead (set after a timeout), else None."""
@@ -78,13 +78,13 @@ class EngineWorker:
                 )
             job.done.set()
 
-    def submit(self, fn: Callable[[], Any]) -> _Job:
+    def submit(self, fn: Callable[[], Any]) -> Job:
         """Queue ``fn()`` on the worker and return at once; ``job.done`` is set when it ends
         and ``job.result`` then holds what it gave (the waves send requests this way)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
             self._thread.start()
-        job = _Job(fn)
+        job = Job(fn)
         self._jobs.put(job)
         return job
 
