@@ -28,8 +28,8 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..checks import (
     Problem,
@@ -48,12 +48,19 @@ from ..checks.baseline import CHECK as COLD_BASELINE
 from ..checks.coverage import APPLIED, NOT_SAMPLED, coverage_of
 from ..checks.equivalence import Comparison, Tolerance
 from ..checks.oracle import Match
-from ..errors import EngineError
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
-from .messages import Context
 from .request_count import REQUEST_COUNT, request_count_problems
-from .worker import CallResult, EngineWorker, Job
+from .wave_messages import (
+    WaveContext,
+    check_wave,
+    fail_wave,
+    in_flight_lines,
+    raised_problem,
+    served_order,
+    wave_context,
+)
+from .worker import CallResult, EngineWorker
 
 if TYPE_CHECKING:
     from .verifier import Verifier
@@ -98,37 +105,7 @@ class WaveStep:
     comparison: Comparison
 
 
-@dataclass
-class _Wave:
-    """What the runner knows about the wave being checked (for failure messages)."""
-
-    number: int
-    wave: Wave
-    first: int
-    stream: tuple[Request, ...]
-    meta: dict[str, object]
-    served: list[int | None] = field(default_factory=list)
-
-    def describe(self) -> str:
-        ms = ", ".join(f"{a * 1000:g}" for a in self.wave.arrivals)
-        order = (
-            "unknown (Outcome.served not reported)"
-            if None in self.served or not self.served
-            else ", ".join(str(self.first + i) for i in _order(self.served))
-        )
-        last = self.first + len(self.wave) - 1
-        return (
-            f"wave {self.number}: requests {self.first}-{last} in flight together "
-            f"(arrivals ms: {ms}); served order: {order}; each reply compared with the same "
-            "request served alone, cold (use_cache=False)"
-        )
-
-
-def _order(served: Sequence[int | None]) -> list[int]:
-    return sorted(range(len(served)), key=lambda i: (served[i] or 0, i))
-
-
-def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: _Wave) -> list[Outcome]:
+def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: WaveContext) -> list[Outcome]:
     """Send the wave's requests from their own workers at their arrival offsets; wait for
     every reply (the timeout counts from the last arrival)."""
     __tracebackhide__ = True
@@ -154,49 +131,19 @@ def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: _Wave) -> lis
                 "arrival; the engine is treated as dead and the remaining checks are skipped"
             )
             verifier.dead = verifier.failure(
-                Problem("timeout", head, (ctx.describe(),)), _context(ctx, i), meta=ctx.meta
+                Problem("timeout", head, (ctx.describe(),)), wave_context(ctx, i), meta=ctx.meta
             )
             raise verifier.dead from None
         result: CallResult = job.result
         if result.error is not None:
-            _fail(verifier, _raised(what, result, _in_flight(jobs, ctx, deadline)), ctx, i)
+            fail_wave(
+                verifier, raised_problem(what, result, in_flight_lines(jobs, ctx, deadline)), ctx, i
+            )
         side = "cached run" if use_cache else "cold run in a wave"
-        _check(verifier, fault_problems(result.value, wave.requests[i]), ctx, i, f"{side}: ")
+        check_wave(verifier, fault_problems(result.value, wave.requests[i]), ctx, i, f"{side}: ")
         assert isinstance(result.value, Outcome)
         outcomes.append(result.value)
     return outcomes
-
-
-def _first_line(error: BaseException) -> str:
-    return f"{type(error).__name__}: {str(error).partition(chr(10))[0]}"
-
-
-def _in_flight(jobs: Sequence[Job], ctx: _Wave, deadline: float) -> list[str]:
-    """What each request of the wave got, once every one has answered (or the deadline
-    passed): a request that failed is reported with the requests it was sent with."""
-    lines = ["in flight together:"]
-    for j, job in enumerate(jobs):
-        got = "no answer yet"
-        if job.done.wait(max(0.0, deadline - time.perf_counter())):
-            res: CallResult = job.result
-            out = res.value
-            if res.error is not None:
-                got = f"raised {_first_line(res.error)}"
-            elif isinstance(out, Outcome):
-                got = f"answered: {out.prompt_tokens} prompt tokens, {out.cached_tokens} reused"
-        lines.append(f"  request {ctx.first + j}: {got}")
-    return lines
-
-
-def _raised(what: str, result: CallResult, in_flight: list[str]) -> Problem:
-    """A fault that reads like a bug report: the error's first line (an HTTP status and its
-    body), which requests were in flight and what each got, then the rest of the error (a
-    server's log) and, for an exception that is not the adapter's own words, its traceback."""
-    error = result.error
-    assert error is not None
-    rest = str(error).splitlines()[1:]
-    tb = [] if isinstance(error, EngineError) else result.traceback.rstrip().splitlines()[-8:]
-    return Problem("fault", f"{what} raised {_first_line(error)}", (*in_flight, *rest, *tb))
 
 
 def _workers(verifier: Verifier, n: int) -> list[EngineWorker]:
@@ -206,46 +153,6 @@ def _workers(verifier: Verifier, n: int) -> list[EngineWorker]:
     while len(pool) < n:
         pool.append(EngineWorker(f"prefixcache-wave-{len(pool)}"))
     return pool[:n]
-
-
-def _context(
-    ctx: _Wave, i: int, cached: Outcome | None = None, match: Match | None = None
-) -> Context:
-    return Context(ctx.stream, ctx.first + i, cached, match)
-
-
-def _fail(
-    verifier: Verifier,
-    problem: Problem,
-    ctx: _Wave,
-    i: int,
-    cached: Outcome | None = None,
-    match: Match | None = None,
-) -> NoReturn:
-    __tracebackhide__ = True
-    detailed = Problem(
-        problem.check,
-        f"wave {ctx.number}, {problem.headline}",
-        (ctx.describe(), *problem.details),
-        problem.position,
-    )
-    raise verifier.failure(detailed, _context(ctx, i, cached, match), meta=ctx.meta)
-
-
-def _check(
-    verifier: Verifier,
-    problems: list[Problem],
-    ctx: _Wave,
-    i: int,
-    prefix: str = "",
-    cached: Outcome | None = None,
-    match: Match | None = None,
-) -> None:
-    __tracebackhide__ = True
-    if problems:
-        first = problems[0]
-        first = Problem(first.check, prefix + first.headline, first.details, first.position)
-        _fail(verifier, first, ctx, i, cached, match)
 
 
 def _matches(
@@ -265,7 +172,7 @@ def _matches(
                 if j != i and o2.token_ids is not None:
                     others.add(first + j, r2.namespace, o2.token_ids, o2.image_spans or ())
             matches[i] = others.match(req.namespace, o.token_ids, o.image_spans or ())
-    for i in _order(served):
+    for i in served_order(served):
         req, o = wave.requests[i], cached[i]
         if o.token_ids is None:
             continue
@@ -338,12 +245,12 @@ def run_waves(verifier: Verifier, waves: Sequence[Wave], *, reset: bool = True) 
         stream.extend(wave.requests)
         verifier.stream.extend(wave.requests)
         meta: dict[str, object] = {"waves": waves_to_json(waves[: number + 1])}
-        ctx = _Wave(number, wave, first, tuple(stream), meta)
+        ctx = WaveContext(number, wave, first, tuple(stream), meta)
         steps.extend(_serve(verifier, wave, ctx))
     return steps
 
 
-def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
+def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
     __tracebackhide__ = True
     if verifier.on_step is not None:
         verifier.on_step(verifier.report, verifier.failing_examples)
@@ -352,23 +259,23 @@ def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
     ctx.served = [o.served for o in cached]
     usage = getattr(verifier.engine, "cache_usage", None)
     if callable(usage):
-        value = verifier._call("cache_usage()", usage, _context(ctx, 0))
-        _check(verifier, usage_problems(value), ctx, 0)
+        value = verifier._call("cache_usage()", usage, wave_context(ctx, 0))
+        check_wave(verifier, usage_problems(value), ctx, 0)
     alone = []
     run = verifier.engine.run
     for i, request in enumerate(wave.requests):
         what = f"run(request {ctx.first + i}, use_cache=False) alone"
         call = functools.partial(run, request, use_cache=False)
-        out = verifier._call(what, call, _context(ctx, i))
-        _check(verifier, fault_problems(out, request), ctx, i, "uncached run alone: ")
+        out = verifier._call(what, call, wave_context(ctx, i))
+        check_wave(verifier, fault_problems(out, request), ctx, i, "uncached run alone: ")
         assert isinstance(out, Outcome)
-        _check(verifier, baseline_problems(out), ctx, i, "uncached run alone: ")
+        check_wave(verifier, baseline_problems(out), ctx, i, "uncached run alone: ")
         alone.append(out)
     measured = 0.0
     for _ in range(NOISE_WAVES):
         noise = _fire(verifier, wave, use_cache=False, ctx=ctx)
         for i, out in enumerate(noise):
-            _check(verifier, baseline_problems(out), ctx, i, "cold run in a wave: ")
+            check_wave(verifier, baseline_problems(out), ctx, i, "cold run in a wave: ")
         measured = _noise(tol, alone, noise)
         # batches are made by timing: when a cached reply differs and this cold wave did not,
         # send the cold wave again before calling it a cache bug
@@ -384,23 +291,23 @@ def _serve(verifier: Verifier, wave: Wave, ctx: _Wave) -> list[WaveStep]:
     steps = []
     for i, request in enumerate(wave.requests):
         c, a, m = cached[i], alone[i], matches[i]
-        _check(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
+        check_wave(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
         comparison, note = _judge(tol, measured, c, a)
         problems = merge_problems(c) + merge_problems(a) + comparison.problems
         if note and comparison.problems:
             problems = [
                 Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems
             ]
-        _check(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        check_wave(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
         for side, said in (("cached run: ", c), ("uncached run alone: ", a)):
             figures, aligned = claims_counts(said)
             verifier.report.claims_checked += figures
             verifier.report.steps_aligned += aligned
-            _check(verifier, claim_problems(said), ctx, i, side, cached=c, match=m)
+            check_wave(verifier, claim_problems(said), ctx, i, side, cached=c, match=m)
         _count(verifier, request, c, a, comparison.steps)
         verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
         steps.append(WaveStep(request, c, a, noise[i], m, comparison))
     # every reply of the wave is in: nothing in flight
-    for problem in request_count_problems(verifier, _context(ctx, 0)):
-        _fail(verifier, problem, ctx, len(wave) - 1)
+    for problem in request_count_problems(verifier, wave_context(ctx, 0)):
+        fail_wave(verifier, problem, ctx, len(wave) - 1)
     return steps

@@ -45,6 +45,9 @@ class CallResult:
 
 
 class Job:
+    """A call handed to a worker (:meth:`EngineWorker.submit`): ``done`` is set once
+    ``result`` holds its value or error."""
+
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = threading.Event()
