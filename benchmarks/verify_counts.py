@@ -1,0 +1,56 @@
+"""A pytest plugin for ``benchmarks/families_verify.py``: what a verification run drove.
+
+It counts the stream-path runs (``Verifier.run``, one per generated or corpus stream), those of
+them that sent the engine's replies back (a request carries a reply marker: a closed-loop
+stream without an ``append`` move carries none), and the waves property's waves
+and the requests in them (``Verifier.run_waves``); the state machine's streams are counted by
+the report (its ``streams`` counter), not here. At the end of the session the counts go to the
+JSON file named by ``$PREFIXCACHE_VERIFY_COUNTS``. Wrapping two methods costs nothing the run
+would notice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from pytest_prefixcache.types import Request, Wave
+from pytest_prefixcache.verify.closed_loop import markers
+from pytest_prefixcache.verify.verifier import Verifier
+
+COUNTS: dict[str, int] = {
+    "stream_runs": 0,
+    "closed_loop_streams": 0,
+    "waves": 0,
+    "wave_runs": 0,
+    "wave_requests": 0,
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    run, run_waves = Verifier.run, Verifier.run_waves
+
+    def counted_run(self: Verifier, stream: Sequence[Request], **kwargs: Any) -> Any:
+        COUNTS["stream_runs"] += 1
+        COUNTS["closed_loop_streams"] += any(markers(r) for r in stream)
+        return run(self, stream, **kwargs)
+
+    def counted_waves(self: Verifier, waves: Sequence[Wave], **kwargs: Any) -> Any:
+        COUNTS["wave_runs"] += 1
+        COUNTS["waves"] += len(waves)
+        COUNTS["wave_requests"] += sum(len(w.requests) for w in waves)
+        return run_waves(self, waves, **kwargs)
+
+    Verifier.run = counted_run  # type: ignore[method-assign]
+    Verifier.run_waves = counted_waves  # type: ignore[method-assign]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    path = os.environ.get("PREFIXCACHE_VERIFY_COUNTS")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(COUNTS, f, indent=1)
