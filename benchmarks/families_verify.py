@@ -111,21 +111,23 @@ def run(model: str, seed: int, out: Path, examples: int | None) -> dict[str, Any
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
         "| model | verdict | requests (streams) | waves (requests) | streams sending replies back "
-        "| audited / all | reuse vs token oracle | vs snapshot reference | worst diff | wall |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| audited / all | reuse vs token oracle | vs snapshot reference | worst diff | wall (CPU) "
+        "| load |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in rows:
         if "verdict" not in r:
-            lines.append(f"| `{r['model']}` | exit {r['exit']} (no report) | | | | | | | | |")
+            lines.append(f"| `{r['model']}` | exit {r['exit']} (no report) | | | | | | | | | |")
             continue
+        cpu = f" ({r['cpu_s']:.0f} s)" if "cpu_s" in r else ""
         pct = {k: f"{a / b:.1%} ({a:,} of {b:,})" for k, (a, b) in r["reuse"].items() if b}
 
         lines.append(
             f"| `{r['model']}` | {r['verdict'].upper()} | {r['requests']:,} ({r['streams']}) "
             f"| {r['waves']} ({r['wave_requests']}) | {r['closed_loop_streams']} of "
             f"{r['stream_runs']} | {r['audited']} / {r['audit_of']} | {pct.get('token', '-')} "
-            f"| {pct.get('snapshot', '-')} | {r['worst_diff']:.3g} | {r['wall_s']:.0f} s |"
+            f"| {pct.get('snapshot', '-')} | {r['worst_diff']:.3g} | {r['wall_s']:.0f} s{cpu} "
+            f"| {r['load_before']:g}-{r['load_after']:g} |"
         )
     return "\n".join(lines)
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_prefixcache.types import Request, Wave
-from pytest_prefixcache.verify.closed_loop import markers
-from pytest_prefixcache.verify.verifier import Verifier
+if TYPE_CHECKING:  # imported in pytest_configure: the plugin's modules load after pytest
+    # has marked them for assertion rewriting (a -p plugin is imported before that)
+    from pytest_prefixcache.types import Request, Wave
 
 COUNTS: dict[str, int] = {
     "stream_runs": 0,
@@ -32,6 +32,9 @@ COUNTS: dict[str, int] = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from pytest_prefixcache.verify.closed_loop import markers
+    from pytest_prefixcache.verify.verifier import Verifier
+
     run, run_waves = Verifier.run, Verifier.run_waves
 
     def counted_run(self: Verifier, stream: Sequence[Request], **kwargs: Any) -> Any:
