@@ -1,7 +1,7 @@
 """The default verification on every model family, as a user runs it.
 
     python benchmarks/families_verify.py [--models tiny-qwen2-vl,tiny-gemma3,...] [--seed 1]
-        [--out benchmarks/results/families] [--examples N]
+        [--out benchmarks/results/families] [--examples N] [--workers N]
     python benchmarks/families_verify.py --markdown benchmarks/results/families/families.json
 
 For each model, one after the other: ``prefixcache verify --model NAME --seed S --out
@@ -33,11 +33,15 @@ MODELS = ("tiny-qwen2-vl", "tiny-llama", "tiny-qwen3.5-vl", "tiny-qwen3.5", "tin
           "tiny-gemma3-text")  # fmt: skip
 
 
-def command(model: str, seed: int, out: Path, examples: int | None) -> list[str]:
-    """The user's command for ``model`` (plus the counting plugin after ``--``)."""
+def command(
+    model: str, seed: int, out: Path, examples: int | None, workers: str | None = None
+) -> list[str]:
+    """The user's command for ``model`` (the counting plugin goes after it, past ``--``)."""
     cmd = ["prefixcache", "verify", "--model", model, "--seed", str(seed), "--out", str(out)]
     if examples is not None:
         cmd += ["--examples", str(examples)]
+    if workers is not None:
+        cmd += ["--workers", workers]
     return cmd
 
 
@@ -81,11 +85,15 @@ def _children_cpu() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run(model: str, seed: int, out: Path, examples: int | None) -> dict[str, Any]:
+def run(
+    model: str, seed: int, out: Path, examples: int | None, workers: str | None = None
+) -> dict[str, Any]:
     here = out / model
     counts = here / "counts.json"
     here.mkdir(parents=True, exist_ok=True)
-    cmd = command(model, seed, here, examples)
+    for stale in here.glob("counts.json*"):
+        stale.unlink()
+    cmd = command(model, seed, here, examples, workers)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFIXCACHE_VERIFY_COUNTS": str(counts)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
     exe = [str(Path(sys.executable).with_name("prefixcache")), *cmd[1:]]
@@ -100,10 +108,13 @@ def run(model: str, seed: int, out: Path, examples: int | None) -> dict[str, Any
     row: dict[str, Any] = {"model": model, "exit": proc.returncode, "wall_s": round(wall, 1)}
     row["cpu_s"] = round(cpu, 1)
     row["load_before"], row["load_after"] = round(load, 2), round(os.getloadavg()[0], 2)
-    shown = command(model, seed, Path(os.path.relpath(here, ROOT)), examples)
+    shown = command(model, seed, Path(os.path.relpath(here, ROOT)), examples, workers)
     row["command"] = "HF_HUB_OFFLINE=1 .venv/bin/" + shlex.join(shown)
     if (here / "report.json").exists():
-        cnt = json.loads(counts.read_text()) if counts.exists() else {}
+        cnt: dict[str, int] = {}
+        for f in sorted(here.glob("counts.json.*")):  # one per process (xdist workers)
+            for k, v in json.loads(f.read_text()).items():
+                cnt[k] = cnt.get(k, 0) + v
         row.update(_row(here / "report.json", cnt))
     return row
 
@@ -137,6 +148,7 @@ def main() -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--examples", type=int)
+    p.add_argument("--workers", metavar="N|auto", help="prefixcache verify --workers")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/families")
     p.add_argument("--markdown", type=Path, metavar="JSON")
     a = p.parse_args()
@@ -146,7 +158,7 @@ def main() -> int:
     table = a.out / "families.json"
     rows = json.loads(table.read_text()) if table.exists() else []
     for model in a.models.split(","):
-        row = run(model, a.seed, a.out.resolve(), a.examples)
+        row = run(model, a.seed, a.out.resolve(), a.examples, a.workers)
         rows = [r for r in rows if r["model"] != model] + [row]
         table.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         print(f"{model}: exit {row['exit']}, {row.get('verdict', 'no report')}, "

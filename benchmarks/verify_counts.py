@@ -4,9 +4,9 @@ It counts the stream-path runs (``Verifier.run``, one per generated or corpus st
 them that sent the engine's replies back (a request carries a reply marker: a closed-loop
 stream without an ``append`` move carries none), and the waves property's waves
 and the requests in them (``Verifier.run_waves``); the state machine's streams are counted by
-the report (its ``streams`` counter), not here. At the end of the session the counts go to the
-JSON file named by ``$PREFIXCACHE_VERIFY_COUNTS``. Wrapping two methods costs nothing the run
-would notice.
+the report (its ``streams`` counter), not here. At the end of the session each process writes
+its counts to the JSON file ``$PREFIXCACHE_VERIFY_COUNTS.<worker>`` (``.main`` without
+pytest-xdist). Wrapping two methods costs nothing the run would notice.
 """
 
 from __future__ import annotations
@@ -54,6 +54,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     path = os.environ.get("PREFIXCACHE_VERIFY_COUNTS")
-    if path:
-        with open(path, "w", encoding="utf-8") as f:
+    if path:  # one file per process: under pytest-xdist the workers count, the reader sums
+        with open(f"{path}.{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", "w") as f:
             json.dump(COUNTS, f, indent=1)
