@@ -121,9 +121,10 @@ def run(
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| model | verdict | requests (streams) | waves (requests) | streams sending replies back "
-        "| audited / all | reuse vs token oracle | vs snapshot reference | worst diff | wall (CPU) "
-        "| load |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+        "| model | verdict | requests (streams) | waves (requests in them) | streams sending the "
+        "engine's replies back | audited / all | reuse vs token oracle | vs snapshot reference "
+        "| worst diff | wall (CPU) | load |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
     )
     lines = [head]
     for r in rows:
@@ -143,7 +144,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--seed", type=int, default=1)
@@ -151,7 +152,7 @@ def main() -> int:
     p.add_argument("--workers", metavar="N|auto", help="prefixcache verify --workers")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/families")
     p.add_argument("--markdown", type=Path, metavar="JSON")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.markdown:
         print(markdown(json.loads(a.markdown.read_text())))
         return 0
