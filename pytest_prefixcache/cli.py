@@ -74,8 +74,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _pytest_args(a: argparse.Namespace, out: Path, ini: Path) -> list[str]:
-    # a gate reads none of the project's pytest configuration: no ini, no conftest.py
+    # a gate reads none of the project's pytest configuration: no ini, no conftest.py; and
+    # leaves nothing in the temp directory: pytest's basetemp (which pytest-xdist creates for
+    # --workers) goes next to the ini, in the directory _run removes
     args = ["-c", str(ini), "--rootdir", str(Path.cwd()), "-p", "no:cacheprovider", "--noconftest"]
+    args += ["--basetemp", str(ini.parent / "basetemp")]
     args += ["--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify"]
     args += [f"--prefixcache-report={out / 'report.json'}", f"--junitxml={out / 'junit.xml'}"]
     args.append(f"--prefixcache-failures-dir={out / 'failures'}")

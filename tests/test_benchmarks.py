@@ -255,3 +255,28 @@ def test_parallel_streams_markdown_is_the_table_in_docs_benchmarks(
     for r in counted:  # both paths served the same requests, and passed
         runs = [v for v in r.values() if isinstance(v, dict)]
         assert len({v["requests"] for v in runs}) == 1 and not any(v["failures"] for v in runs)
+
+
+def test_family_verification_rows_are_the_table_in_docs_reference_engine(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import families_verify
+
+    root = Path(__file__).resolve().parent.parent
+    doc = (root / "docs" / "reference-engine.md").read_text()
+    for name in ("families.json", "quiet/families.json"):
+        results = root / "benchmarks" / "results" / "families" / name
+        assert families_verify.main(["--markdown", str(results)]) == 0
+        table = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("|")]
+        rows = json.loads(results.read_text())
+        assert len(table) == 2 + len(rows)
+        assert all(line in doc for line in table)  # the doc shows what the JSON says
+        for r in rows:  # every family passed exactly, the user's own command
+            assert (r["verdict"], r["worst_diff"], r["exit"]) == ("pass", 0.0, 0)
+            assert r["command"].startswith(
+                f"HF_HUB_OFFLINE=1 .venv/bin/prefixcache verify --model {r['model']} "
+            )
+    assert "python benchmarks/families_verify.py --models" in doc  # and the one that made them
+    # negative control: a row whose figures changed is not the doc's
+    changed = dict(rows[0], requests=rows[0]["requests"] + 1)
+    assert families_verify.markdown([changed]).splitlines()[-1] not in doc

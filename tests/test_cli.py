@@ -21,10 +21,12 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def prefixcache(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+def prefixcache(
+    cwd: Path, *args: str, timeout: float = 600, module: str = "pytest_prefixcache.cli", **env: str
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1", **env}
     return subprocess.run(
-        [sys.executable, "-m", "pytest_prefixcache.cli", *args],
+        [sys.executable, "-m", module, *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
 
@@ -116,6 +118,34 @@ def test_verify_on_two_workers(workdir: Path) -> None:
     assert res.returncode == EXIT_OK, res.stdout + res.stderr
     report = json.loads((workdir / "prefixcache-report" / "report.json").read_text())
     assert report["workers"] == 2 and report["shards"] == 2
+
+
+def test_verify_puts_pytests_basetemp_in_the_directory_it_removes(tmp_path: Path) -> None:
+    from pytest_prefixcache.cli import _parser, _pytest_args
+
+    ini = tmp_path / "removed" / "pytest.ini"
+    args = _pytest_args(_parser().parse_args(["verify", "--workers", "2"]), tmp_path, ini)
+    assert args[args.index("--basetemp") + 1] == str(ini.parent / "basetemp")
+    # a user's own --basetemp (after --) comes later, so pytest takes it
+    own = _pytest_args(_parser().parse_args(["verify", "--", "--basetemp", "mine"]), tmp_path, ini)
+    assert own[-2:] == ["--basetemp", "mine"] and own.index("--basetemp") < len(own) - 2
+
+
+@pytest.mark.slow
+def test_verify_on_two_workers_leaves_nothing_in_the_temp_directory(workdir: Path) -> None:
+    pytest.importorskip("xdist", reason="pytest-xdist is not installed (dev extra)")
+    tmp = workdir / "tmp"
+    tmp.mkdir()
+    args = ("--engine", "fakeengines:good", *FAST, "--workers", "2")
+    res = prefixcache(workdir, "verify", *args, TMPDIR=str(tmp))
+    assert res.returncode == EXIT_OK, res.stdout + res.stderr
+    assert sorted(p.name for p in tmp.iterdir() if p.name != "mlx") == []
+    # negative control: the same run through pytest itself leaves pytest's basetemp there
+    plain = ("--pyargs", "pytest_prefixcache.suite", "--prefixcache-verify", "--noconftest")
+    plain += ("--prefixcache-engine=fakeengines:good", "--prefixcache-examples=5", "-n", "2")
+    res = prefixcache(workdir, *plain, module="pytest", TMPDIR=str(tmp))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("pytest-of-")]
 
 
 def test_replay_of_a_malformed_file_is_a_usage_error(workdir: Path) -> None:
