@@ -105,6 +105,36 @@ def test_the_prefills_a_server_ran_are_counted(tmp_path: Path) -> None:
     assert (led.sent, led.received) == (1, 1)
 
 
+# vllm-mlx 0.6.0 --continuous-batching --chunked-prefill-tokens 32 on a 34-token prompt (the
+# records of its tap, cold server, token ids mapped into VOCAB): a 32-position chunk, a chunk of
+# ONE position (it stops 1 short of the end), then the last prompt token in the first decode
+# call, on the batch's new cache, and the decode steps fed the greedy tokens.
+C = [t % 7 for t in range(34)]
+CHUNKED = [
+    ("c", [row(0, 32, C[:32], 6)]),  # the greedy 6 is not C[32] = 4: a prompt token follows
+    ("c", [row(32, 33, [C[32]], 2)]),  # the chunk of one position
+    ("d", [row(33, 34, [C[33]], 3)]),  # C[33] = 5, not its greedy 2: the prompt's last token
+    ("d", [row(34, 35, [3], 1)]),
+    ("d", [row(35, 36, [1], 1)]),
+]
+
+
+@pytest.mark.parametrize("fault", ["none", "second-prefill"])
+def test_a_chunk_of_one_position_stays_in_its_request(tmp_path: Path, fault: str) -> None:
+    # "second-prefill" is the control: after a decode step, a one-position row not fed its
+    # greedy token at the next offset is another prefill (a resumed request), counted
+    calls = CHUNKED + ([("d", [row(36, 37, [4], 1)])] if fault != "none" else [])
+    led = ledger(tmp_path, calls)
+    found = led.find(34, C, 3)
+    assert found is not None and (found.reused, found.ids_checked) == (0, True)
+    assert [r.after for r in found.steps] == [34, 35, 36]
+    assert led.received == (1 if fault == "none" else 2)
+    led.count_sent()
+    assert (led.count_problem() == "") == (fault == "none")
+    # a decode step is no prompt's end: the 35-token prompt C + [3] is not this track's
+    assert led.find(35, [*C, 3], 1) is None
+
+
 def _mlx_lm(concurrency: int, launcher: str = "mlx_lm.server:main") -> Any:
     pytest.importorskip("mlx_lm")
     from pytest_prefixcache.adapters import presets

@@ -47,22 +47,47 @@ class Track:
     """(input positions of the call, row) per call."""
     claimed: bool = False
 
+    kinds: list[str] = field(default_factory=list)
+    """Per row: ``prefill`` (the track's first row, a padded or several-position row, or a
+    one-position prefill chunk that the next row showed to be one), ``prompt?`` (a
+    one-position row after a prefill row, not fed its greedy token: a prompt token, the
+    prompt's last one or a last chunk of one position) or ``step`` (fed its greedy token)."""
+
     @property
     def last(self) -> TapRow:
         return self.rows[-1][1]
 
     def follows(self, row: TapRow, n: int) -> bool:
         """Whether ``row`` (of a call with ``n`` input positions) continues this track: after
-        a prefill chunk (several positions, or padded), any row starting where its real
-        positions end; after a one-position row, a one-position row fed its greedy token."""
-        last_n, last = self.rows[-1]
+        a prefill row (``kinds``) or a prompt token, any row starting where its real positions
+        end; after a decode step, a one-position row fed its greedy token."""
+        last = self.last
         if row.before < 0 or row.real_before != last.real_after:
             return False
-        if last_n > 1 or last.padded:
+        if self.kinds[-1] != "step":
             return True
         if n != 1 or not row.ids:
             return n == 1 and row.ids is None
-        return int(row.ids[-1]) == int(np.argmax(last.logprobs))
+        return self._greedy(row)
+
+    def add(self, row: TapRow, n: int) -> None:
+        """Append ``row`` (that :meth:`follows`, or the first), classifying it (``kinds``);
+        a one-position row not fed the greedy token of a prompt token confirms that one as a
+        prefill chunk (vllm-mlx 0.6.0's chunked prefill ends 2 positions short with a chunk
+        of one, then feeds the last prompt token to its first decode call)."""
+        if not self.rows or n > 1 or row.padded:
+            kind = "prefill"
+        elif self.kinds[-1] == "step" or row.ids is None or self._greedy(row):
+            kind = "step"
+        else:
+            kind = "prompt?"
+            if self.kinds[-1] == "prompt?":
+                self.kinds[-1] = "prefill"
+        self.rows.append((n, row))
+        self.kinds.append(kind)
+
+    def _greedy(self, row: TapRow) -> bool:
+        return row.ids is not None and int(row.ids[-1]) == int(np.argmax(self.last.logprobs))
 
 
 @dataclass(frozen=True)
@@ -202,7 +227,7 @@ class TapLedger:
                 self._by_key[t.key].remove(t)
                 self._by_key.setdefault(rec.cache, []).append(t)
             t.key, t.row, t.last_order = rec.cache, i, order
-            t.rows.append((n, row))
+            t.add(row, n)
         self._key_last[rec.cache] = order
         # a row missing from its batch's latest call was filtered out: it never runs again
         self._by_key[rec.cache] = [t for t in self._by_key[rec.cache] if t.last_order == order]
@@ -256,7 +281,7 @@ def _answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int)
     )
     if first is None:
         return None
-    if first and t.rows[first - 1][0] == 1 and not t.rows[first - 1][1].padded:
+    if first and t.rows[first - 1][0] == 1 and t.kinds[first - 1] != "prefill":
         return None  # a decode step of a longer request, not a prompt's end
     start = t.rows[0][1].real_before
     checked: bool | None = None
