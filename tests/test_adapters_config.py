@@ -132,3 +132,19 @@ def test_a_replaced_group_is_what_the_engine_uses() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_a_vocabulary_directory_is_read_once_when_its_group_is_made() -> None:
+    from pathlib import Path
+
+    from pytest_prefixcache.adapters.http.replies import Vocabulary
+
+    model = Path(__file__).parent.parent / "fixtures" / "tiny-llama"
+    read = Readout(vocab=model)
+    assert isinstance(read.vocab, Vocabulary)
+    again = dataclasses.replace(read, top_logprobs=5)  # a replaced group keeps the one read
+    assert again.vocab is read.vocab
+    engine = OpenAIEngine(url=URL, cold_url=URL, cold="server", vocab=str(model))
+    assert isinstance(engine.readout.vocab, Vocabulary)
+    with pytest.raises(Exception, match=r"tokenizer\.json|No such file"):
+        Readout(vocab=model / "missing")  # a wrong directory is refused when the group is made

@@ -109,8 +109,8 @@ class Readout:
             ``tap``, their figures and the API's per-step logprobs are compared with what the
             model computed (the claims check).
         vocab: a model directory whose tokenizer.json names the ids of top_logprobs entries
-            that carry no ``id`` (decoded text), or a :class:`.replies.Vocabulary` of another
-            kind (SGLang: ``kind="bytes"``).
+            that carry no ``id`` (decoded text), read into a :class:`.replies.Vocabulary` when
+            the group is made, or a Vocabulary of another kind (SGLang: ``kind="bytes"``).
         prompt_ids: where the server says the prompt's token ids: ``"reply"`` (vLLM; asks for
             ``return_token_ids``), ``"tokenize"`` (llama-server's ``/tokenize``), or None.
         image_token_id: the image placeholder id, for image spans in server-side ids.
@@ -130,6 +130,12 @@ class Readout:
     image_token_id: int | None = None
     render: Callable[[Request], tuple[list[int], Spans]] | None = None
     extensions: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vocab, (str, os.PathLike)):  # read once, not at every reply
+            from .replies import Vocabulary
+
+            object.__setattr__(self, "vocab", Vocabulary(self.vocab))
 
 
 @dataclass(frozen=True)

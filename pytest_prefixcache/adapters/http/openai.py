@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import os
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ...errors import EngineError
 from ...tap.tracks import TapLedger
@@ -106,9 +105,7 @@ class OpenAIEngine:
             fields,
         )
         base: Baseline = groups["baseline"]
-        read: Readout = groups["readout"]
-        if read.vocab is not None and not isinstance(read.vocab, Vocabulary):
-            read = dataclasses.replace(read, vocab=Vocabulary(read.vocab))  # read it once
+        read: Readout = groups["readout"]  # a vocab directory is read when the group is made
         #: The settings, each in its group only (:mod:`.config`); a copy that changes one
         #: replaces its group: ``dataclasses.replace(engine.readout, top_logprobs=5)``.
         self.baseline: Baseline = base
@@ -216,8 +213,8 @@ class OpenAIEngine:
 
     @property
     def _vocab(self) -> Vocabulary | None:
-        vocab = self.readout.vocab  # a model directory was read into its Vocabulary at start
-        return Vocabulary(vocab) if isinstance(vocab, (str, os.PathLike)) else vocab
+        # a directory was read into its Vocabulary when the Readout was made
+        return cast("Vocabulary | None", self.readout.vocab)
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
