@@ -95,8 +95,7 @@ class Match:
     @property
     def allowed(self) -> int:
         """The most the declared reference lets this request reuse."""
-        by = {"snapshot": self.snapshot, "block": self.block}.get(self.design.reference)
-        return self.max_reuse if by is None else by
+        return self.design.allows(self.max_reuse, self.snapshot)
 
     def references(self) -> str:
         """Every reference's maximum and which one judges, in one line."""
@@ -150,7 +149,8 @@ class ReuseOracle:
         snap, snap_source, known = 0, None, True
         cap = len(keys) - 1
         recent: int | None = None
-        for p in self._history.get(namespace, ()):
+        history = self._history.get(namespace, ())
+        for p in history:
             n = shared_prefix(keys, p.keys)
             if n > best:
                 best, source = n, p.index
@@ -166,7 +166,9 @@ class ReuseOracle:
             if b > snap:
                 snap, snap_source = b, p.index
             known = known and p.starts_known
-            recent = self._allowed(max(n, m) if self.design.outputs else n, cap, b)
+        if history:  # the loop's last prompt is the namespace's most recent: what it alone leaves
+            shared = max(n, m) if self.design.outputs else n
+            recent = self.design.allows(max(0, min(shared, cap)), b)
         if self.design.outputs and stored > best:
             best, source = stored, stored_source
         token = max(0, min(best, cap))
@@ -184,16 +186,6 @@ class ReuseOracle:
             decode_start=decode_start if decode_start is not None and decode_start < cap else None,
             recent=recent,
         )
-
-    def _allowed(self, shared: int, cap: int, boundary: int) -> int:
-        """What the declared reference allows for a prefix of ``shared`` tokens (capped at
-        ``cap``) whose last boundary within it is ``boundary``."""
-        token = max(0, min(shared, cap))
-        if self.design.reference == "snapshot":
-            return boundary
-        if self.design.reference == "block" and self.design.block_size is not None:
-            return block_reuse(token, self.design.block_size)
-        return token
 
     def add(
         self,

@@ -103,6 +103,15 @@ class CacheDesign:
         except EngineError as exc:
             raise EngineError(f"{type(engine).__name__}: {exc}") from None
 
+    def allows(self, token: int, snapshot: int | None) -> int:
+        """What this design lets a request reuse of a valid shared prefix of ``token`` tokens
+        whose last snapshot boundary is ``snapshot`` (None: not computed)."""
+        if self.reference == "snapshot" and snapshot is not None:
+            return snapshot
+        if self.reference == "block" and self.block_size is not None:
+            return block_reuse(token, self.block_size)
+        return token
+
     @property
     def label(self) -> str:
         """The reference, in words: ``"the snapshot-aware reference"``."""
