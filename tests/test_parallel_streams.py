@@ -199,16 +199,33 @@ CAUGHT = {
 }
 
 
-#: Races show when the timing lets them happen: more examples (as the detection table's).
+#: Races show when the timing lets them happen: more examples (as the detection table's),
+#: and more seeds until one shows. Measured (tests/ alone, two runs at once): evict_in_use
+#: fails 2 to 5 of 30 examples a seed, and 0 in one CI run on a loaded machine; three seeds
+#: of 30 make a miss unlikely while a caught race costs what one seed does.
 RACES = {"wrong_batch_row": 30, "evict_in_use": 30}
+RACE_SEEDS = 3
+
+
+def _detect_race(engine: Any, examples: int) -> VerificationFailure:
+    """The first failure over up to ``RACE_SEEDS`` seeds of ``examples`` each."""
+    for seed_value in range(RACE_SEEDS - 1):
+        try:
+            return _detect_parallel(engine, examples, seed_value)
+        except pytest.fail.Exception:  # this seed's timing never let the race happen
+            engine.reset()
+    return _detect_parallel(engine, examples, RACE_SEEDS - 1)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CAUGHT))
 def test_mutants_are_caught_with_parallel_streams(models: Any, name: str) -> None:
     mutant = MUTANTS[name]
-    examples = RACES.get(name, 12)
-    exc = _detect_parallel(mutant.build(models(mutant.model)), examples=examples)
+    engine = mutant.build(models(mutant.model))
+    if name in RACES:
+        exc = _detect_race(engine, RACES[name])
+    else:
+        exc = _detect_parallel(engine, examples=12)
     assert exc.check == CAUGHT[name], str(exc)
 
 
