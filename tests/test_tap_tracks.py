@@ -17,9 +17,11 @@ import numpy as np
 import pytest
 from adapter_support import SYSTEM, req, user
 
+from pytest_prefixcache.adapters.http.tapped import apply_tap
 from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.tap import TapReader
 from pytest_prefixcache.tap.tracks import TapLedger
+from pytest_prefixcache.types import Outcome
 
 VOCAB = 8
 
@@ -216,6 +218,41 @@ def test_identical_prompts_in_flight_go_by_the_replys_own_reuse(tmp_path: Path) 
     assert led.claim(resumed)
     rest = led.find(6, A, 1, said=5)  # a reply whose figure agrees with no track left
     assert rest is not None and rest.reused == 0
+
+
+#: rapid-mlx 0.16.10 with --shared-prefix-wait-tokens 1, two copies of A in flight: the first
+#: prefilled cold (its reply says nothing: cached_tokens is omitted when 0), the second waited
+#: for its prompt state and resumed from 5 positions, feeding the last prompt token again, while
+#: its reply says the whole prompt, 6 (the engine's one-token over-claim on an exact hit).
+WAITED = [("p", [row(0, 5, A[:5], 0)]), ("g", [row(5, 6, [6], 3)]), ("h", [row(5, 6, [6], 3)])]
+
+
+@pytest.mark.parametrize("first", ["hit", "cold"])
+def test_a_hit_that_over_claims_by_one_still_gets_its_own_track(tmp_path: Path, first: str) -> None:
+    # whichever reply the adapter reads first, each gets its own track: the hit reply only
+    # its one-token over-claim, the cold reply nothing (the ledger read the hit's track as
+    # the cold reply's: "API cached_tokens=6" on a track that reused 0, and None on one of 5)
+    led = ledger(tmp_path, WAITED)
+    hit = Outcome(prompt_tokens=6, cached_tokens=6, token_ids=tuple(A))
+    cold = Outcome(prompt_tokens=6, cached_tokens=None, token_ids=tuple(A))
+    order = [hit, cold] if first == "hit" else [cold, hit]
+    done = {id(o): apply_tap(led, o, 1, 1, wait=0.0) for o in order}
+    (h, hit_problems), (c, cold_problems) = done[id(hit)], done[id(cold)]
+    assert (h.cached_tokens, c.cached_tokens) == (5, 0)
+    assert cold_problems == []
+    # the negative control: the over-claim itself is still reported, by its one token
+    assert hit_problems == ["API cached_tokens=6 but the tap saw 1 of 6 prompt tokens prefilled"]
+
+
+def test_the_closest_track_is_no_excuse_for_a_figure_no_track_shows(tmp_path: Path) -> None:
+    # a reply claiming 3 of A's 6 tokens, with tracks that reused 0 and 5: it gets the closest
+    # (5) and is still told it claimed what the model did not do
+    led = ledger(tmp_path, WAITED)
+    out, problems = apply_tap(
+        led, Outcome(prompt_tokens=6, cached_tokens=3, token_ids=tuple(A)), 1, 1, wait=0.0
+    )
+    assert out.cached_tokens == 5
+    assert problems == ["API cached_tokens=3 but the tap saw 1 of 6 prompt tokens prefilled"]
 
 
 def test_a_request_left_unanswered_may_have_run_or_not(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ starts a track: a prefill the server received.
 
 :meth:`TapLedger.find` attributes a reply to a track: the first unpadded row whose KV offset
 after the call is the prompt length, on a track whose real input ids are the prompt's (when
-the client knows the prompt's ids), the earliest such track first; a track is claimed by one
-reply only. The track's number is the order the server took the requests in
+the client knows the prompt's ids), the earliest such track first (among tracks the ids do
+not tell apart, the one whose reuse is closest to the reply's own figure); a track is claimed
+by one reply only. The track's number is the order the server took the requests in
 (``Outcome.served``); :attr:`TapLedger.received` counts the prefills it received.
 """
 
@@ -241,9 +242,14 @@ class TapLedger:
     ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
         prompt's ``ids``, when given): reads the new records first; None when none does yet.
-        Among tracks the ids do not tell apart (two identical prompts in flight), one that
-        reused ``said`` tokens (the reply's own figure) first: the model computed both, and
-        which reply got which is not in the records."""
+        Among tracks the ids do not tell apart (two identical prompts in flight), the one whose
+        reuse is closest to ``said`` (the reply's own figure) first: the model computed both,
+        and which reply got which is not in the records, so the reply is read the way that
+        contradicts it least. Closest, not equal: an engine that says one token more than it
+        reused on every hit (rapid-mlx 0.16.10's exact repeat) agrees with no track, and the
+        earliest one, the cold prefill a repeat waited for, would give its hit reply the cold
+        track and the cold reply the hit's (an over-claim of the whole prompt and an
+        under-claim of the same size, where the engine's error is one token)."""
         with self.lock:
             self._ingest()
             best: tuple[tuple[int, int, int], Found] | None = None
@@ -253,8 +259,8 @@ class TapLedger:
                 found = _answer(t, prompt_tokens, ids, steps)
                 if found is None:
                     continue
-                agrees = int(said is not None and found.reused != said)
-                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], agrees, t.index)
+                off = 0 if said is None else abs(found.reused - said)
+                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], off, t.index)
                 if best is None or rank < best[0]:
                     best = (rank, found)
             return None if best is None else best[1]
