@@ -53,6 +53,19 @@ def test_entries_without_ids_go_through_the_vocabulary() -> None:
     assert all(raw({"token": t}) == i for t, i in list(raw.names.items())[:50])
 
 
+def test_the_vocabulary_writes_token_ids_as_a_reply_text() -> None:
+    # what the tap's ledger compares a reply's text with (prompts with the same ids)
+    from tokenizers import Tokenizer
+
+    vocab = Vocabulary(FIXTURES / "tiny-llama")
+    tok = Tokenizer.from_file(str(FIXTURES / "tiny-llama" / "tokenizer.json"))
+    ids = tok.encode("describe the image", add_special_tokens=False).ids
+    assert vocab.decode(ids) == "describe the image"
+    assert (
+        vocab.decode([*ids, tok.token_to_id("<|im_end|>")]) == "describe the image"
+    )  # no specials
+
+
 def test_a_malformed_reply_is_an_engine_error() -> None:
     with pytest.raises(EngineError, match="unexpected chat completion reply"):
         parse_reply({"choices": []})

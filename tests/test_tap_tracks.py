@@ -10,6 +10,7 @@ import base64
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,51 @@ def test_the_closest_track_is_no_excuse_for_a_figure_no_track_shows(tmp_path: Pa
     )
     assert out.cached_tokens == 5
     assert problems == ["API cached_tokens=3 but the tap saw 1 of 6 prompt tokens prefilled"]
+
+
+#: Two requests with the same text and other images of one size (vllm-mlx 0.6.0 --mllm): the
+#: same length and the same ids (image pads are one token), prefilled in one batch, each
+#: answering its own greedy tokens: 3 then 4, and 4 then 2.
+PADS = [1, 2, 9, 9, 9, 6]
+TWINS = [
+    ("p", [row(0, 6, PADS, 3), row(0, 6, PADS, 4)]),
+    ("p", [row(6, 7, [3], 4), row(6, 7, [4], 2)]),
+]
+
+
+def letters(ids: Any) -> str:
+    return "".join("abcdefgh"[i] for i in ids)
+
+
+@pytest.mark.parametrize("by", ["text", "tokens"])
+def test_prompts_with_the_same_ids_go_by_what_each_reply_generated(tmp_path: Path, by: str) -> None:
+    # the second request's reply is read first: it gets its own track, not the earliest
+    led = ledger(tmp_path, TWINS)
+    second = Outcome(prompt_tokens=6, token_ids=tuple(PADS), text="ec", tokens=())
+    first = Outcome(prompt_tokens=6, token_ids=tuple(PADS), text="de", tokens=())
+    if by == "tokens":  # an API that names its tokens (rapid-mlx's logprobs)
+        second, first = replace(second, tokens=(4, 2)), replace(first, tokens=(3, 4))
+    b, _ = apply_tap(led, second, 2, 2, wait=0.0, decode=letters)
+    a, _ = apply_tap(led, first, 2, 2, wait=0.0, decode=letters)
+    assert (b.served, b.tokens, a.served, a.tokens) == (1, (4, 2), 0, (3, 4))
+
+
+def test_without_the_replys_text_prompts_with_the_same_ids_are_a_guess(tmp_path: Path) -> None:
+    # the negative control: with no decoder, the second reply read first takes the earliest
+    # track, the first request's logits (the vllm-mlx --mllm "image exchange" of the waves)
+    led = ledger(tmp_path, TWINS)
+    b, _ = apply_tap(led, Outcome(prompt_tokens=6, token_ids=tuple(PADS), text="ec"), 2, 2, wait=0)
+    assert (b.served, b.tokens) == (0, (3, 4))
+
+
+def test_a_reply_answered_from_the_other_image_keeps_that_rows_logits(tmp_path: Path) -> None:
+    # an engine that really answered the first request from the second one's pixels: its
+    # reply's text is the second track's, so it gets that track's logits (and the waves'
+    # comparison with the first request alone, cold, still fails)
+    led = ledger(tmp_path, TWINS)
+    out = Outcome(prompt_tokens=6, token_ids=tuple(PADS), text="ec")
+    a, _ = apply_tap(led, out, 2, 2, wait=0.0, decode=letters)
+    assert (a.served, a.tokens) == (1, (4, 2))
 
 
 def test_a_request_left_unanswered_may_have_run_or_not(tmp_path: Path) -> None:

@@ -14,15 +14,16 @@ starts a track: a prefill the server received.
 :meth:`TapLedger.find` attributes a reply to a track: the first unpadded row whose KV offset
 after the call is the prompt length, on a track whose real input ids are the prompt's (when
 the client knows the prompt's ids), the earliest such track first (among tracks the ids do
-not tell apart, the one whose reuse is closest to the reply's own figure); a track is claimed
-by one reply only. The track's number is the order the server took the requests in
-(``Outcome.served``); :attr:`TapLedger.received` counts the prefills it received.
+not tell apart, the one whose greedy tokens agree furthest with the reply's, then the one
+whose reuse is closest to the reply's own figure); a track is claimed by one reply only. The
+track's number is the order the server took the requests in (``Outcome.served``);
+:attr:`TapLedger.received` counts the prefills it received.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +102,11 @@ class Found:
     served: int
     ids_checked: bool | None
     """True: the track's input ids are the prompt's; None: not known; False: they differ."""
+
+    @property
+    def greedy(self) -> tuple[int, ...]:
+        """The greedy token of each step: what the model generated on this track."""
+        return tuple(int(np.argmax(r.logprobs)) for r in self.steps)
 
 
 class TapLedger:
@@ -239,6 +245,7 @@ class TapLedger:
         ids: Sequence[int] | None,
         steps: int,
         said: int | None = None,
+        fits: Callable[[Sequence[int]], int] | None = None,
     ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
         prompt's ``ids``, when given): reads the new records first; None when none does yet.
@@ -249,10 +256,13 @@ class TapLedger:
         reused on every hit (rapid-mlx 0.16.10's exact repeat) agrees with no track, and the
         earliest one, the cold prefill a repeat waited for, would give its hit reply the cold
         track and the cold reply the hit's (an over-claim of the whole prompt and an
-        under-claim of the same size, where the engine's error is one token)."""
+        under-claim of the same size, where the engine's error is one token). Before that,
+        ``fits``: how far a track's greedy tokens agree with the reply's own (its generated
+        text or tokens), the furthest first: two prompts with the same ids but other images
+        (their image pads are the same tokens) are told apart by what the model answered each."""
         with self.lock:
             self._ingest()
-            best: tuple[tuple[int, int, int], Found] | None = None
+            best: tuple[tuple[int, int, int, int], Found] | None = None
             for t in self.tracks:
                 if t.claimed:
                     continue
@@ -260,7 +270,8 @@ class TapLedger:
                 if found is None:
                     continue
                 off = 0 if said is None else abs(found.reused - said)
-                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], off, t.index)
+                own = 0 if fits is None else fits(found.greedy)
+                rank = ({True: 0, None: 1, False: 2}[found.ids_checked], -own, off, t.index)
                 if best is None or rank < best[0]:
                     best = (rank, found)
             return None if best is None else best[1]

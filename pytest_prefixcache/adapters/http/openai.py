@@ -428,8 +428,13 @@ class OpenAIEngine:
     ) -> Outcome:
         assert isinstance(target, ServerProcess)
         api = out
+        vocab = self._vocab
         out, problems = tapped_outcome(
-            self._readers[id(target)], out, parsed.completion_tokens, request.max_new_tokens
+            self._readers[id(target)],
+            out,
+            parsed.completion_tokens,
+            request.max_new_tokens,
+            decode=None if vocab is None else vocab.decode,
         )
         self.tap_disagreements += problems
         tap_log = self.readout.tap_log

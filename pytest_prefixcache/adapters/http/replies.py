@@ -15,7 +15,7 @@ import base64
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,7 @@ class Vocabulary:
         path = os.path.join(os.fspath(model_dir), "tokenizer.json")
         tok = Tokenizer.from_file(path)
         self.kind = kind
+        self._tokenizer = tok
         #: The token's raw bytes -> its id (``kind="bytes"`` on a byte-level tokenizer).
         self.raw_bytes: dict[bytes, int] = {}
         if kind == "raw":
@@ -96,6 +97,10 @@ class Vocabulary:
             text = tok.decode([i], skip_special_tokens=False)
             seen[text] = -1 if text in seen else i
         self.names = {t: i for t, i in seen.items() if i >= 0}
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` as a server writes a reply: special tokens left out."""
+        return str(self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=True))
 
     def __call__(self, entry: Mapping[str, Any]) -> int | None:
         if self.raw_bytes:

@@ -3,9 +3,10 @@
 The server's records are followed request by request (:class:`~pytest_prefixcache.tap.tracks.
 TapLedger`, several in flight): a reply gets the earliest unclaimed track whose first unpadded
 row ends at the reply's ``prompt_tokens`` and whose input ids are the prompt's (when the
-adapter knows them); the track's first row gives the really prefilled count, its one-position
-rows the decode steps, its number the order the server took the request in
-(``Outcome.served``). Every figure the API also reports is cross-checked against the tap.
+adapter knows them; among tracks with the same ids, the one whose greedy tokens agree
+furthest with the reply's tokens or text); the track's first row gives the really prefilled
+count, its one-position rows the decode steps, its number the order the server took the
+request in (``Outcome.served``). Every figure the API also reports is cross-checked against the tap.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tempfile
 import time
 import uuid
 import weakref
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -41,30 +43,70 @@ def attach_tap(proc: ServerProcess, owner: object) -> TapLedger:
 
 
 def tapped_outcome(
-    reader: TapLedger, out: Outcome, completion_tokens: int, max_new_tokens: int
+    reader: TapLedger,
+    out: Outcome,
+    completion_tokens: int,
+    max_new_tokens: int,
+    decode: Decode | None = None,
 ) -> tuple[Outcome, list[str]]:
     """The API's Outcome completed from the tap (:func:`apply_tap`), its API per-step
     distributions dropped (the tap's replace them), and the API figures the tap contradicts."""
     # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
     expected = min(completion_tokens, max(1, max_new_tokens))
-    tapped, problems = apply_tap(reader, out, expected, max_new_tokens)
+    tapped, problems = apply_tap(reader, out, expected, max_new_tokens, decode=decode)
     return dataclasses.replace(tapped, step_top_logprobs=()), problems
 
 
+#: Token ids -> the text a server writes for them (``Vocabulary.decode``).
+Decode = Callable[[Sequence[int]], str]
+
+
+def reply_fits(out: Outcome, decode: Decode | None) -> Callable[[Sequence[int]], int]:
+    """How far a track's greedy tokens agree with what ``out`` (the API's reply) generated:
+    the leading tokens in common, where the API names its tokens, else the leading characters
+    in common of its text and ``decode`` of theirs (0: it cannot tell). A count, not a match:
+    a server's streamed text writes a byte-fallback token as U+FFFD where a decode of the
+    whole list may join the bytes, so a text seldom equals another decode to the end."""
+    if out.tokens:
+        mine = tuple(out.tokens)
+        return lambda greedy: _common(mine, tuple(greedy))
+    text = (out.text or "").lstrip()
+    if decode is None or not text:
+        return lambda greedy: 0
+    return lambda greedy: _common(text, decode(greedy).lstrip())
+
+
+def _common(a: Sequence[object], b: Sequence[object]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def apply_tap(
-    ledger: TapLedger, out: Outcome, expected: int, n: int, *, wait: float = 5.0
+    ledger: TapLedger,
+    out: Outcome,
+    expected: int,
+    n: int,
+    *,
+    wait: float = 5.0,
+    decode: Decode | None = None,
 ) -> tuple[Outcome, list[str]]:
     """``out`` with the tap's logits, step logits, greedy tokens, really reused count and
     served order, and the list of API figures the tap contradicts. Waits up to ``wait``
-    seconds for the ``expected`` steps to be written."""
+    seconds for the ``expected`` steps to be written. ``decode``: how the server writes
+    token ids as text (tells apart prompts with the same ids by their replies' text)."""
     from ...tap import missing_reason
 
     if out.prompt_tokens is None:
         raise EngineError("the tap needs usage.prompt_tokens to find the prompt's call")
     deadline = time.monotonic() + wait
+    fits = reply_fits(out, decode)
     found: Found | None = None
     while True:
-        found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens)
+        found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens, fits)
         late = time.monotonic() >= deadline
         if found is not None and (late or len(found.steps) >= expected) and ledger.claim(found):
             break
