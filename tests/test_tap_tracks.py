@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from adapter_support import SYSTEM, req, user
 
-from pytest_prefixcache.adapters.http.tapped import apply_tap
+from pytest_prefixcache.adapters.http.tapped import apply_tap, reply_fits
 from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.tap import TapReader
 from pytest_prefixcache.tap.tracks import TapLedger
@@ -281,6 +281,41 @@ def test_prompts_with_the_same_ids_go_by_what_each_reply_generated(tmp_path: Pat
     b, _ = apply_tap(led, second, 2, 2, wait=0.0, decode=letters)
     a, _ = apply_tap(led, first, 2, 2, wait=0.0, decode=letters)
     assert (b.served, b.tokens, a.served, a.tokens) == (1, (4, 2), 0, (3, 4))
+
+
+def test_a_reply_waits_for_a_twin_track_that_is_still_generating(tmp_path: Path) -> None:
+    # the same ids in two batches, both first tokens 3 ("d"); the second batch's next step
+    # is not written yet: a reply "dc" fits both as far as the records go, and is not
+    # settled until it is
+    path = tmp_path / "tap.jsonl"
+    write(path, [("p", [row(0, 6, PADS, 3)]), ("q", [row(0, 6, PADS, 3, shift=0.01)])])
+    write(path, [("p", [row(6, 7, [3], 4)])])  # the first track's step: "de"
+    led = TapLedger(TapReader(path))
+    fits = reply_fits(Outcome(text="dc"), letters)
+    early = led.find(6, PADS, 2, fits=fits)
+    assert early is not None and early.served == 0 and not early.settled
+    write(path, [("q", [row(6, 7, [3], 2, shift=0.01)])])  # the second track's: "dc"
+    late = led.find(6, PADS, 2, fits=fits)
+    assert late is not None and late.served == 1 and late.settled
+
+
+def test_prompts_prefilled_alone_join_a_batch_in_the_order_they_were_run(tmp_path: Path) -> None:
+    # vllm-mlx 0.6.0 --mllm: two prompts with the same ids, each prefilled in a batch of its
+    # own, both first tokens 3, join one decode batch in that order; the rows' offsets and
+    # inputs cannot tell them apart, the order does (the newest first crossed them: the
+    # second prompt's first-token logits with the first one's steps)
+    calls = [
+        ("p1", [row(0, 6, PADS, 3)]),
+        ("p2", [row(0, 6, PADS, 3, shift=0.01)]),
+        ("g", [row(6, 7, [3], 4), row(6, 7, [3], 2)]),
+    ]
+    led = ledger(tmp_path, calls)
+    first, second = (
+        led.find(6, PADS, 2, fits=reply_fits(Outcome(text=t), letters)) for t in ("de", "dc")
+    )
+    assert first is not None and second is not None
+    assert (first.served, second.served) == (0, 1)
+    assert second.steps[0].logprobs[3] == pytest.approx(-0.09)  # its own first-token row
 
 
 def test_without_the_replys_text_prompts_with_the_same_ids_are_a_guess(tmp_path: Path) -> None:

@@ -8,8 +8,11 @@ computed: the rows of its prefill chunks, the row that produced its first genera
 one row per decode step. A row continues a track when its KV offset before the call equals
 the real positions the track holds, and (for a one-position call after a decode step) its
 input token is the track's greedy next token; rows of a batch keep their order when the batch
-is filtered or split, so the tracks live on a batch take its rows in order. Any other row
-starts a track: a prefill the server received.
+is filtered or split, so the tracks live on a batch take its rows in order; rows joining a
+batch from others are taken by those tracks in the order they were last run (vllm-mlx 0.6.0's
+MLLM batch joins its prompts, each prefilled alone, in order: two with the same length and the
+same first token could otherwise cross). Any other row starts a track: a prefill the server
+received.
 
 :meth:`TapLedger.find` attributes a reply to a track: the first unpadded row whose KV offset
 after the call is the prompt length, on a track whose real input ids are the prompt's (when
@@ -22,6 +25,7 @@ track's number is the order the server took the requests in (``Outcome.served``)
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -102,6 +106,9 @@ class Found:
     served: int
     ids_checked: bool | None
     """True: the track's input ids are the prompt's; None: not known; False: they differ."""
+    settled: bool = True
+    """False while another track the ids do not tell from this one still runs short of the
+    steps asked for: what it generates may still fit the reply better."""
 
     @property
     def greedy(self) -> tuple[int, ...]:
@@ -219,8 +226,8 @@ class TapLedger:
                 for t in ts
                 if id(t) not in taken and self._live(t) and t.follows(row, n)
             ]
-            if moved:
-                t = min(moved, key=lambda t: (t.claimed, -t.last_order, t.row))
+            if moved:  # a batch takes the prompts it was handed in the order they were run
+                t = min(moved, key=lambda t: (t.claimed, t.last_order, t.row))
                 owner[i] = t
                 taken.add(id(t))
         for i, row in enumerate(rows):
@@ -259,10 +266,11 @@ class TapLedger:
         under-claim of the same size, where the engine's error is one token). Before that,
         ``fits``: how far a track's greedy tokens agree with the reply's own (its generated
         text or tokens), the furthest first: two prompts with the same ids but other images
-        (their image pads are the same tokens) are told apart by what the model answered each."""
+        (their image pads are the same tokens) are told apart by what the model answered each;
+        the answer is not ``settled`` while such a track still runs short of ``steps``."""
         with self.lock:
             self._ingest()
-            best: tuple[tuple[int, int, int, int], Found] | None = None
+            ranked: list[tuple[tuple[int, int, int, int], Found]] = []
             for t in self.tracks:
                 if t.claimed:
                     continue
@@ -272,9 +280,15 @@ class TapLedger:
                 off = 0 if said is None else abs(found.reused - said)
                 own = 0 if fits is None else fits(found.greedy)
                 rank = ({True: 0, None: 1, False: 2}[found.ids_checked], -own, off, t.index)
-                if best is None or rank < best[0]:
-                    best = (rank, found)
-            return None if best is None else best[1]
+                ranked.append((rank, found))
+            if not ranked:
+                return None
+            rank, best = min(ranked, key=lambda r: r[0])
+            running = any(
+                r[0] == rank[0] and f is not best and len(f.steps) < steps and self._live(f.track)
+                for r, f in ranked
+            )
+            return dataclasses.replace(best, settled=not (fits and running))
 
     def claim(self, found: Found) -> bool:
         """Give ``found``'s track to one reply; False when another reply took it first."""

@@ -108,7 +108,8 @@ def apply_tap(
     while True:
         found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens, fits)
         late = time.monotonic() >= deadline
-        if found is not None and (late or len(found.steps) >= expected) and ledger.claim(found):
+        ready = found is not None and len(found.steps) >= expected and found.settled
+        if found is not None and (late or ready) and ledger.claim(found):
             break
         if late:
             found = None
