@@ -37,11 +37,11 @@ from lab.command_line import (  # noqa: E402 (after the path)
     table_lines,
 )
 from lab.findings import (  # noqa: E402 (after the path)
-    _entries,
     _failures,
     _prefill,
     _short,
     efficiency,
+    failure_entries,
     junit_outcomes,
     markdown,
     matrix_targets,
@@ -127,7 +127,7 @@ def _is_step(f: dict[str, Any]) -> bool:
 
 
 def _claims(r: dict[str, Any], corpus_link: str) -> str:
-    text = _entries(r, corpus_link, _is_claim)
+    text = failure_entries(r, corpus_link, _is_claim)
     targeted = r["checks"].get(CLAIMS_TEST, "")
     if targeted.startswith(("failed", "xfailed")):
         outcome = targeted.split(":")[0]
@@ -137,7 +137,7 @@ def _claims(r: dict[str, Any], corpus_link: str) -> str:
 
 
 def _steps(r: dict[str, Any], corpus_link: str) -> str:
-    text = _entries(r, corpus_link, _is_step)
+    text = failure_entries(r, corpus_link, _is_step)
     if text:
         return text
     if not r.get("steps_aligned"):
