@@ -12,7 +12,8 @@ time the process's user + system time. Each run's row (verdict, requests, stream
 closed-loop share, audited / all, reuse against each reference, worst difference, wall and CPU
 time, load average, the exact command) is added to ``OUT/families.json`` as it finishes, so a
 long run can be read while it goes on; the reports stay in ``OUT/NAME/`` (``report.json``,
-``junit.xml``, ``report.html``). ``--markdown`` prints the table for the docs.
+``junit.xml``, ``report.html``; the reports, ~250 KB each, are git-ignored: the row holds
+what the docs quote). ``--markdown`` prints the table for the docs.
 """
 
 from __future__ import annotations

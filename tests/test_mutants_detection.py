@@ -47,8 +47,11 @@ OPT_IN = {k: v for m in MUTANTS.values() for k, v in m.verify.items()}
 TIMEOUT = {"timeout": 600.0}
 
 #: Races (class 10): only the waves catch them, when the timing lets the race happen, so they
-#: get more examples (the streams run first and see nothing).
+#: get more examples (the streams run first and see nothing), and more seeds until one shows.
+#: Measured (benchmarks alone, two at once): evict_in_use's first failing wave at seed 0 is
+#: the 24th of 30, at seeds 1-3 the 7th to 12th; the other three by the 10th.
 RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30, "ragged_batch": 30}
+RACE_SEEDS = 3
 #: Replays of a saved race: at least one must fail (measured: 3 to 6 of 10 replays fail).
 RACE_REPLAYS = 15
 
@@ -87,8 +90,15 @@ def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> Non
         return
     examples = RACES.get(name, examples_on(mutant.model))
     verify = {**mutant.verify, **TIMEOUT}
-    row = detect(engine, name=name, examples=examples, seed_value=SEED, shrink=False, verify=verify)
-    assert row.detected, f"{name} was not detected in {examples} examples (seed {SEED})"
+    seeds = range(SEED, SEED + (RACE_SEEDS if name in RACES else 1))
+    for seed_value in seeds:
+        engine.reset()
+        row = detect(
+            engine, name=name, examples=examples, seed_value=seed_value, shrink=False, verify=verify
+        )
+        if row.detected:
+            break
+    assert row.detected, f"{name} was not detected in {examples} examples (seeds {list(seeds)})"
     assert row.check == mutant.expected_check, (name, row.check, row.headline)
 
 

@@ -239,7 +239,12 @@ def _short(summary: str) -> str:
     return text[:120].rstrip() + ("..." if len(text) > 120 else "")
 
 
-def _entries(r: dict[str, Any], corpus_link: str, keep: Callable[[dict[str, Any]], bool]) -> str:
+def failure_entries(
+    r: dict[str, Any], corpus_link: str, keep: Callable[[dict[str, Any]], bool]
+) -> str:
+    """A table cell of a row's failures that ``keep`` accepts: one entry per distinct finding
+    (its check and short summary) with links to its saved counterexamples under
+    ``corpus_link``, joined by ``<br>``; '' when none."""
     parts: dict[str, list[str]] = {}  # one entry per distinct finding, with its counterexamples
     for f in r["failures"]:
         if not keep(f):
@@ -258,7 +263,7 @@ def _failures(
 ) -> str:
     """The failures column: the suite's failures (but those ``skip`` names) and the targeted
     checks that did not pass."""
-    text = _entries(r, corpus_link, lambda f: not skip(f["check"])) or "none"
+    text = failure_entries(r, corpus_link, lambda f: not skip(f["check"])) or "none"
     bad = {
         k: v
         for k, v in r["checks"].items()

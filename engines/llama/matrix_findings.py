@@ -27,8 +27,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # engines/: the lab package, also when loaded by path
 from lab.command_line import Command, dispatch, row_lines, saved_lines, table_lines  # noqa: E402
 from lab.findings import (  # noqa: E402 (after the path)
-    _entries,
     efficiency,
+    failure_entries,
     markdown,
     matrix_targets,
     save,
@@ -108,7 +108,7 @@ def table(reports: Path, corpus_link: str = "fixtures/corpus/third_party") -> st
         waves = r["waves"]
         if waves == "ran":
             waves += f" ({r.get('concurrent') or 0} requests in waves)"
-        failures = _entries(r, corpus_link, lambda f: True) or "none"
+        failures = failure_entries(r, corpus_link, lambda f: True) or "none"
         lines.append(
             f"{head} {r['requests']} ({r['cache_hits']}) | {eff_text} | "
             f"{r['worst_diff']:.2g} ({atol}) | {claims} | {waves} | {failures} |"

@@ -7,7 +7,7 @@ directory ``run-<engines>/`` with ``suite.json`` (the plugin's JSON report of th
 engines/seed/matrix.toml, one ``configs`` row per combination), ``tap/<slug>.jsonl`` (per
 request of a combination, the reuse the API reported and the reuse the logit tap saw) and the
 failures' saved streams; per combination, ``<engine>-<labels>/checks.xml`` (JUnit XML of
-engines/seed/test_seed_engines.py) and ``checks.jsonl``.
+engines/seed/test_seed_engines.py and test_seed_waves.py) and ``checks.jsonl``.
 
     python engines/seed/findings.py matrix REPORTS RUN MATRIX ENGINE=VERSION...
                                         writes REPORTS/<engine>-<labels>/row.json per combination
@@ -37,11 +37,11 @@ from lab.command_line import (  # noqa: E402 (after the path)
     table_lines,
 )
 from lab.findings import (  # noqa: E402 (after the path)
-    _entries,
     _failures,
     _prefill,
     _short,
     efficiency,
+    failure_entries,
     junit_outcomes,
     markdown,
     matrix_targets,
@@ -62,16 +62,18 @@ COLUMNS = (
 
 
 def known() -> dict[tuple[str, str, str], str]:
-    """engines/seed/test_seed_engines.py's xfail reasons, by (engine, mode, test)."""
+    """The xfail reasons of engines/seed/test_seed_engines.py (the targeted checks) and
+    test_seed_waves.py (the saved waves), by (engine, mode, test)."""
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent.parent / "tests"))  # its adapter_support (conftest.py)
     import test_seed_engines
+    import test_seed_waves
 
-    return dict(test_seed_engines.KNOWN)
+    return {**test_seed_engines.KNOWN, **test_seed_waves.KNOWN}
 
 
 def checks(path: Path, engine: str, mode: str) -> dict[str, str]:
-    """``junit_outcomes`` against engines/seed/test_seed_engines.py's strict xfails."""
+    """``junit_outcomes`` against the strict xfails of :func:`known`."""
     reasons = known()
     return junit_outcomes(
         path,
@@ -125,7 +127,7 @@ def _is_step(f: dict[str, Any]) -> bool:
 
 
 def _claims(r: dict[str, Any], corpus_link: str) -> str:
-    text = _entries(r, corpus_link, _is_claim)
+    text = failure_entries(r, corpus_link, _is_claim)
     targeted = r["checks"].get(CLAIMS_TEST, "")
     if targeted.startswith(("failed", "xfailed")):
         outcome = targeted.split(":")[0]
@@ -135,7 +137,7 @@ def _claims(r: dict[str, Any], corpus_link: str) -> str:
 
 
 def _steps(r: dict[str, Any], corpus_link: str) -> str:
-    text = _entries(r, corpus_link, _is_step)
+    text = failure_entries(r, corpus_link, _is_step)
     if text:
         return text
     if not r.get("steps_aligned"):

@@ -1,4 +1,5 @@
-"""Checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the logit tap.
+"""The targeted checks of a seed engine (vllm-mlx, rapid-mlx) through the HTTP adapter and the
+logit tap; the replays of its saved waves are test_seed_waves.py's.
 
 Skipped unless engines/seed/run.sh runs it: it sets SEED_ENGINE (vllm-mlx or rapid-mlx),
 SEED_FLAGS (the serve flags of one combination of engines/seed/matrix.toml), SEED_MODE (its
@@ -15,7 +16,6 @@ import os
 import shlex
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,10 +27,7 @@ from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.seed import seed_server
 from pytest_prefixcache.checks.claims import claim_problems
-from pytest_prefixcache.output.streams import load_stream, waves_from
-from pytest_prefixcache.session.matrix_file import read_matrix
 from pytest_prefixcache.types import Message, Request
-from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 ENGINE = os.environ.get("SEED_ENGINE", "")
 FLAGS = shlex.split(os.environ.get("SEED_FLAGS", ""))
@@ -187,33 +184,9 @@ KNOWN.update(
     {("rapid-mlx", "text,memory,bf16,auto", "test_every_token_has_logprobs"): NO_TEXT_NO_LOGPROBS}
 )
 
-#: Found by the concurrent-waves run under the tap (issue #26 item 6).
-WAVE_IMAGES = (
-    f"{VM} --continuous-batching --mllm, waves of 4: two requests with the same text and images "
-    "[A, B] and [C, B], in flight together, answer with each other's images (the cached reply "
-    "of one equals the other's cold reply: -6.2771 and -6.6353 exchanged at token 229, |diff| "
-    "0.358) with 0 of 320 prompt tokens reused, while the cold wave agrees with the cold "
-    "requests alone; one at a time all four are exact. Seen in 3 of 4 replays of the shrunk wave"
-)
-KNOWN.update(
-    {
-        (
-            "vllm-mlx",
-            "cb,mllm,memory,whole,b",
-            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-b-equivalence]",
-        ): WAVE_IMAGES,
-        (
-            "vllm-mlx",
-            "cb,mllm,memory,whole,seqs2",
-            "test_saved_waves[vllm-mlx-waves-cb-mllm-memory-whole-seqs2-equivalence]",
-        ): f"{WAVE_IMAGES}. With --max-num-seqs 2: two requests with the same text and the "
-        "images [A] and [B] (each cached reply equals the other's cold one exactly, |diff| 0.723)",
-    }
-)
-
-
 #: Classified after the rapid-mlx --mllm waves (issue #26 item 6): their 503s and their wrong
-#: answer with nothing reused are MROPE_STALE and this, the same state on the other side.
+#: answer with nothing reused (test_seed_waves.py) are MROPE_STALE and this, the same state on
+#: the other side.
 POSITIONS_KEPT = (
     f"{RM} --mllm (mlx-vlm 0.7.2): a text request served after an image request with a longer "
     "prompt answers from that image request's M-RoPE positions (on a fresh cache-less server: "
@@ -222,44 +195,25 @@ POSITIONS_KEPT = (
     "LanguageModel slices the _position_ids it kept from the last prompt it computed them for "
     "instead of computing new ones): a silent wrong answer, with or without the prefix cache"
 )
-ORDER_IN_A_WAVE = (
-    f"{RM} --mllm, waves of up to 4: the positions kept across requests (test_text_after_image), "
-    "differing between two servers: after a text request, "
-    "an image request with a longer prompt sent 500 ms after a text request: the cached server "
-    "serves the text request first (right), the cold one each request alone in stream order, "
-    "the image request first, so its text request answers from the image request's positions "
-    "(wrong): cached and cold differ with 0 tokens reused"
-)
-STALE_IN_A_WAVE = (
-    f"{RM} --mllm, waves of up to 4: after a text request (89 tokens), the same longer text "
-    "request (110) twice in flight together: both answer 503 'Request cancelled by model "
-    "replacement' ([broadcast_shapes] (1,4,110,16) and (1,1,89,16) in mlx-vlm's mRoPE): "
-    "the stale-mRoPE crash of test_text_stream, not the batch: alone it fails the same way"
-)
 MLLM_MODES = ("mllm,memory,bf16,auto", "mllm,memory,bf16,off", "mllm,memory,b,w1024")
 KNOWN.update({("rapid-mlx", mode, "test_text_after_image"): POSITIONS_KEPT for mode in MLLM_MODES})
-KNOWN.update(
-    {
-        (
-            "rapid-mlx",
-            "mllm,memory,b,w1024",
-            "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-fault]",
-        ): STALE_IN_A_WAVE,
-        (
-            "rapid-mlx",
-            "mllm,memory,b,w1024",
-            "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-equivalence]",
-        ): ORDER_IN_A_WAVE,
-    }
-)
 
 
-@pytest.fixture(autouse=True)
-def _known_findings(request: pytest.FixtureRequest) -> None:
-    name, base = request.node.name, request.node.originalname
-    reason = KNOWN.get((ENGINE, MODE, name)) or KNOWN.get((ENGINE, MODE, base))
-    if reason:  # strict: a fix shows as XPASS(strict)
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+def known_findings(known: dict[tuple[str, str, str], str]) -> object:
+    """An autouse fixture that makes a test ``known`` names for this engine and mode (by its
+    name, or its name without the parameter id) a strict xfail: a fix shows as XPASS(strict)."""
+
+    @pytest.fixture(autouse=True)
+    def _known_findings(request: pytest.FixtureRequest) -> None:
+        name, base = request.node.name, request.node.originalname
+        reason = known.get((ENGINE, MODE, name)) or known.get((ENGINE, MODE, base))
+        if reason:
+            request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
+
+    return _known_findings
+
+
+_known_findings = known_findings(KNOWN)
 
 
 @pytest.fixture(scope="module")
@@ -384,48 +338,3 @@ def test_every_token_has_logprobs(engine: OpenAIEngine) -> None:
     generated = data["usage"]["completion_tokens"]
     content = (data["choices"][0].get("logprobs") or {}).get("content") or []
     assert len(content) == generated, f"{len(content)} logprobs entries for {generated} tokens"
-
-
-#: The shrunk waves of the concurrent runs (issue #26 item 6), for this engine and combination
-#: (a -waves config's labels): each replayed against the engine sent waves of up to 4.
-CORPUS = Path(__file__).resolve().parents[2] / "fixtures" / "corpus" / "third_party"
-REPLAYS = 3
-SAVED_WAVES = sorted(
-    path
-    for path in CORPUS.glob(f"{ENGINE}-waves-*/stream.json")
-    if ENGINE and load_stream(path)[1].get("mode") == MODE
-)
-
-
-#: The arguments of the engine's -waves config in matrix.toml (concurrency, claims): a saved
-#: wave replays as it was found (rapid-mlx's with claims off, else the API's per-step logprobs
-#: fail before the wave does).
-WAVES_ARGS = next(
-    (
-        t.args
-        for t in read_matrix(Path(__file__).with_name("matrix.toml"))
-        if t.name.startswith(f"{ENGINE}-waves[")
-    ),
-    {},
-)
-
-
-@pytest.fixture  # fresh servers per saved wave: a reset leaves rapid-mlx's kept M-RoPE positions
-def waves_engine() -> Iterator[OpenAIEngine]:
-    concurrency = int(WAVES_ARGS.get("concurrency", 4))
-    claims = bool(WAVES_ARGS.get("claims", True))
-    with seed_server(ENGINE, FLAGS, concurrency=concurrency, audit=False, claims=claims) as e:
-        yield e
-
-
-@pytest.mark.parametrize("path", SAVED_WAVES, ids=[p.parent.name for p in SAVED_WAVES])
-def test_saved_waves(waves_engine: OpenAIEngine, path: Path, tmp_path: Path) -> None:
-    """A saved wave, replayed in flight together three times: every cached reply equals the
-    same request served alone, cold (the plugin's waves property, its reset first). Three:
-    which request a batch serves first is up to the server's timing."""
-    stream, meta = load_stream(path)
-    waves = waves_from(stream, meta)
-    assert waves is not None, f"{path} holds no waves"
-    verifier = Verifier(waves_engine, options=VerifyOptions(failures_dir=tmp_path))
-    for _ in range(REPLAYS):
-        verifier.run_waves(waves)

@@ -43,6 +43,7 @@ def findings() -> Iterator[ModuleType]:
     spec.loader.exec_module(module)
     yield module
     sys.modules.pop("test_seed_engines", None)
+    sys.modules.pop("test_seed_waves", None)
 
 
 def config(name: str, failures: list[dict[str, Any]], steps: int) -> dict[str, Any]:

@@ -155,7 +155,7 @@ def matrix_rows(run: Path, matrix: Path, version: str) -> list[dict[str, Any]]:
 def _claims_cell(r: dict[str, Any], corpus_link: str) -> str:
     if r["concurrency"] > 1:
         return "off (waves)"
-    text = common._entries(r, corpus_link, lambda f: f["check"] == "claims")
+    text = common.failure_entries(r, corpus_link, lambda f: f["check"] == "claims")
     return text or "none (4 sources agree)"
 
 

@@ -26,11 +26,6 @@ from typing import NoReturn
 
 from .. import errors
 from ..checks import (
-    CAPACITY,
-    HYGIENE,
-    NO_SNAPSHOT,
-    OLDER_ENTRY,
-    UNDER_ONE_BLOCK,
     CacheDesign,
     Match,
     Problem,
@@ -41,7 +36,6 @@ from ..checks import (
     claim_problems,
     claims_counts,
     compare,
-    control_problems,
     coverage_of,
     efficiency_problem,
     expectation_problems,
@@ -54,7 +48,6 @@ from ..checks import (
     usage_problems,
 )
 from ..output.report import Report, RequestRecord
-from ..output.reuse import add_reuse
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr, Wave
 from .audit import Audit
@@ -68,6 +61,7 @@ from .closed_loop import (
     tolerance_for,
 )
 from .concurrent import WaveStep, run_waves
+from .efficiency import FINDINGS, StreamEfficiency, triage
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
 from .request_count import request_count_problems
@@ -79,10 +73,6 @@ __all__ = [
     "Verifier",
     "VerifyOptions",
 ]
-
-#: Checks whose problems are efficiency findings: recorded, not failed (render hygiene fails
-#: with ``strict_render``).
-FINDINGS = frozenset({CAPACITY, HYGIENE, NO_SNAPSHOT, OLDER_ENTRY, UNDER_ONE_BLOCK})
 
 
 @dataclass(repr=False)
@@ -113,12 +103,8 @@ class Verifier(ShortRepr):
     _replies: list[str | None] = field(default_factory=list)
     """The text of each cached run's reply so far (what closed-loop markers are filled with)."""
     _seconds: float = 0.0
-    _warm: float = 0.0
-    _cold: float = 0.0
-    _reused: int = 0
-    _reusable: int = 0
-    _footprint: int = 0
-    """The previous request's prompt and output tokens (what each of its runs stored)."""
+    _efficiency: StreamEfficiency = field(default_factory=StreamEfficiency)
+    """What this stream's cache saved so far (:mod:`.efficiency`)."""
 
     def __post_init__(self) -> None:
         design = self.options.design or CacheDesign.of(self.engine)
@@ -189,8 +175,7 @@ class Verifier(ShortRepr):
         self.oracle.reset()
         self._rendered.clear()
         self._replies.clear()
-        self._reused = self._reusable = self._footprint = 0
-        self._warm = self._cold = 0.0
+        self._efficiency.reset()
         self.audit.reset()
         self.report.streams += 1
 
@@ -229,14 +214,7 @@ class Verifier(ShortRepr):
         )
         cold = self._seconds  # before the audit's calls set it again
         skewed = getattr(self.engine, "uncached_times_skewed", "")
-        if skewed:  # e.g. a server restarted for every uncached run: no speedup to compute
-            self.report.speedup_not_measured = str(skewed)
-            self.report.warm_seconds = self.report.cold_seconds = 0.0  # nor shown anywhere
-        elif cached.cached_tokens:
-            self._warm += warm
-            self._cold += cold
-            self.report.warm_seconds += warm
-            self.report.cold_seconds += cold
+        self._efficiency.add_times(self.report, cached, warm, cold, skewed)
         self._check(fault_problems(uncached, request), ctx, "uncached run: ")
         assert isinstance(uncached, Outcome)
         self._check(baseline_problems(uncached), ctx, "uncached run: ")
@@ -311,13 +289,7 @@ class Verifier(ShortRepr):
     ) -> list[Problem]:
         """The positive control, with the engine's ``cache_capacity_tokens`` (if declared)."""
         capacity = getattr(self.engine, "cache_capacity_tokens", None)
-        footprint, self._footprint = (
-            self._footprint,
-            (cached.prompt_tokens or 0) + len(cached.tokens),
-        )
-        return control_problems(
-            request, prev, cached, match, capacity=capacity, footprint=footprint
-        )
+        return self._efficiency.control(request, prev, cached, match, capacity)
 
     @property
     def decode_atol(self) -> float:
@@ -329,15 +301,8 @@ class Verifier(ShortRepr):
         return tolerance_for(self.options.tolerance, self.decode_atol, cached, match)
 
     def _findings(self, problems: list[Problem], index: int) -> list[Problem]:
-        """The problems that fail: :data:`FINDINGS` are recorded instead (render hygiene
-        fails with ``strict_render``)."""
-        fail = []
-        for p in problems:
-            if p.check in FINDINGS and not (p.check == HYGIENE and self.options.strict_render):
-                self.report.add_finding(p.check, f"request {index}: {p.headline}")
-            else:
-                fail.append(p)
-        return fail
+        """The problems that fail (:func:`.efficiency.triage`)."""
+        return triage(problems, index, self.report, strict_render=self.options.strict_render)
 
     def _account(self, cached: Outcome, uncached: Outcome, match: Match | None) -> None:
         r = self.report
@@ -345,10 +310,7 @@ class Verifier(ShortRepr):
         r.merges_checked += len(cached.merges or ()) + len(uncached.merges or ())
         if cached.cached_tokens:
             r.cache_hits += 1
-        if match is not None and cached.cached_tokens is not None:
-            add_reuse(r, cached.cached_tokens, match)
-            self._reused += min(cached.cached_tokens, match.allowed)
-            self._reusable += match.allowed
+        self._efficiency.add_reuse(r, cached, match)
 
     def _check(self, problems: list[Problem], ctx: Context, prefix: str = "") -> None:
         __tracebackhide__ = True
@@ -365,12 +327,13 @@ class Verifier(ShortRepr):
         ctx = Context(tuple(self.stream))
         floor = self.options.min_efficiency
         if floor is not None:
-            problem = efficiency_problem(self._reused, self._reusable, floor, self.oracle.design)
+            e = self._efficiency
+            problem = efficiency_problem(e.reused, e.reusable, floor, self.oracle.design)
             if problem is not None:
                 self.fail(problem, ctx)
         speedup = self.options.min_speedup
         if speedup is not None:
-            problem = speedup_problem(self._warm, self._cold, speedup)
+            problem = speedup_problem(self._efficiency.warm, self._efficiency.cold, speedup)
             if problem is not None:  # timing is noisy: fail only if a second measurement agrees
                 if self._remeasure_speedup() < speedup:
                     self.fail(problem, ctx)

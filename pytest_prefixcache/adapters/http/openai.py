@@ -28,7 +28,7 @@ import dataclasses
 import threading
 import uuid
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from ...errors import EngineError
 from ...tap.tracks import TapLedger
@@ -36,11 +36,11 @@ from ...types import Outcome, Request
 from .baselines import check_baseline
 from .chat import chat_body
 from .claims import Pending
-from .config import FIELDS, Baseline, CacheControl, Command, Process, Readout, grouped
+from .config import Baseline, CacheControl, Command, Process, Readout, grouped
+from .engine_settings import EngineSettings
 from .fresh import Forks, FreshServers
-from .prompt_ids import PromptIds
-from .replies import Reply, Vocabulary, logprob_problems, parse_reply, with_extension
-from .resets import Endpoint, endpoints, reset_caches
+from .replies import Reply, logprob_problems, parse_reply, with_extension
+from .resets import reset_caches
 from .server import ServerProcess, connection_problem, http_json, remove_quietly
 from .tapped import attach_tap, log_tap, tapped_outcome
 
@@ -49,7 +49,7 @@ __all__ = ["OpenAIEngine"]
 Server = ServerProcess | str
 
 
-class OpenAIEngine:
+class OpenAIEngine(EngineSettings):
     """An OpenAI-compatible server, started here (``cmd``) or reached at ``url``.
 
     Args:
@@ -171,50 +171,6 @@ class OpenAIEngine:
         except BaseException:  # what did start (a server, a fork server) goes now, not at exit
             self.close()
             raise
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in FIELDS:  # a copy here would go stale when its group is replaced
-            group = FIELDS[name]
-            raise AttributeError(
-                f"OpenAIEngine.{name} lives in its group: set it with engine.{group} = "
-                f"dataclasses.replace(engine.{group}, {name}=...)"
-            )
-        super().__setattr__(name, value)
-
-    # -- settings the protocol and the plugin read, derived from the groups -----------------
-    @property
-    def reuse_reference(self) -> str:
-        """What the server's cache can reuse by design (``cache.reuse_reference``)."""
-        return self.cache.reuse_reference
-
-    @property
-    def block_size(self) -> int | None:
-        """The block size of ``reuse_reference="block"`` (``cache.block_size``)."""
-        return self.cache.block_size
-
-    @property
-    def supports_namespaces(self) -> bool:
-        """Whether a request's namespace can be sent (a namespace header or body field)."""
-        return self.cache.namespace_header is not None or self.cache.namespace_field is not None
-
-    @property
-    def resets(self) -> tuple[Endpoint, ...]:
-        """The cache-reset endpoints (``cache.reset_paths``, else its method and path)."""
-        kv = self.cache
-        try:
-            return endpoints(kv.reset_paths or f"{kv.reset_method} {kv.reset_path}")
-        except ValueError as exc:
-            raise EngineError(str(exc)) from None
-
-    @property
-    def _prompt_ids(self) -> PromptIds:
-        read = self.readout
-        return PromptIds(read.prompt_ids, read.render, read.image_token_id)
-
-    @property
-    def _vocab(self) -> Vocabulary | None:
-        # a directory was read into its Vocabulary when the Readout was made
-        return cast("Vocabulary | None", self.readout.vocab)
 
     def _make(self, cmd: Command | None, url: str | None) -> Server:
         return str(url).rstrip("/") if cmd is None else self._start(self._process(cmd))
