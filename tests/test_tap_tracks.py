@@ -318,19 +318,6 @@ def test_prompts_prefilled_alone_join_a_batch_in_the_order_they_were_run(tmp_pat
     assert second.steps[0].logprobs[3] == pytest.approx(-0.09)  # its own first-token row
 
 
-def test_a_batch_just_run_joins_before_an_older_track_left_behind(tmp_path: Path) -> None:
-    # mlx-lm's batch generator (rapid-mlx's text lane): a prompt batch joins the running one
-    # as soon as it ran; an older prompt's track that ended where this one's row starts and
-    # never ran again (its request finished at its first token) must not take that row
-    calls = [
-        ("p1", [row(0, 5, A[:5], 0)]),  # finished after its prefill
-        ("p2", [row(0, 5, A[:5], 0)]),
-        ("g", [row(5, 6, [6], 3)]),
-    ]
-    found = ledger(tmp_path, calls).find(6, A, 1)
-    assert found is not None and found.served == 1
-
-
 def test_without_the_replys_text_prompts_with_the_same_ids_are_a_guess(tmp_path: Path) -> None:
     # the negative control: with no decoder, the second reply read first takes the earliest
     # track, the first request's logits (the vllm-mlx --mllm "image exchange" of the waves)

@@ -8,11 +8,11 @@ computed: the rows of its prefill chunks, the row that produced its first genera
 one row per decode step. A row continues a track when its KV offset before the call equals
 the real positions the track holds, and (for a one-position call after a decode step) its
 input token is the track's greedy next token; rows of a batch keep their order when the batch
-is filtered or split, so the tracks live on a batch take its rows in order; a row joining a
-batch from another goes to the newest track that it continues, and several rows in a row that
-the same tracks continue go to them in the order they were run (vllm-mlx 0.6.0's MLLM batch
-joins its prompts, each prefilled alone, in order: two with the same length and the same first
-token crossed otherwise). Any other row starts a track: a prefill the server received.
+is filtered or split, so the tracks live on a batch take its rows in order; rows joining a
+batch from others are taken by those tracks in the order they were last run (vllm-mlx 0.6.0's
+MLLM batch joins its prompts, each prefilled alone, in order: two with the same length and the
+same first token could otherwise cross). Any other row starts a track: a prefill the server
+received.
 
 :meth:`TapLedger.find` attributes a reply to a track: the first unpadded row whose KV offset
 after the call is the prompt length, on a track whose real input ids are the prompt's (when
@@ -216,7 +216,6 @@ class TapLedger:
                     break
         # rows moved from another batch (split off, or extended into this one), in order
         taken = {id(t) for t in owner.values()}
-        groups: list[tuple[list[int], list[Track]]] = []
         for i, row in enumerate(rows):
             if i in owner or row.before < 0:
                 continue
@@ -227,17 +226,8 @@ class TapLedger:
                 for t in ts
                 if id(t) not in taken and self._live(t) and t.follows(row, n)
             ]
-            if groups and groups[-1][0][-1] == i - 1 and groups[-1][1] == moved:
-                groups[-1][0].append(i)
-            elif moved:
-                groups.append(([i], moved))
-        for at, moved in groups:
-            # the newest tracks first (a batch just run joins the others); several rows that
-            # the same tracks could take joined in the order those were run (vllm-mlx 0.6.0's
-            # MLLM batch, each prompt prefilled alone, joins them in order)
-            free = [t for t in moved if id(t) not in taken]
-            newest = sorted(free, key=lambda t: (t.claimed, -t.last_order, t.row))[: len(at)]
-            for i, t in zip(at, sorted(newest, key=lambda t: (t.last_order, t.row))):
+            if moved:  # a batch takes the prompts it was handed in the order they were run
+                t = min(moved, key=lambda t: (t.claimed, t.last_order, t.row))
                 owner[i] = t
                 taken.add(id(t))
         for i, row in enumerate(rows):
