@@ -15,7 +15,14 @@ A closed-loop stream is told from an open-loop one by its token counts: the scri
 A mixed share maps the counts after the stream's last draw, so this moves no draw.
 
 Prints one line per share: streams, closed-loop streams, streams that send a reply back,
-requests, requests that carry a reply (what the ``closed loop`` coverage row counts)."""
+requests, requests that carry a reply (what the ``closed loop`` coverage row counts).
+
+    python benchmarks/closed_loop_share.py --shrink 20
+
+With ``--shrink N``: what the smallest failing stream looks like at the default share, for
+seeds 0..N-1 and three failure conditions that need no reply (a failure at the first stream
+with an assistant turn, with three requests, with two namespaces), as ``o``/``C`` (open- or
+closed-loop) and its length: shrinking must still reach open-loop, short streams."""
 
 from __future__ import annotations
 
@@ -23,11 +30,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
 
 from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams
 from pytest_prefixcache.suite.verification import _stream_kwargs
@@ -73,13 +82,64 @@ def measure(share: float, seeds: int, examples: int) -> dict[str, Any]:
     return row
 
 
+#: Failure conditions that need no reply sent back: what shrinking should reach open-loop.
+CONDITIONS = {
+    "assistant turn": lambda s: any(m.role == "assistant" for r in s for m in r.messages),
+    "three requests": lambda s: len(s) >= 3,
+    "two namespaces": lambda s: len({r.namespace for r in s}) >= 2,
+}
+
+
+def smallest(
+    streams: st.SearchStrategy[tuple[Request, ...]],
+    condition: Callable[[tuple[Request, ...]], bool],
+    seed_value: int,
+) -> tuple[Request, ...]:
+    """The smallest stream that meets ``condition`` (300 examples at a seed, then shrinking)."""
+    last: list[tuple[Request, ...]] = []
+
+    @seed(seed_value)
+    @settings(max_examples=300, database=None, deadline=None, report_multiple_bugs=False,
+              suppress_health_check=list(HealthCheck))  # fmt: skip
+    @given(stream=streams)
+    def fails(stream: tuple[Request, ...]) -> None:
+        if condition(stream):
+            last.append(stream)
+            raise AssertionError
+
+    try:
+        fails()
+    except AssertionError:
+        pass
+    return last[-1]  # Hypothesis replays the shrunk example last
+
+
+def shrinks(seeds: int) -> dict[str, list[str]]:
+    """Per condition, ``o``/``C`` (open- or closed-loop) and the length of the smallest
+    stream at each seed."""
+    streams = request_streams(closed_loop=CLOSED_LOOP_SHARE, max_images_per_message=0)
+    out: dict[str, list[str]] = {}
+    for name, condition in CONDITIONS.items():
+        out[name] = []
+        for s in range(seeds):
+            found = smallest(streams, condition, s)
+            closed = any(markers(r) or r.max_new_tokens > 2 for r in found)
+            out[name].append(f"{'C' if closed else 'o'}{len(found)}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shares", type=float, nargs="+", default=[CLOSED_LOOP_SHARE])
     ap.add_argument("--seeds", type=int, default=20, help="Seeds 0..N-1")
     ap.add_argument("--examples", type=int, default=100)
     ap.add_argument("--json", type=Path, help="Write the figures to this JSON file")
+    ap.add_argument("--shrink", type=int, metavar="N", help="Shrink at seeds 0..N-1 instead")
     args = ap.parse_args(argv)
+    if args.shrink:
+        for name, shapes in shrinks(args.shrink).items():
+            print(f"{name}: {' '.join(shapes)}")
+        return 0
     rows = [measure(share, args.seeds, args.examples) for share in args.shares]
     for r in rows:
         print(
