@@ -270,15 +270,18 @@ class TapLedger:
         the answer is not ``settled`` while such a track still runs short of ``steps``."""
         with self.lock:
             self._ingest()
+            answers = [
+                (t, found)
+                for t in self.tracks
+                if not t.claimed and (found := _answer(t, prompt_tokens, ids, steps)) is not None
+            ]
+            # the reply's own tokens or text rank tracks only when there is more than one (a
+            # decode per track and poll otherwise, for a choice already made)
+            fitting = fits if len(answers) > 1 else None
             ranked: list[tuple[tuple[int, int, int, int], Found]] = []
-            for t in self.tracks:
-                if t.claimed:
-                    continue
-                found = _answer(t, prompt_tokens, ids, steps)
-                if found is None:
-                    continue
+            for t, found in answers:
                 off = 0 if said is None else abs(found.reused - said)
-                own = 0 if fits is None else fits(found.greedy)
+                own = 0 if fitting is None else fitting(found.greedy)
                 rank = ({True: 0, None: 1, False: 2}[found.ids_checked], -own, off, t.index)
                 ranked.append((rank, found))
             if not ranked:
