@@ -145,6 +145,9 @@ class Engine:
         self.model = model
         self.caches_output = cache_output_from_env() if cache_output is None else cache_output
         """The prompt+output design: the plugin's references count output tokens as reusable."""
+        self.last_token_kv = False
+        """Its decode never feeds the last generated token back (:meth:`decode`): a reuse
+        bound of the prompt + all output tokens but the last."""
         self.block_size = block_size
         self.kv = KVStore(model)
         self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)

@@ -64,6 +64,9 @@ class MlxLmEngine:
         self.prefill_step_size = prefill_step_size
         self.prompt_cache = LRUPromptCache(max_size=max_size, max_bytes=max_bytes)
         self._lock = threading.RLock()
+        #: mlx-lm's ``generate_step`` computes each yielded token's KV before yielding it, and
+        #: ``run`` stores the cache under prompt + every output token.
+        self.last_token_kv = True
         #: The measured rule where mlx-lm's own split prefill is not exact (tolerances.py).
         self.atol = split_atol("mlx-lm", str(getattr(model, "model_type", "")))
         self.tolerance_rule = split_rule("mlx-lm", str(getattr(model, "model_type", "")))

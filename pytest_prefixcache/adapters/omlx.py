@@ -43,6 +43,7 @@ from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_mo
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
+from .tolerances import with_measured_rules
 
 __all__ = [
     "CACHE_ONLY",
@@ -221,9 +222,7 @@ def omlx_server(
         else None,
         concurrency=concurrency,
     )
-    from .presets import with_split_rule  # presets re-exports this module's preset
-
-    return with_split_rule(engine, "mlx-vlm" if images else "mlx-lm", model)
+    return with_measured_rules(engine, library="mlx-vlm" if images else "mlx-lm", model_dir=model)
 
 
 def _server_env(root: str, extra: Mapping[str, str]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from .http.render import TextRenderer, VlmRenderer
 from .llama import llama_server
 from .omlx import omlx_server
 from .sglang import sglang_server
-from .tolerances import model_type_of, split_atol, split_rule
+from .tolerances import model_dir_of, with_measured_rules
 from .vllm import VLLM_ENV, VLLM_RESETS, vllm_matrix_engine, vllm_server
 
 __all__ = [
@@ -103,33 +103,17 @@ def mlx_lm_server(
         f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
-    return with_split_rule(
-        OpenAIEngine(
-            cmd,
-            cold="server",
-            cold_cmd=cmd + " --prompt-cache-size 0",
-            supports_images=False,
-            tap=tap,
-            render=TextRenderer(model),
-            check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first
-            concurrency=n,  # entry
-        ),
-        "mlx-lm",
-        model,
+    engine = OpenAIEngine(
+        cmd,
+        cold="server",
+        cold_cmd=cmd + " --prompt-cache-size 0",
+        supports_images=False,
+        tap=tap,
+        render=TextRenderer(model),
+        check_labels=False,  # mlx-lm 0.32.2 labels a step with an unsorted top-k's first entry
+        concurrency=n,
     )
-
-
-def with_split_rule(
-    engine: OpenAIEngine, library: str, model_dir: str | os.PathLike[str]
-) -> OpenAIEngine:
-    """``engine`` with the measured tolerance rule of ``library`` on the model's family
-    (``tolerances.py``), where its split prefill is not exact."""
-    kind = model_type_of(model_dir)
-    atol = split_atol(library, kind)
-    if atol is not None:
-        engine.atol = atol
-        engine.tolerance_rule = split_rule(library, kind)
-    return engine
+    return with_measured_rules(engine, cmd)  # the rule from_env derives from the same command
 
 
 def mlx_vlm_server(
@@ -157,7 +141,7 @@ def mlx_vlm_server(
         check_labels=False,
         claims=claims,
     )
-    return with_split_rule(engine, "mlx-vlm", model)
+    return with_measured_rules(engine, cmd)
 
 
 def _json_object(name: str) -> dict[str, Any]:
@@ -255,7 +239,16 @@ def from_env() -> OpenAIEngine:
         else None,
     )
     engine.fresh_instance_share = audit_share("PREFIXCACHE_AUDIT_SHARE", "1")
-    return engine
+    # the measured rule of the program the command runs on the model's family, as a preset
+    # of the same server gets it: the model directory is the command's --model, else the one
+    # the ids are rendered with, the vocabulary's, or PREFIXCACHE_MODEL's
+    candidates = (model_dir_of(cmd or ""), model_dir, e.get("PREFIXCACHE_VOCAB", ""))
+    found = next((d for d in (*candidates, e.get("PREFIXCACHE_MODEL", "")) if _is_dir(d)), None)
+    return with_measured_rules(engine, cmd, model_dir=found)
+
+
+def _is_dir(path: str) -> bool:
+    return bool(path) and os.path.isdir(path)
 
 
 def audit_share(name: str, default: str) -> int:

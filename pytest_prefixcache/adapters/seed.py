@@ -32,7 +32,8 @@ from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
-from .presets import audit_share, concurrency_from_env, with_split_rule
+from .presets import audit_share, concurrency_from_env
+from .tolerances import with_measured_rules
 
 __all__ = [
     "CACHE_ONLY",
@@ -253,7 +254,7 @@ def seed_server(
     # (mlx-vlm's qwen3_5, a last token run alone on gemma3; measured on mlx-lm 0.32.2 and
     # mlx-vlm 0.7.10, the seed engines pin mlx-lm 0.31.3 and mlx-vlm 0.7.10 / 0.7.2)
     engine_.fresh_instance_share = audit_share
-    return with_split_rule(engine_, "mlx-vlm" if images else "mlx-lm", model)
+    return with_measured_rules(engine_, library="mlx-vlm" if images else "mlx-lm", model_dir=model)
 
 
 def cold_baseline(engine: str, flags: Sequence[str], concurrency: int) -> Cold:

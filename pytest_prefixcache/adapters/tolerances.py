@@ -15,20 +15,34 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 __all__ = [
     "DECODE_ATOL",
     "ENGINE_ATOL",
+    "LIBRARIES",
     "SPLIT_ATOL",
+    "Identity",
+    "Rules",
     "decode_atol",
     "decode_rule",
     "engine_atol",
     "engine_rule",
+    "identify",
+    "model_dir_of",
     "model_type_of",
+    "program_of",
+    "rules_for",
     "split_atol",
     "split_rule",
+    "with_measured_rules",
 ]
+
+_E = TypeVar("_E", bound=Any)
 
 #: (library, model_type) -> atol on every step's logprobs: the worst difference measured, times
 #: about 6 (``results/split_tolerance.json``; the margin covers longer prompts than measured).
@@ -129,3 +143,126 @@ def engine_rule(engine: str, model_type: str) -> str:
         f"atol {atol:g} on every step's logprobs, greedy tokens equal "
         f"({ENGINE_SOURCE.get(engine, 'measured')})"
     )
+
+
+#: A server's program (a module, a console script, the module of the ``MODULE:FUNC`` the logit
+#: tap runs) -> the library whose model code computes its logits: the rule's first key.
+LIBRARIES: dict[str, str] = {
+    "mlx_lm.server": "mlx-lm",
+    "mlx_lm": "mlx-lm",
+    "mlx_vlm.server": "mlx-vlm",
+    "mlx_vlm.server.cli": "mlx-vlm",
+    "mlx_vlm": "mlx-vlm",
+}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What a rule is looked up by, and where each half was read."""
+
+    library: str
+    """``"mlx-lm"``, ``"mlx-vlm"``, or "" (not an MLX library's server, or not known)."""
+    model_type: str
+    """The model directory's config.json ``model_type`` ("" when unreadable)."""
+    how: str
+    """Where the two were read, for the report."""
+
+
+def _words(cmd: str | Sequence[str]) -> list[str]:
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(w) for w in cmd]
+
+
+def program_of(cmd: str | Sequence[str]) -> str:
+    """The first word of a server command that names a program of :data:`LIBRARIES` ("" when
+    none does): ``{python} -m pytest_prefixcache.tap mlx_lm.server:main ...`` ->
+    ``mlx_lm.server``."""
+    for word in _words(cmd):
+        name = os.path.basename(word).split(":", 1)[0]
+        if name in LIBRARIES:
+            return name
+    return ""
+
+
+def model_dir_of(cmd: str | Sequence[str]) -> str:
+    """The value of a server command's ``--model`` ("" when it has none)."""
+    words = _words(cmd)
+    for i, word in enumerate(words):
+        if word == "--model" and i + 1 < len(words):
+            return words[i + 1]
+        if word.startswith("--model="):
+            return word.split("=", 1)[1]
+    return ""
+
+
+def identify(
+    cmd: str | Sequence[str] | None = None,
+    *,
+    library: str | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> Identity:
+    """The library and model family of a server: ``library`` when the caller knows it (the
+    seed engines, whose program is not the library's), else the command's program;
+    ``model_dir`` when given, else the command's ``--model``."""
+    parts = []
+    program = program_of(cmd) if cmd is not None else ""
+    if library is None:
+        library = LIBRARIES.get(program, "")
+        if program:
+            parts.append(f"the server command runs {program}")
+    else:
+        parts.append(f"the engine runs {library}")
+    model = str(model_dir) if model_dir else (model_dir_of(cmd) if cmd is not None else "")
+    kind = model_type_of(model) if model else ""
+    if kind:
+        parts.append(f"model_type {kind} in {Path(model) / 'config.json'}")
+    return Identity(library, kind, " and ".join(parts))
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The measured rules that apply to one engine on one model family."""
+
+    identity: Identity
+    atol: float | None
+    """The split rule (every request; None: exact)."""
+    rule: str
+    decode_atol: float | None
+    """The decode rule, where it allows more than the split rule (None: nothing more)."""
+    decode_rule: str
+
+    def named(self, rule: str) -> str:
+        """``rule`` with where its keys were read."""
+        return f"{rule}; identified from {self.identity.how}" if rule else ""
+
+
+def rules_for(identity: Identity) -> Rules:
+    """The split and decode rules of ``identity``'s library on its family."""
+    lib, kind = identity.library, identity.model_type
+    atol, decode = split_atol(lib, kind), decode_atol(lib, kind)
+    if decode is not None and atol is not None and decode <= atol:
+        decode = None  # the split rule, on every request, already allows it
+    return Rules(
+        identity, atol, split_rule(lib, kind), decode, decode_rule(lib, kind) if decode else ""
+    )
+
+
+def with_measured_rules(
+    engine: _E,
+    cmd: str | Sequence[str] | None = None,
+    *,
+    library: str | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+) -> _E:
+    """``engine`` with the measured rules of the server ``cmd`` runs (:func:`identify`): its
+    ``atol`` and ``tolerance_rule`` (the split rule), its ``decode_atol`` and ``decode_rule``.
+    Every door (a preset, ``presets.from_env``, ``--prefixcache-server-cmd``, ``prefixcache
+    verify --server-cmd``) builds its engine through this, so one server on one model is
+    judged by one rule, named the same way."""
+    rules = rules_for(identify(cmd, library=library, model_dir=model_dir))
+    if rules.atol is not None:
+        engine.atol = rules.atol
+        engine.tolerance_rule = rules.named(rules.rule)
+    if rules.decode_atol is not None:
+        engine.decode_atol = rules.decode_atol
+        engine.decode_rule = rules.named(rules.decode_rule)
+    return engine

@@ -12,8 +12,12 @@ reference (the longest boundary of an earlier prompt within the shared prefix) a
 block-granular design, the whole blocks of it; see :mod:`.references`.
 
 An earlier request also leaves behind the KV its decode computed: its prompt continued by its
-greedy output tokens. ``Match.bound`` (the correctness bound) counts them for every engine;
-the token oracle counts them only for a design that caches output (``CacheDesign.outputs``).
+greedy output tokens, the last one included only when the engine's decode computes its KV
+(``CacheDesign.last_kv``, measured or declared; unknown counts it for the bound).
+``Match.bound`` (the correctness bound) counts them for every engine; the token oracle counts
+them only for a design that caches output (``CacheDesign.outputs``). :func:`over_bound` is the
+one test of a reported reuse against the bound: the reuse check and the report's over-claim
+count both call it.
 ``Match.decode_start`` is the first position of the prompt whose KV an earlier decode
 computed (the end of that request's prompt, when this prompt continues it through its
 output): a cached run that reused past it may hold decode-time KV, which on some families is
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .references import CacheDesign, block_reuse, boundaries, last_boundary, reference_name
 
-__all__ = ["Match", "ReuseOracle", "position_keys", "shared_prefix"]
+__all__ = ["Match", "ReuseOracle", "over_bound", "position_keys", "shared_prefix"]
 
 Key = tuple[int, str, int]
 """(token id, image digest or "", offset in the image or -1) for one prompt position."""
@@ -49,6 +53,12 @@ def shared_prefix(a: Sequence[Hashable], b: Sequence[Hashable]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def over_bound(cached_tokens: int | None, limit: int | None) -> bool:
+    """A reported reuse of ``cached_tokens`` exceeds the correctness bound ``limit``
+    (:attr:`Match.limit`): the reuse bound fails. False when either is unknown."""
+    return cached_tokens is not None and limit is not None and cached_tokens > limit
 
 
 @dataclass(frozen=True)
@@ -76,9 +86,9 @@ class Match:
     """The engine's declared design: which reference judges its efficiency."""
     bound: int | None = None
     """The correctness bound: the longest prefix shared with an earlier prompt continued by
-    all its output tokens, capped like ``max_reuse`` (None: ``max_reuse``). The token oracle
-    of a design that caches output counts all but the last output token (a decode never
-    computes the KV of the token it ends on)."""
+    the output tokens whose KV its decode computed (:meth:`.CacheDesign.computed_outputs`),
+    capped like ``max_reuse`` (None: ``max_reuse``). The token oracle of a design that caches
+    output counts the same tokens, the last one only when the engine computes its KV."""
     decode_start: int | None = None
     """The first position of this prompt whose KV an earlier request's decode computed (None
     when no earlier output continues into this prompt)."""
@@ -91,6 +101,10 @@ class Match:
     def limit(self) -> int:
         """The most any cache can validly reuse (the correctness bound)."""
         return self.max_reuse if self.bound is None else max(self.bound, self.max_reuse)
+
+    def exceeded_by(self, cached_tokens: int | None) -> bool:
+        """``cached_tokens`` is more than any cache could validly reuse (:func:`over_bound`)."""
+        return over_bound(cached_tokens, self.limit)
 
     @property
     def allowed(self) -> int:
@@ -157,9 +171,9 @@ class ReuseOracle:
             ext = shared_prefix(keys[n:], p.output) if n == len(p.keys) else 0
             if ext and (decode_start is None or n < decode_start):
                 decode_start = n
-            full = max(full, n + ext)
-            # a decode computes the KV of every output token but the last (never fed back)
-            m = n + min(ext, max(0, len(p.output) - 1))
+            # the output tokens whose KV the decode computed: the last one by the engine's answer
+            full = max(full, n + min(ext, self.design.computed_outputs(len(p.output), bound=True)))
+            m = n + min(ext, self.design.computed_outputs(len(p.output), bound=False))
             if m > stored:
                 stored, stored_source = m, p.index
             b = last_boundary(p.bounds, min(n, len(keys) - 1))

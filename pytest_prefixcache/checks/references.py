@@ -19,6 +19,12 @@ correctness bound always counts an earlier request's output tokens as part of wh
 behind (any design may); the references count them only for a design that declares it: a
 prompt-only cache is not judged for missing the reply's KV. Reuse through output tokens stops
 at the first token where the next prompt's re-tokenised reply differs from the generated ids.
+Whether the decode computed the KV of the last token it generated is the engine's, measured
+or declared (``CacheDesign.last_kv``, :mod:`pytest_prefixcache.verify.decode_kv`): mlx-lm's
+``generate_step`` computes it before it yields the token, the reference engine never feeds it
+back. An engine that never computes it may validly reuse an earlier prompt + all but its last
+output token, one that does prompt + all of them; one whose answer is unknown is judged on the
+generous side (all of them), and the report says so.
 
 An engine declares the design of its cache (:class:`CacheDesign`); its efficiency, the
 positive control and ``--prefixcache-min-efficiency`` are judged against that reference, the
@@ -65,11 +71,15 @@ class CacheDesign:
         outputs: the cache also stores the KV computed while decoding, under the prompt +
             output tokens (the engine's ``caches_output``); the references then count an
             earlier request's output tokens as reusable.
+        last_kv: whether a decode computes the KV of the last token it generates (the
+            engine's ``last_token_kv``, or what :mod:`pytest_prefixcache.verify.decode_kv`
+            measured): True, False, or None (unknown: the correctness bound counts it).
     """
 
     reference: ReuseReference = "token"
     block_size: int | None = None
     outputs: bool = False
+    last_kv: bool | None = None
 
     def __post_init__(self) -> None:
         if self.reference not in REUSE_REFERENCES:
@@ -82,6 +92,8 @@ class CacheDesign:
             raise EngineError(f"block_size={b!r} is not a positive int")
         if not isinstance(self.outputs, bool):
             raise EngineError(f"caches_output={self.outputs!r} is not a bool")
+        if self.last_kv is not None and not isinstance(self.last_kv, bool):
+            raise EngineError(f"last_token_kv={self.last_kv!r} is not a bool or None")
         if (self.reference == "block") != (b is not None):
             raise EngineError(
                 "reuse_reference='block' needs a block_size"
@@ -98,8 +110,9 @@ class CacheDesign:
         reference: Any = getattr(engine, "reuse_reference", "token")
         block = getattr(engine, "block_size", None) if reference == "block" else None
         outputs: Any = getattr(engine, "caches_output", False)
+        last_kv: Any = getattr(engine, "last_token_kv", None)
         try:
-            return cls(reference, block, outputs)
+            return cls(reference, block, outputs, last_kv)
         except EngineError as exc:
             raise EngineError(f"{type(engine).__name__}: {exc}") from None
 
@@ -111,6 +124,15 @@ class CacheDesign:
         if self.reference == "block" and self.block_size is not None:
             return block_reuse(token, self.block_size)
         return token
+
+    def computed_outputs(self, generated: int, *, bound: bool) -> int:
+        """Of ``generated`` output tokens, those whose KV the decode computed: all of them
+        when it computes its last token's KV, all but the last when it never does; unknown
+        counts all of them for the correctness bound (``bound``), all but the last for the
+        references (what a cache is expected to reuse)."""
+        if self.last_kv or (bound and self.last_kv is None):
+            return generated
+        return max(0, generated - 1)
 
     @property
     def label(self) -> str:

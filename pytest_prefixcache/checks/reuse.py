@@ -56,8 +56,9 @@ NOTHING_STORED = (
 
 
 def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
-    """``cached_tokens`` may not exceed the token oracle's maximum valid reuse."""
-    if o.cached_tokens is None or match is None or o.cached_tokens <= match.limit:
+    """``cached_tokens`` may not exceed the correctness bound (:meth:`.Match.exceeded_by`, the
+    test the report's over-claim count uses too)."""
+    if match is None or not match.exceeded_by(o.cached_tokens):
         return []
     src = "no earlier request" if match.source is None else f"request {match.source}"
     outputs = (

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..checks.oracle import over_bound
+
 __all__ = ["FailureRecord", "RequestRecord"]
 
 
@@ -45,12 +47,12 @@ class RequestRecord:
     block: int | None = None
     """Whole blocks of ``reusable``, for a block-granular design."""
 
+    bound: int | None = None
+    """The correctness bound the reuse check judged by (:attr:`.Match.limit`; None: an older
+    report, whose bound was ``reusable``)."""
+
     @property
     def over(self) -> bool:
-        """The engine reported more reuse than the token oracle allows: the dangerous case
-        (the reuse bound)."""
-        return (
-            self.cached_tokens is not None
-            and self.reusable is not None
-            and self.cached_tokens > self.reusable
-        )
+        """The engine reported more reuse than any cache could validly reuse: the reuse bound
+        failed (the reuse check's own test, :func:`.over_bound`)."""
+        return over_bound(self.cached_tokens, self.reusable if self.bound is None else self.bound)

@@ -86,7 +86,10 @@ class Report:
     """Requests with token ids but no message starts (their snapshot-aware boundaries are
     image edges and prompt ends only)."""
     over_claims: int = 0
-    """Requests whose reported reuse exceeded the token oracle's maximum (the reuse bound)."""
+    """Requests whose reported reuse exceeded the correctness bound (the reuse bound failed)."""
+    last_kv: str = ""
+    """Whether the engine's decode computes its last token's KV, and how that was learned
+    (:mod:`pytest_prefixcache.verify.decode_kv`): what the reuse bound counted."""
     worst_diff: float = 0.0
     worst_diff_where: str = ""
     worst_kl: float = 0.0
@@ -244,6 +247,7 @@ class Report:
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
         self.decode_rule = self.decode_rule or other.decode_rule
+        self.last_kv = self.last_kv or other.last_kv
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)

@@ -34,7 +34,7 @@ MIXED = "per configuration"
 #: The report's fields about the design and the other references (written to its JSON).
 FIELDS = (
     "reference", "block_size", "snapshot_reused", "snapshot_tokens", "block_reused",
-    "block_tokens", "starts_unknown",
+    "block_tokens", "starts_unknown", "last_kv",
 )  # fmt: skip
 
 _SHORT = {"token": "token oracle", "snapshot": "snapshot-aware"}
@@ -43,7 +43,7 @@ _SHORT = {"token": "token oracle", "snapshot": "snapshot-aware"}
 def add_reuse(report: Report, cached_tokens: int, match: Match) -> None:
     """Count one request's reported reuse against every reference ``match`` carries."""
     report.reused_tokens += min(cached_tokens, match.max_reuse)
-    report.over_claims += cached_tokens > match.max_reuse
+    report.over_claims += match.exceeded_by(cached_tokens)  # the reuse check's own test
     report.oracle_tokens += match.max_reuse
     if match.snapshot is not None:
         report.snapshot_reused += min(cached_tokens, match.snapshot)

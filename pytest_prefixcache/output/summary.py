@@ -131,6 +131,8 @@ def _head(report: Report) -> list[Line]:
                 "request(s) whose cached run reused KV computed while decoding",
             ),
         )
+    if report.last_kv:
+        out.insert(1, Line("last-kv", report.last_kv))
     if report.engine_error:
         out.insert(
             1, Line("engine-error", f"engine could not be built: {report.engine_error}", "bad")

@@ -12,6 +12,7 @@ that configuration's options.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import inspect
@@ -29,6 +30,7 @@ from ..errors import EngineError
 from ..images import ImageFactory
 from ..types import Engine, Request, ShortRepr
 from ..verify.audit import Audit, fresh_share
+from ..verify.decode_kv import last_kv_of
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
 from .settings import DEFAULT_ENGINE, Settings
@@ -233,6 +235,9 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
     except EngineError as exc:
         slot.report.engine_error = str(exc)
         raise
+    last_kv = last_kv_of(engine, functools.partial(_probe_call, slot, s.timeout))
+    design = dataclasses.replace(design, last_kv=last_kv.computed)
+    slot.report.last_kv = last_kv.line()
     options = VerifyOptions(
         design=design,
         tolerance=tolerance,
@@ -252,6 +257,15 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step
     return verifier
+
+
+def _probe_call(slot: Slot, timeout: float, what: str, fn: Callable[[], object]) -> object:
+    """One engine call of the decode-KV probe on the configuration's worker: its value, or
+    the exception it raised (a timeout leaves the worker dead, as in any verification)."""
+    res = slot.worker.call(fn, timeout=timeout, what=what)
+    if res.error is not None:
+        raise res.error
+    return res.value
 
 
 #: How the report names a tolerance that came from the engine rather than the options.

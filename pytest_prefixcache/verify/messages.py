@@ -58,7 +58,7 @@ def _involved_span(problem: Problem, ctx: Context) -> tuple[int, int, str] | Non
     cached = o.cached_tokens or 0
     if problem.position is not None:
         pos = problem.position
-    elif ctx.match is not None and cached > ctx.match.limit:
+    elif ctx.match is not None and ctx.match.exceeded_by(cached):
         pos = ctx.match.limit
     else:
         pos = cached

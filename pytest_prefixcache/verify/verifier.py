@@ -61,6 +61,7 @@ from .closed_loop import (
     tolerance_for,
 )
 from .concurrent import WaveStep, run_waves
+from .decode_kv import decoded_tokens
 from .efficiency import FINDINGS, StreamEfficiency, triage
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
@@ -230,8 +231,8 @@ class Verifier(ShortRepr):
             spans = cached.image_spans or ()
             match = self.oracle.match(request.namespace, cached.token_ids, spans)
             starts = cached.message_starts
-            self.oracle.add(
-                index, request.namespace, cached.token_ids, spans, starts, cached.tokens
+            self.oracle.add(  # the KV of every token it decoded, the claims' extra steps too
+                index, request.namespace, cached.token_ids, spans, starts, decoded_tokens(cached)
             )
             self.report.starts_unknown += starts is None
         ctx = Context(ctx.stream, index, cached, match)
@@ -266,6 +267,7 @@ class Verifier(ShortRepr):
                 comparison.worst_kl, warm, cold, len(request.images),
                 snapshot=None if match is None else match.snapshot,
                 block=None if match is None else match.block,
+                bound=None if match is None else match.limit,
             )
         )  # fmt: skip
         self._check(

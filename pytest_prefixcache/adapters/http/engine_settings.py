@@ -54,6 +54,12 @@ class EngineSettings:
         return self.cache.namespace_header is not None or self.cache.namespace_field is not None
 
     @property
+    def decode_kv_probe(self) -> bool:
+        """Whether the decode-KV probe can ask this server (:mod:`...verify.decode_kv`): its
+        reuse is read from the tap or checked claims."""
+        return self.readout.tap or self.readout.claims is not None
+
+    @property
     def resets(self) -> tuple[Endpoint, ...]:
         """The cache-reset endpoints (``cache.reset_paths``, else its method and path)."""
         kv = self.cache

@@ -1,0 +1,224 @@
+"""The reuse bound from the engine (issue #32, item 3): whether a decode computed the KV of its
+last generated token is declared or probed (``verify/decode_kv.py``), the bound counts that
+token only when it was, and the reuse check and the summary's over-claim count are one test
+(``checks.oracle.over_bound``). Negative controls: an engine that claims one token more than
+it computed fails the bound; a correct engine that does compute it fails under the old
+assumption (a bound without its last token)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from pytest_prefixcache import Message, Outcome, Request, VerificationFailure, Verifier
+from pytest_prefixcache.checks import CacheDesign, ReuseOracle, reuse_problems, shared_prefix
+from pytest_prefixcache.output.records import RequestRecord
+from pytest_prefixcache.output.report import Report
+from pytest_prefixcache.output.summary import over_claims, summarize
+from pytest_prefixcache.types import ReplyOf
+from pytest_prefixcache.verify.decode_kv import LastKv, last_kv_of, probe_last_kv
+
+VOCAB = 128
+LETTERS = range(97, 123)  # replies are lowercase letters: a reply re-renders to its own ids
+
+
+def render(request: Request) -> list[int]:
+    ids: list[int] = []
+    for m in request.messages:
+        ids += [1, {"system": 2, "user": 3, "assistant": 4}[m.role]]
+        ids += [b for part in m.content for b in str(part).encode()]
+    return [*ids, 1, 4]
+
+
+def logprobs(seq: list[int]) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(bytes(min(t, 255) for t in seq)).digest()[:8], "little")
+    logits = np.random.default_rng(seed).standard_normal(VOCAB).astype(np.float32)
+    logits[LETTERS.start : LETTERS.stop] += 8.0
+    return (logits - np.log(np.sum(np.exp(logits.astype(np.float64))))).astype(np.float32)
+
+
+class KvEngine:
+    """A toy engine with an exact prefix cache: it keeps the prompt + output tokens whose KV its
+    decode computed (all of them with ``last_kv``, else all but the last) and reuses the
+    longest prefix a kept sequence shares. ``overclaim``: it reports reuse through its last
+    output token as well, which it never computed (the bug the bound must catch)."""
+
+    def __init__(
+        self, *, last_kv: bool, declare: bool | None = None, overclaim: bool = False
+    ) -> None:
+        self.last_kv, self.overclaim = last_kv, overclaim
+        self.kept: list[tuple[int, ...]] = []
+        self.claimed: list[tuple[int, ...]] = []
+        self.calls = 0
+        if declare is not None:
+            self.last_token_kv = declare
+        self.decode_kv_probe = declare is None
+
+    def reset(self) -> None:
+        self.kept.clear()
+        self.claimed.clear()
+
+    def run(self, request: Request, *, use_cache: bool) -> Outcome:
+        self.calls += 1
+        ids = render(request)
+        cap = len(ids) - 1
+        kept = self.claimed if self.overclaim else self.kept
+        reused = max((shared_prefix(ids, s) for s in kept), default=0) if use_cache else 0
+        seq, steps, tokens = list(ids), [], []
+        for _ in range(max(1, request.max_new_tokens)):
+            lp = logprobs(seq)
+            steps.append(lp)
+            tokens.append(int(np.argmax(lp)))
+            seq.append(tokens[-1])
+        if use_cache:
+            self.kept.append(tuple(seq if self.last_kv else seq[:-1]))
+            self.claimed.append(tuple(seq))
+        return Outcome(
+            logits=steps[0],
+            tokens=tuple(tokens),
+            step_logits=tuple(steps),
+            cached_tokens=min(reused, cap),
+            prompt_tokens=len(ids),
+            token_ids=tuple(ids),
+            text="".join(chr(t) for t in tokens),
+        )
+
+
+FIRST = Request((Message("user", ("tell me something",)),), "", 1)
+
+
+def closed_loop(turns: int = 3) -> list[Request]:
+    """Each turn continues the previous one by its reply (1 token on the first: max_tokens=1,
+    the case seen on mlx_lm.server) and a new user turn."""
+    out = [FIRST]
+    for i in range(turns - 1):
+        msgs = (*out[-1].messages, Message("assistant", (ReplyOf(i),)), Message("user", ("go",)))
+        out.append(Request(msgs, "", 3))
+    return out
+
+
+def direct(what: str, fn: Callable[[], object]) -> object:
+    return fn()
+
+
+# -- the oracle -------------------------------------------------------------------------------
+@pytest.mark.parametrize("last_kv", [True, False, None])
+def test_the_bound_counts_the_last_output_token_only_when_its_kv_was_computed(
+    last_kv: bool | None,
+) -> None:
+    o = ReuseOracle(design=CacheDesign(last_kv=last_kv))
+    o.add(0, "", [1, 2, 3, 4], [], None, output=[5, 6, 7])
+    m = o.match("", [1, 2, 3, 4, 5, 6, 7, 9], [])
+    assert m.limit == (6 if last_kv is False else 7)  # unknown: the generous side
+    said = Outcome(cached_tokens=7)
+    assert bool(reuse_problems(said, m)) is (last_kv is False)  # the negative control
+    assert m.exceeded_by(7) is (last_kv is False) and not m.exceeded_by(6)
+    # the token oracle of a design that caches output: the last one only when computed
+    cached = ReuseOracle(design=CacheDesign(outputs=True, last_kv=last_kv))
+    cached.add(0, "", [1, 2, 3, 4], [], None, output=[5, 6, 7])
+    assert cached.match("", [1, 2, 3, 4, 5, 6, 7, 9], []).max_reuse == (7 if last_kv else 6)
+
+
+def test_a_declared_trait_that_is_not_a_bool_is_refused() -> None:
+    from pytest_prefixcache.errors import EngineError
+
+    class Odd:
+        last_token_kv = "yes"
+
+    with pytest.raises(EngineError, match="last_token_kv='yes' is not a bool or None"):
+        CacheDesign.of(Odd())
+
+
+# -- the verifier: a correct engine passes, one claiming one token more fails ------------------
+def test_an_engine_that_computes_its_last_token_kv_passes_and_its_reuse_uses_it() -> None:
+    v = Verifier(KvEngine(last_kv=True, declare=True))
+    steps = v.run(closed_loop())
+    n0 = len(steps[0].cached.token_ids or ())
+    assert steps[1].cached.cached_tokens == n0 + 1  # the prompt + the one generated token
+    assert v.report.over_claims == 0 and not any(r.over for r in v.report.records)
+
+
+def test_the_old_assumption_fails_a_correct_engine_that_computes_it() -> None:
+    """Negative control of the measured answer: judged as if its decode never computed its
+    last token's KV, the same correct engine fails the bound (the mlx_lm.server report)."""
+    with pytest.raises(VerificationFailure, match=r"cached_tokens=\d+ exceeds the maximum valid"):
+        Verifier(KvEngine(last_kv=True, declare=False)).run(closed_loop())
+
+
+def test_an_engine_that_claims_one_token_beyond_what_it_computed_fails() -> None:
+    ok = Verifier(KvEngine(last_kv=False, declare=False))
+    ok.run(closed_loop())  # the honest engine that does not compute it passes
+    v = Verifier(KvEngine(last_kv=False, declare=False, overclaim=True))
+    with pytest.raises(VerificationFailure) as info:
+        v.run(closed_loop())
+    assert info.value.check == "reuse bound"
+    assert v.report.over_claims == 1 == over_claims(v.report)
+
+
+# -- one function for the check and the summary -----------------------------------------------
+def test_a_pass_never_prints_a_failed_bound() -> None:
+    """Reuse through output tokens (a bound above the token oracle) is valid: the summary
+    counts no over-claim. The negative control: a record above its bound is counted, and the
+    summary says the efficiency is not judged."""
+    v = Verifier(KvEngine(last_kv=True, declare=True))
+    steps = v.run(closed_loop(4))
+    assert any(s.match and (s.cached.cached_tokens or 0) > s.match.max_reuse for s in steps)
+    v.report.allow_partial = True  # the toy engine has no fresh instance for the audit
+    summary = summarize(v.report)
+    text = "\n".join(summary.lines())
+    assert summary.verdict == "partial" and "not judged" not in text
+    assert "failures by check: none" in text
+    rec = v.report.records[1]
+    assert rec.bound is not None and not rec.over
+    above = RequestRecord(0, 1, 20, rec.bound + 1, 10, 0.0, 0.0, 0, 0, 0, bound=rec.bound)
+    bad = Report(requests=1, records=[above])
+    assert over_claims(bad) == 1 and "not judged" in "\n".join(summarize(bad).lines())
+    old = Report(requests=1, records=[RequestRecord(0, 1, 20, 11, 10, 0.0, 0.0, 0, 0, 0)])
+    assert over_claims(old) == 1  # an older report without bounds: judged by its reusable
+
+
+# -- the probe --------------------------------------------------------------------------------
+@pytest.mark.parametrize("computes", [True, False])
+def test_the_probe_measures_the_engine(computes: bool) -> None:
+    engine = KvEngine(last_kv=computes)
+    answer = last_kv_of(engine, direct)
+    assert answer.computed is computes and answer.how.startswith("probed: reused ")
+    assert engine.kept == []  # the probe's cache entries are gone (reset after)
+    assert ("not computed" in answer.line()) is not computes
+
+
+def test_a_declared_engine_is_not_probed_and_an_unprobed_one_is_unknown() -> None:
+    engine = KvEngine(last_kv=False, declare=False)
+    assert last_kv_of(engine, direct) == LastKv(False, "declared by the engine: last_token_kv")
+    assert engine.calls == 0
+
+    class Silent:  # no trait, no probe: the generous bound, said so
+        def run(self, request: Request, *, use_cache: bool) -> Outcome:
+            raise AssertionError("not probed")
+
+        def reset(self) -> None: ...
+
+    answer = last_kv_of(Silent(), direct)  # type: ignore[arg-type]
+    assert answer.computed is None and "not measured" in answer.line()
+    assert "counts every output token" in answer.line()
+
+
+def test_the_probe_says_why_it_cannot_tell() -> None:
+    class NoIds(KvEngine):
+        def run(self, request: Request, *, use_cache: bool) -> Outcome:
+            out = super().run(request, use_cache=use_cache)
+            return Outcome(logits=out.logits, tokens=out.tokens, text=out.text, cached_tokens=0)
+
+    answer = probe_last_kv(NoIds(last_kv=True), direct)
+    assert answer.computed is None and "reports no prompt token ids" in answer.how
+
+    class Rerendered(KvEngine):  # the next turn carries another text than the reply
+        def run(self, request: Request, *, use_cache: bool) -> Outcome:
+            out = super().run(request, use_cache=use_cache)
+            return Outcome(**{**out.__dict__, "text": "Z"})
+
+    answer = probe_last_kv(Rerendered(last_kv=True), direct)
+    assert answer.computed is None and "does not carry the reply's generated" in answer.how
