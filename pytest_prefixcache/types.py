@@ -368,6 +368,9 @@ class Engine(Protocol):
     the baseline audit may answer; they never share an image or a first message), and
     ``caches_output = True`` (the cache also stores the KV computed while decoding, under
     prompt + output tokens: the references then count output tokens as reusable), and
+    ``last_token_kv: bool`` (its decode computes the KV of the last token it generates: the
+    reuse bound counts that token only then; undeclared, a server under the tap or with claims
+    is probed, see :mod:`pytest_prefixcache.verify.decode_kv`), and
     ``decode_atol: float`` with ``decode_rule: str`` (the tolerance of a request whose cached
     run reused such KV, and its name in the report; every other request keeps the run's
     tolerance), and ``cache_capacity_tokens: int`` (the most tokens the cache holds, the

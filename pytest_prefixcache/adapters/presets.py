@@ -185,6 +185,11 @@ def from_env() -> OpenAIEngine:
     ``PREFIXCACHE_REUSE_REFERENCE`` (``token``, ``snapshot`` or ``block``: the cache's design,
     default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``); ``PREFIXCACHE_CONCURRENCY``
     (requests the server serves at once, default 1: above 1 the waves property runs).
+
+    The measured tolerance rule is the one a preset of the same server gets
+    (:func:`.tolerances.with_measured_rules`): the library from the command's program, the
+    family from its ``--model`` directory, else ``PREFIXCACHE_RENDER``'s, ``PREFIXCACHE_VOCAB``'s
+    or ``PREFIXCACHE_MODEL``'s.
     """
     e = os.environ
     cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
