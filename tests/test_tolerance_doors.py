@@ -75,7 +75,7 @@ def test_a_preset_and_a_server_command_get_the_same_rule(
     monkeypatch: pytest.MonkeyPatch, recorder: None, name: str, atol: float | None
 ) -> None:
     model = fixture_model(name)
-    preset = presets.mlx_lm_server(model)
+    preset: Any = presets.mlx_lm_server(model)  # a Recorder
     assert SERVER_ENGINE == "pytest_prefixcache.adapters.presets:from_env"  # the server-cmd door
     door = through_env(monkeypatch, preset.cmd)
     for engine in (preset, door):
@@ -105,7 +105,7 @@ def test_the_vlm_server_gets_the_mlx_vlm_rule_and_another_program_none(
     monkeypatch: pytest.MonkeyPatch, recorder: None
 ) -> None:
     vl = fixture_model("tiny-qwen3.5-vl")
-    preset = presets.mlx_vlm_server(vl)
+    preset: Any = presets.mlx_vlm_server(vl)  # a Recorder
     door = through_env(monkeypatch, preset.cmd)
     assert preset.atol == door.atol == split_atol("mlx-vlm", "qwen3_5")
     assert getattr(door, "decode_atol", None) is None  # its split rule allows more
