@@ -175,3 +175,17 @@ def test_the_plugin_probes_and_reports_the_answer(pytester: pytest.Pytester) -> 
     report = json.loads((pytester.path / "r.json").read_text(encoding="utf-8"))
     assert report["last_kv"].startswith("KV of a decode's last token: computed (probed")
     assert report["over_claims"] == 0
+
+
+def test_the_oracle_learns_every_token_a_claims_extended_decode_produced() -> None:
+    """The claims check asks a tapped server for extra decode steps and cuts the reply back:
+    the cache holds all of them, so the oracle is given all of them (the tap's argmax)."""
+    import numpy as np
+
+    from pytest_prefixcache.types import Claims
+    from pytest_prefixcache.verify.decode_kv import decoded_tokens
+
+    steps = tuple(np.eye(8, dtype=np.float32)[[3, 5, 7]])
+    cut = Outcome(tokens=(3,), claims=Claims(reuse=(), computed_steps=steps))
+    assert decoded_tokens(cut) == (3, 5, 7)
+    assert decoded_tokens(Outcome(tokens=(3,))) == (3,)  # no extension: the reply's own
