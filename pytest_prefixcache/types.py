@@ -380,7 +380,10 @@ class Engine(Protocol):
     waves property (``test_waves``): waves of concurrent cached requests, each reply compared
     with the same request served alone on the cold baseline, and a cache-off wave as the
     noise control (``use_cache=False`` calls in flight together, too). ``reset`` is called
-    only when no request is in flight. Such an engine reports ``Outcome.served`` where it can.
+    only when no request is in flight. Such an engine reports ``Outcome.served`` where it can,
+    and declares ``batch_invariant = True`` when a reply never depends on the requests in
+    flight with it: a cold wave that differs from the same requests alone is then a batching
+    fault (a failure), not batch non-invariance (a finding).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

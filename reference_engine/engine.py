@@ -114,6 +114,10 @@ class Engine:
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
     max_concurrency = 4
+    #: A reply never depends on the requests in flight with it (each request's forward runs
+    #: on its own cache): a cold wave that differs from the same requests alone is a
+    #: batching fault, not noise.
+    batch_invariant = True
     #: Seconds a request waits for the request in flight writing its next block.
     in_flight_wait = IN_FLIGHT_WAIT
 

@@ -50,7 +50,13 @@ TIMEOUT = {"timeout": 600.0}
 #: get more examples (the streams run first and see nothing), and more seeds until one shows.
 #: Measured (benchmarks alone, two at once): evict_in_use's first failing wave at seed 0 is
 #: the 24th of 30, at seeds 1-3 the 7th to 12th; the other three by the 10th.
-RACES = {"wrong_batch_row": 30, "read_before_write": 30, "evict_in_use": 30, "ragged_batch": 30}
+RACES = {
+    "wrong_batch_row": 30,
+    "read_before_write": 30,
+    "evict_in_use": 30,
+    "ragged_batch": 30,
+    "ragged_decode": 30,
+}
 RACE_SEEDS = 3
 #: Replays of a saved race: at least one must fail (measured: 3 to 6 of 10 replays fail).
 RACE_REPLAYS = 15

@@ -133,10 +133,11 @@ class Report:
         if len(self.finding_examples) < MAX_FINDING_EXAMPLES:
             self.finding_examples.append(f"{check}: {line}")
 
-    def count(self, check: str, outcome: str) -> None:
-        """One request that ``check`` applied to (``APPLIED``) or could not run on (a reason)."""
+    def count(self, check: str, outcome: str, n: int = 1) -> None:
+        """One request (``n`` of them, or of a row's units) that ``check`` applied to
+        (``APPLIED``) or could not run on (a reason)."""
         row = self.coverage.setdefault(check, {})
-        row[outcome] = row.get(outcome, 0) + 1
+        row[outcome] = row.get(outcome, 0) + n
 
     @property
     def not_checked(self) -> dict[str, dict[str, int]]:
