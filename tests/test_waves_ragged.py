@@ -20,6 +20,7 @@ from plugin_engines import FakeEngine
 
 from pytest_prefixcache import EquivalenceFailure, Message, Outcome, Request, Verifier
 from pytest_prefixcache.checks.coverage import APPLIED, coverage_lines
+from pytest_prefixcache.html import render_html
 from pytest_prefixcache.strategies import request_waves
 from pytest_prefixcache.types import Wave
 from pytest_prefixcache.verify.wave_judge import (
@@ -90,6 +91,19 @@ def test_every_decode_step_is_compared_and_counted() -> None:
     assert cov[DECODE_STEPS] == {APPLIED: 6}
     assert cov[DECODING] == {APPLIED: 3, ONE_TOKEN: 1}
     assert any(re.fullmatch(rf"\s*{DECODE_STEPS}\s+6/6", line) for line in coverage_lines(cov))
+
+
+def test_the_decode_rows_reach_the_summary_the_json_and_the_html() -> None:
+    v = Verifier(FakeEngine(concurrent=4))
+    v.run_waves(RAGGED)
+    report = v.report
+    assert any(re.fullmatch(rf"\s*{DECODE_STEPS}\s+6/6", line) for line in report.lines())
+    assert any(f"{DECODING}" in line and "3/4 (one token or none: 1)" in line
+               for line in report.lines())  # fmt: skip
+    assert report.to_json()["coverage"][DECODE_STEPS] == {APPLIED: 6}
+    page = render_html(report)
+    row = re.search(rf'data-check="{DECODE_STEPS}">(.*?)</tr>', page)
+    assert row and '<td class="ran">6/6</td>' in row.group(1), page[-2000:]
 
 
 def test_decode_steps_without_logits_are_counted_as_not_compared() -> None:
