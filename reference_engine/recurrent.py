@@ -29,9 +29,9 @@ from typing import Any
 
 __all__ = ["SEQUENTIAL_UP_TO", "install", "original_chunked", "sequential_pieces"]
 
-#: The longest piece the engine runs through the sequential kernel: the longest measured length
-#: at which it was faster than the chunked scan here (benchmarks/results/gated_delta_pieces.json).
-SEQUENTIAL_UP_TO = 128
+#: The longest piece the engine runs through the sequential kernel: the longest length measured
+#: faster than the chunked scan on an idle and on a loaded machine (benchmarks/results/).
+SEQUENTIAL_UP_TO = 96
 
 _MODULE = "mlx_vlm.models.qwen3_5.gated_delta"
 _LIMIT: ContextVar[int] = ContextVar("prefixcache_sequential_up_to", default=0)
