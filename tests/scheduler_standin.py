@@ -202,6 +202,25 @@ class Scheduler:
         return seq.id in was_partial
 
 
+class FinalChunkBatch(ScheduledBatch):
+    """ATOM main's batch: ``produces_output()`` is False for prefill chunks that do not end a
+    prompt, and its runner answers those with no tokens and no deferred step."""
+
+    def __init__(self, seqs: dict[int, Sequence], counts: list[int], prefill: bool) -> None:
+        super().__init__(seqs, counts, prefill)
+        self.is_final_chunk = [
+            not prefill or seq.num_cached_tokens + n >= seq.num_prompt_tokens
+            for seq, n in zip(seqs.values(), counts)
+        ]
+
+    def produces_output(self) -> bool:
+        return any(self.is_final_chunk)
+
+
+class FinalChunkScheduler(Scheduler):
+    batch = FinalChunkBatch
+
+
 # -- planted bugs (negative controls) ----------------------------------------------------------
 class FirstChunkImages(ScheduledBatch):
     """The batch moves a sequence's images into itself and clears them on the sequence (as

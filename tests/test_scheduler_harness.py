@@ -66,12 +66,21 @@ def served(engine: object, request: Request) -> tuple[object, object, bool]:
     return warm, cold, same
 
 
-@pytest.mark.parametrize("batched_tokens", [1 << 16, 24], ids=["whole", "chunked"])
-def test_a_correct_batch_scheduler_is_exact_and_reuses(model, batched_tokens) -> None:
-    """Text and images, whole prompts and chunks of 24 with deferred outputs: every reply
-    bit-exact; a next request reuses whole blocks, a same-size other image only the blocks
-    before its first placeholder, an identical image request blocks past its image."""
-    engine = harness(model, batched_tokens=batched_tokens)
+@pytest.mark.parametrize(
+    ("scheduler", "batched_tokens"),
+    [
+        (standin.Scheduler, 1 << 16),
+        (standin.Scheduler, 24),
+        (standin.FinalChunkScheduler, 24),
+    ],
+    ids=["whole", "chunked", "chunked-final-output"],
+)
+def test_a_correct_batch_scheduler_is_exact_and_reuses(model, scheduler, batched_tokens) -> None:
+    """Text and images, whole prompts and chunks of 24 with deferred outputs (every chunk's,
+    or, as ATOM main, only those of chunks that end a prompt): every reply bit-exact; a next
+    request reuses whole blocks, a same-size other image only the blocks before its first
+    placeholder, an identical image request blocks past its image."""
+    engine = harness(model, scheduler, batched_tokens=batched_tokens)
     for request, reuse in (
         (ask(LONG), "none"),
         (ask(LONG + " And one more question?"), "some"),
