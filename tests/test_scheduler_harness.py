@@ -140,7 +140,7 @@ def test_a_batch_of_other_requests_is_a_clear_error(model) -> None:
 
 
 STANDINS = {
-    mod.__name__: Path(mod.__file__).read_text(encoding="utf-8")
+    mod.__name__: Path(str(mod.__file__)).read_text(encoding="utf-8")
     for mod in (block_manager_standin, standin)
 }
 
