@@ -149,13 +149,18 @@ def _applied(run: RunFile, source: Path) -> Iterator[None]:
     """The run's environment (its recorded variables set, the shell's others of the same
     kinds unset) and working directory, restored afterwards."""
     saved, cwd = dict(os.environ), Path.cwd()
-    dropped = sorted(k for k in os.environ if is_recorded(k) and k not in run.environment)
+    keep = {*run.environment, *run.withheld}  # withheld: the shell's own (credentials)
+    dropped = sorted(k for k in os.environ if is_recorded(k) and k not in keep)
     for k in dropped:
         del os.environ[k]
     os.environ.update(run.environment)
     print(f"prefixcache: replaying with the settings of the run file {source}: "
           f"{shlex.join(run.flags)}; environment: {', '.join(run.environment) or 'none'}"
           + (f"; unset from this shell: {', '.join(dropped)}" if dropped else ""))  # fmt: skip
+    missing = [k for k in run.withheld if k not in os.environ]
+    if missing:
+        print(f"prefixcache: note: the run had {', '.join(missing)}, which a run file does not "
+              "keep (it may hold a credential), and this shell does not set it")  # fmt: skip
     if run.python and Path(run.python) != Path(sys.executable):
         print(f"prefixcache: note: the run used the interpreter {run.python}, this is "
               f"{sys.executable}")  # fmt: skip

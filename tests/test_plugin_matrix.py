@@ -124,7 +124,14 @@ def test_a_matrix_file_parametrizes_the_suite_by_configuration(pytester: pytest.
     broken = report["configs"][1]
     assert broken["engine"] == "flagged:build(tag='t1', flags=['--lie'])"
     replay = broken["failures"][0]["replay"]
-    assert "--prefixcache-matrix=m.toml" in replay and "--prefixcache-config=fake[broken]" in replay
+    assert f"--run={Path(broken['run_file']).relative_to(pytester.path)} " in replay
+    run = json.loads(Path(broken["run_file"]).read_text())
+    assert run == broken["run"] and report["run"] == {}  # one per configuration
+    assert run["flags"][1:3] == ["--prefixcache-matrix=m.toml", "--prefixcache-config=fake[broken]"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXCACHE_")}
+    pasted = subprocess.run(["/bin/sh", "-c", replay], cwd=pytester.path, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert pasted.returncode == 1 and "ReuseBoundFailure" in pasted.stdout, pasted.stdout[-2000:]
     root = ElementTree.parse(pytester.path / "j.xml").getroot()
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert props["prefixcache_verdict"] == "fail"

@@ -26,6 +26,7 @@ from pytest_prefixcache.output.run_file import (
     load_run_file,
     package_version,
     recorded_environment,
+    split_environment,
     write_run_file,
 )
 from pytest_prefixcache.session.settings import Settings
@@ -87,6 +88,22 @@ def test_the_run_file_keeps_the_settings_variables_and_no_others() -> None:
     }  # fmt: skip
 
 
+def test_a_variable_that_may_hold_a_credential_is_named_not_written(tmp_path: Path) -> None:
+    env = {
+        "PREFIXCACHE_DATABASE": "redis://:pw@host:6379/0", "PREFIXCACHE_SERVER_ENV": "HF_TOKEN=t",
+        "PREFIXCACHE_SERVER_URL": "http://user:pw@127.0.0.1:8000", "SEED_API_KEY": "k",
+        "PREFIXCACHE_IMAGE_TOKEN_ID": "262", "PREFIXCACHE_SERVER_CMD": "x --port {port}",
+    }  # fmt: skip
+    kept, withheld = split_environment(env)
+    assert kept == {
+        "PREFIXCACHE_IMAGE_TOKEN_ID": "262", "PREFIXCACHE_SERVER_CMD": "x --port {port}"
+    }  # fmt: skip
+    assert withheld == ("PREFIXCACHE_DATABASE", "PREFIXCACHE_SERVER_ENV",
+                        "PREFIXCACHE_SERVER_URL", "SEED_API_KEY")  # fmt: skip
+    path = write_run_file(RunFile(("--prefixcache-verify",), kept, withheld), tmp_path)
+    assert "pw" not in path.read_text() and load_run_file(path).withheld == withheld
+
+
 def test_a_run_file_is_written_once_and_named_by_its_content(tmp_path: Path) -> None:
     run = RunFile(("--prefixcache-verify", "--prefixcache-engine=m:f"), {"PREFIXCACHE_A": "1"},
                   python=sys.executable, version=package_version(), seed=3)  # fmt: skip
@@ -109,6 +126,7 @@ BAD: list[tuple[str, Any, str]] = [
     ("env-name", {**GOOD, "environment": {"PATH": "/x"}}, "environment: 'PATH' is not a var"),
     ("env-value", {**GOOD, "environment": {"PREFIXCACHE_A": 1}}, "environment: is"),
     ("seed", {**GOOD, "seed": "1"}, "seed: is '1', expected an integer"),
+    ("withheld", {**GOOD, "withheld": ["HOME"]}, "withheld: 'HOME' is not a variable"),
 ]
 
 
@@ -176,6 +194,7 @@ def test_an_in_process_failure_replays_from_a_clean_shell(
     with_fakes(pytester)
     pytester.makepyfile(envengine=ENV_ENGINE)
     monkeypatch.setenv("PREFIXCACHE_FAKE_BUG", "ignore_digest")
+    monkeypatch.setenv("PREFIXCACHE_DATABASE", "none")  # withheld: it may hold a password
     first = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=envengine:build",
         "--prefixcache-examples=30", "--prefixcache-seed=1", "-k", "request_streams",
@@ -189,6 +208,8 @@ def test_an_in_process_failure_replays_from_a_clean_shell(
         f"{shlex.quote(sys.executable)} -m pytest_prefixcache.cli replay --run=.prefixcache/"
     )
     assert run["environment"]["PREFIXCACHE_FAKE_BUG"] == "ignore_digest"
+    assert run["withheld"] == ["PREFIXCACHE_DATABASE"]
+    assert "PREFIXCACHE_DATABASE" not in run["environment"]
     assert (run["python"], run["version"], run["tolerance"]) == (
         sys.executable, package_version(), "exact"
     )  # fmt: skip
@@ -200,6 +221,7 @@ def test_an_in_process_failure_replays_from_a_clean_shell(
     again = in_shell(line, pytester.path, env)
     assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-2000:]
     assert "EquivalenceFailure: equivalence:" in again.stdout
+    assert "the run had PREFIXCACHE_DATABASE, which a run file does not keep" in again.stdout
     assert _report(pytester.path)["failures"][0]["check"] == failure["check"] == "equivalence"
 
     stream = line.split()[-1]  # negative control 1: the run's flags, this shell's environment

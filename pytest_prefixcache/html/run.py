@@ -31,6 +31,9 @@ def _table(run: dict[str, Any], run_file: str) -> str:
     rows.append(_row("flags", shlex.join(str(f) for f in flags)))
     env = run.get("environment") or {}
     rows += [_row(str(k), str(v)) for k, v in env.items()] or [_row("environment", "(none)")]
+    withheld = run.get("withheld") or []
+    if withheld:  # may hold a credential: not written, a replay takes the shell's own
+        rows.append(_row("withheld (set in your shell)", " ".join(map(str, withheld))))
     return f'<table class="configs run">{"".join(rows)}</table>'
 
 

@@ -10,14 +10,18 @@ A run file looks like::
      "tolerance": "atol 1e-05 (...)", "decode_rule": "",
      "seed": 1, "seed_options": "--prefixcache-seed=1", "examples": 5,
      "flags": ["--prefixcache-verify", "--prefixcache-server-cmd=...", ...],
-     "environment": {"PREFIXCACHE_TAP_SERVER": "1", "SEED_ENGINE": "rapid-mlx", ...}}
+     "environment": {"PREFIXCACHE_TAP_SERVER": "1", "SEED_ENGINE": "rapid-mlx", ...},
+     "withheld": ["PREFIXCACHE_DATABASE"]}
 
 ``flags`` (the pytest options that name the engine and its tolerances) and ``environment``
 (every variable of :data:`RECORDED` the run was started with) are what a replay applies, in
-``directory``; the rest says what the run was (the tolerance rule the built engine reported,
-the interpreter, the package version, the seed that drew its streams). The file's name is
-a hash of its content (``run-<12 hex>.json``): runs that share a failures directory never
-overwrite each other's settings.
+``directory``. A variable that may hold a credential (:func:`is_withheld`: the example
+database's URL, a name ending in ``_TOKEN``, ``_KEY``, ``_SECRET``, ``_PASSWORD``, a value with
+``user:password@`` or ``TOKEN=``) is named under ``withheld``, not written: a CI artifact
+carries no secret, and a replay takes it from its own shell. The rest says what the run was
+(the tolerance rule the built engine reported, the interpreter, the package version, the seed
+that drew its streams). The file's name is a hash of its content (``run-<12 hex>.json``): runs
+that share a failures directory never overwrite each other's settings.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
@@ -38,9 +43,11 @@ __all__ = [
     "RECORDED",
     "RunFile",
     "is_recorded",
+    "is_withheld",
     "load_run_file",
     "package_version",
     "recorded_environment",
+    "split_environment",
     "write_run_file",
 ]
 
@@ -61,6 +68,26 @@ def is_recorded(name: str) -> bool:
     return any(name == r or (r.endswith("_") and name.startswith(r)) for r in RECORDED)
 
 
+_SECRET_NAMES = ("_TOKEN", "_KEY", "_SECRET", "_PASSWORD", "_CREDENTIALS")
+_SECRET_VALUE = re.compile(r"://[^/\s@]*:[^/\s@]*@|(?i:token|secret|password|api_?key)\s*=")
+
+
+def is_withheld(name: str, value: str) -> bool:
+    """A variable that may hold a credential: never written into a run file or a report."""
+    return (
+        name == "PREFIXCACHE_DATABASE"
+        or name.endswith(_SECRET_NAMES)
+        or _SECRET_VALUE.search(value) is not None
+    )
+
+
+def split_environment(env: Mapping[str, str]) -> tuple[dict[str, str], tuple[str, ...]]:
+    """``env`` (recorded variables) as the variables a run file writes and the names it
+    withholds (:func:`is_withheld`)."""
+    kept = {k: v for k, v in env.items() if not is_withheld(k, v)}
+    return kept, tuple(sorted(k for k in env if k not in kept))
+
+
 def package_version() -> str:
     try:
         return metadata.version("pytest-prefixcache")
@@ -74,6 +101,7 @@ class RunFile:
 
     flags: tuple[str, ...]
     environment: dict[str, str] = field(default_factory=dict, hash=False)
+    withheld: tuple[str, ...] = ()
     directory: str = ""
     python: str = ""
     version: str = ""
@@ -89,6 +117,7 @@ class RunFile:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["flags"] = list(self.flags)
+        data["withheld"] = list(self.withheld)
         return {"format": FORMAT, **data}
 
     @property
@@ -121,10 +150,15 @@ class RunFile:
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise PrefixCacheError(f"run file {where}: environment: is {env!r:.60}, expected "
                                    "a JSON object of strings")  # fmt: skip
-        alien = [k for k in env if not is_recorded(k)]
+        withheld = data.get("withheld", [])
+        if not isinstance(withheld, list) or not all(isinstance(w, str) for w in withheld):
+            raise PrefixCacheError(f"run file {where}: withheld: is {withheld!r:.60}, expected "
+                                   "a JSON array of variable names")  # fmt: skip
+        alien = [k for k in [*env, *withheld] if not is_recorded(k)]
         if alien:
             raise PrefixCacheError(
-                f"run file {where}: environment: {alien[0]!r} is not a variable a run records "
+                f"run file {where}: {'environment' if alien[0] in env else 'withheld'}: "
+                f"{alien[0]!r} is not a variable a run records "
                 f"({', '.join(RECORDED)})"
             )
         for key, kind in _KINDS.items():
@@ -135,7 +169,8 @@ class RunFile:
                     f"{'an integer' if kind is int else 'a string'}"
                 )
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**{**known, "flags": tuple(flags), "environment": dict(env)})
+        return cls(**{**known, "flags": tuple(flags), "environment": dict(env),
+                      "withheld": tuple(withheld)})  # fmt: skip
 
 
 _KINDS: dict[str, type] = {

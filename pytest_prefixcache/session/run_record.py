@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..output.report import Report
-from ..output.run_file import RunFile, package_version, write_run_file
+from ..output.run_file import RunFile, package_version, split_environment, write_run_file
 from .settings import Settings
 
 __all__ = ["RunRecord", "run_file_of"]
@@ -19,9 +19,11 @@ __all__ = ["RunRecord", "run_file_of"]
 
 def run_file_of(s: Settings, report: Report) -> RunFile:
     """The run file of settings ``s``, with the rules ``report`` names."""
+    environment, withheld = split_environment(dict(s.environment))
     return RunFile(
         flags=tuple(s.flags()),
-        environment=dict(s.environment),
+        environment=environment,
+        withheld=withheld,
         directory=str(s.invocation_dir),
         python=sys.executable,
         version=package_version(),
