@@ -93,9 +93,10 @@ def test_reference_engine_and_a_mutant_get_a_row_each(tmp_path: Path) -> None:
     assert ref["failures"] == [] and mutant["failures_by_check"] == {"equivalence": 1}
     assert report["requests"] == ref["requests"] + mutant["requests"]
     assert "test_replay[reference] PASSED" in out or "1 failed, 1 passed" in out
-    replay = mutant["failures"][0]["replay"]
-    assert "--prefixcache-engine=reference_engine.mutants:placeholder_collision" in replay
-    assert "default_engine" not in replay
+    assert f"--run=f/{Path(mutant['run_file']).name} " in mutant["failures"][0]["replay"]
+    flags = mutant["run"]["flags"]  # the replay names the mutant alone
+    assert "--prefixcache-engine=reference_engine.mutants:placeholder_collision" in flags
+    assert not any("default_engine" in f for f in flags)
     assert "  reference              PASS" in res.stdout
     assert "  placeholder_collision  FAIL" in res.stdout
 
