@@ -284,3 +284,28 @@ def test_a_server_failure_replays_from_a_clean_shell(
                     pytester.path, env)  # fmt: skip
     rep = _report(pytester.path)
     assert rep["failures"] == [] and rep["verdict"] == "incomplete", bare.stdout[-3000:]
+
+
+@pytest.mark.slow  # the reference engine's mutant on a corpus scenario: about 45 s on 2 cores
+def test_a_mutant_of_the_reference_engine_replays_from_a_clean_shell(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """The README's caught bug (placeholder_collision, one corpus scenario): the printed line
+    reproduces it with no variable set; the stream without the run file replays against the
+    default engine, which passes (negative control)."""
+    pytest.importorskip("mlx.core")
+    first = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--prefixcache-verify",
+        "--prefixcache-engine=reference_engine.mutants:placeholder_collision",
+        "--prefixcache-seed=1", "-k", "three_images_red_blue_green",
+        "--prefixcache-report=r.json", timeout=600,
+    )  # fmt: skip
+    assert first.ret == 1, first.stdout.str()
+    [failure] = _report(pytester.path, "r.json")["failures"]
+    again = in_shell(failure["replay"], pytester.path, clean_env(tmp_path))
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-2000:]
+    assert _report(pytester.path)["failures"][0]["check"] == failure["check"] == "equivalence"
+    stream = failure["replay"].split()[-1]
+    bare = in_shell(f"{sys.executable} -m pytest_prefixcache.cli replay {stream}",
+                    pytester.path, clean_env(tmp_path, HF_HUB_OFFLINE="1"))  # fmt: skip
+    assert bare.returncode == 0 and "1 passed" in bare.stdout, bare.stdout[-3000:]
