@@ -183,6 +183,21 @@ def test_the_replay_line_names_the_run_file_and_the_interpreter(tmp_path: Path) 
     )
 
 
+def test_an_engine_named_in_the_ini_file_is_named_in_the_run_file(
+    pytester: pytest.Pytester,
+) -> None:
+    """``prefixcache replay`` reads no ini file: the run file names the ini's engine."""
+    with_fakes(pytester)
+    pytester.makeini("[pytest]\nprefixcache_engine = fakeengines:lie\n")
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-examples=5",
+        "--prefixcache-seed=1", "-k", "request_streams", "--prefixcache-report=r.json",
+    )  # fmt: skip
+    result.assert_outcomes(failed=1)
+    run = _report(pytester.path, "r.json")["run"]
+    assert run["flags"] == ["--prefixcache-verify", "--prefixcache-engine=fakeengines:lie"]
+
+
 # ---- end to end: the printed line in a clean shell ----------------------------------------
 
 

@@ -239,7 +239,7 @@ class Settings:
                 f"--prefixcache-matrix={self.matrix}",
                 f"--prefixcache-config={self.config_name}",
             ]
-        elif self.engine_source == "option":
+        elif self.engine_source in ("option", "ini"):  # a replay reads no ini file
             out.append(f"--prefixcache-engine={self.engine}")
         elif self.server_cmd is not None:
             out.append(f"--prefixcache-server-cmd={self.server_cmd}")
