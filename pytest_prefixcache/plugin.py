@@ -344,6 +344,8 @@ def _verdict_in_junit(config: pytest.Config, rep: Report) -> None:
     if xml is None:
         return
     xml.add_global_property("prefixcache_verdict", rep.verdict)
+    if rep.run_file:  # what replays the failures (docs/release-gate.md)
+        xml.add_global_property("prefixcache_run_file", rep.run_file)
     for row in rep.configs:
         xml.add_global_property(f"prefixcache_verdict[{row['name']}]", row["verdict"])
     for check, row in rep.coverage.items():

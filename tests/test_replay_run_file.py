@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 from plugin_support import with_fakes
@@ -213,10 +214,13 @@ def test_an_in_process_failure_replays_from_a_clean_shell(
     first = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--prefixcache-verify", "--prefixcache-engine=envengine:build",
         "--prefixcache-examples=30", "--prefixcache-seed=1", "-k", "request_streams",
-        "--prefixcache-report=r.json", timeout=600,
+        "--prefixcache-report=r.json", "--junitxml=j.xml", timeout=600,
     )  # fmt: skip
     assert first.ret == 1, first.stdout.str()
     report = _report(pytester.path, "r.json")
+    junit = ElementTree.parse(pytester.path / "j.xml").getroot()
+    props = {p.get("name"): p.get("value") for p in junit.iter("property")}
+    assert props["prefixcache_run_file"] == report["run_file"]
     [failure] = report["failures"]
     line, run = failure["replay"], report["run"]
     assert f"  replay: {line}" in first.stdout.lines and line.startswith(
