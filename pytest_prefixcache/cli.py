@@ -3,7 +3,8 @@
 ``prefixcache verify`` runs the suite against an engine and writes ``report.json``,
 ``junit.xml`` and a self-contained ``report.html`` into ``--out``; ``prefixcache replay PATH``
 runs one saved failing stream (``--run RUN.json``: with the settings of the run that saved it,
-its flags and environment, so that a clean shell reproduces the failure);
+its flags and environment, so that a clean shell reproduces the failure; ``verify --run``
+takes the same file, written by hand, as a run's whole configuration);
 ``prefixcache report REPORT.json`` renders the HTML page.
 
 Exit codes: 0 the engine passed, 1 a verification check failed, 2 usage error or the engine
@@ -67,6 +68,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     v = sub.add_parser("verify", help="run the verification suite and write the reports")
+    v.add_argument("--run", type=Path, metavar="RUN.json",
+                   help="a run file (written by a run, or by hand: format, flags, "
+                   "environment): verify with its flags and environment, in its "
+                   "directory")  # fmt: skip
     _engine_args(v, "verify")
     v.add_argument("--workers", type=_workers, metavar="N|auto",
                    help="split across pytest-xdist workers, one engine each")  # fmt: skip
@@ -130,8 +135,8 @@ def _render(report_path: Path, output: Path | None) -> int:
 
 
 def _run_file(a: argparse.Namespace) -> RunFile | None:
-    """The run file ``replay --run`` names (None without one); PrefixCacheError when it is
-    missing or malformed, or when an option beside it names the engine too."""
+    """The run file ``--run`` names (None without one); PrefixCacheError when it is missing or
+    malformed, or when an option beside it names the engine too."""
     if getattr(a, "run", None) is None:
         return None
     run = load_run_file(a.run)
@@ -154,7 +159,7 @@ def _applied(run: RunFile, source: Path) -> Iterator[None]:
     for k in dropped:
         del os.environ[k]
     os.environ.update(run.environment)
-    print(f"prefixcache: replaying with the settings of the run file {source}: "
+    print(f"prefixcache: with the settings of the run file {source}: "
           f"{shlex.join(run.flags)}; environment: {', '.join(run.environment) or 'none'}"
           + (f"; unset from this shell: {', '.join(dropped)}" if dropped else ""))  # fmt: skip
     missing = [k for k in run.withheld if k not in os.environ]
@@ -190,7 +195,9 @@ def _run(a: argparse.Namespace) -> int:
         return _usage(str(exc))
     if run is None:
         return _verify(a, None)
-    a.path, a.out = a.path.resolve(), a.out.resolve()  # against this shell's directory
+    if a.command == "replay":
+        a.path = a.path.resolve()  # against this shell's directory
+    a.out = a.out.resolve()
     with _applied(run, a.run):
         return _verify(a, run)
 

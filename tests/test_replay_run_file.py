@@ -328,3 +328,29 @@ def test_a_mutant_of_the_reference_engine_replays_from_a_clean_shell(
     bare = in_shell(f"{sys.executable} -m pytest_prefixcache.cli replay {stream}",
                     pytester.path, clean_env(tmp_path, HF_HUB_OFFLINE="1"))  # fmt: skip
     assert bare.returncode == 0 and "1 passed" in bare.stdout, bare.stdout[-3000:]
+
+
+def test_a_run_file_written_by_hand_configures_a_verify_run(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """The run file is also the form a CI job keeps its settings in: ``prefixcache verify
+    --run FORM`` in a clean shell runs the engine and variables the form names, and its
+    failure's printed line replays it; the same command with the form's flags but without its
+    environment passes (negative control)."""
+    with_fakes(pytester)
+    pytester.makepyfile(envengine=ENV_ENGINE)
+    form = {"format": FORMAT, "flags": ["--prefixcache-engine=envengine:build"],
+            "environment": {"PREFIXCACHE_FAKE_BUG": "ignore_digest"}}  # fmt: skip
+    _write(pytester.path / "form.json", form)
+    env = clean_env(tmp_path)
+    verify = f"{sys.executable} -m pytest_prefixcache.cli verify --examples 10 --seed 1 " + (
+        "--database none {} -- -k request_streams"
+    )
+    res = in_shell(verify.format("--run form.json"), pytester.path, env)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    [failure] = _report(pytester.path)["failures"]
+    assert _report(pytester.path)["run"]["environment"] == form["environment"]
+    again = in_shell(failure["replay"], pytester.path, env)
+    assert again.returncode == 1 and "EquivalenceFailure" in again.stdout, again.stdout[-3000:]
+    bare = in_shell(verify.format("--engine envengine:build"), pytester.path, env)
+    assert bare.returncode == 0, bare.stdout[-3000:]
