@@ -126,6 +126,11 @@ class Report:
     configs: list[dict[str, Any]] = field(default_factory=list)
     """A matrix run's rows, one per configuration (name, engine, verdict, coverage, counters);
     the verdict is the worst row's."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """The run's settings, as its run file holds them (:mod:`.run_file`): what a replay
+    applies (flags, environment) and what the run was (interpreter, version, tolerance rule)."""
+    run_file: str = ""
+    """The run file written beside the saved failing streams (empty: none was written)."""
 
     def add_finding(self, check: str, line: str) -> None:
         """An efficiency finding that does not fail the run (reported everywhere)."""
@@ -244,6 +249,9 @@ class Report:
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
         self.decode_rule = self.decode_rule or other.decode_rule
+        if other.run:  # a worker's (it built the engine: its tolerance rule is known)
+            self.run = other.run
+        self.run_file = self.run_file or other.run_file
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
@@ -294,6 +302,8 @@ class Report:
             "coverage": self.coverage,
             "not_checked": self.not_checked,
             **({"configs": self.configs} if self.configs else {}),
+            "run": self.run,
+            "run_file": self.run_file,
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [
