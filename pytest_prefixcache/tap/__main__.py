@@ -1,7 +1,8 @@
 """``python -m pytest_prefixcache.tap MODULE:FUNC ARGS...``: run a server with the tap installed.
 
 Records go to ``$PREFIXCACHE_TAP``; ``$PREFIXCACHE_TAP_TARGETS`` (comma-separated
-``module:Class``) replaces the default list of wrapped classes.
+``module:Class``) replaces the default list of wrapped classes. Once the server's module is
+imported, the scheduler hooks of :mod:`.identity` label each batch row with its request.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import sys
 
 from . import ENV, TARGETS_ENV
-from .wrap import DEFAULT_TARGETS, install
+from .wrap import DEFAULT_TARGETS, install, install_identity
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +32,11 @@ def main(argv: list[str]) -> int:
     print(f"prefixcache tap: wrapped {', '.join(wrapped) or 'nothing'}", file=sys.stderr)
     module, _, func = argv[0].partition(":")
     sys.argv = [module, *argv[1:]]
-    result = getattr(importlib.import_module(module), func)()
+    entry = getattr(importlib.import_module(module), func)
+    labelled = install_identity()  # the scheduler's classes are imported by now
+    if labelled:
+        print(f"prefixcache tap: batch rows labelled by {', '.join(labelled)}", file=sys.stderr)
+    result = entry()
     return result if isinstance(result, int) else 0
 
 

@@ -52,6 +52,13 @@ class Track:
     rows: list[tuple[int, TapRow]] = field(default_factory=list)
     """(input positions of the call, row) per call."""
     claimed: bool = False
+    label: str | None = None
+    """The server scheduler's id of the request (its rows' label), None for an inferred track."""
+    doubt: str = ""
+    """Why a labelled row contradicted this track's KV offsets ('' when none did)."""
+    interleaved: bool = False
+    """Another request's rows ran in the same call as this track's, or between two of its
+    calls: an inferred attribution of it is a guess, not a sequence."""
 
     kinds: list[str] = field(default_factory=list)
     """Per row: ``prefill`` (the track's first row, a padded or several-position row, or a
@@ -109,6 +116,12 @@ class Found:
     settled: bool = True
     """False while another track the ids do not tell from this one still runs short of the
     steps asked for: what it generates may still fit the reply better."""
+    attribution: str = "guessed"
+    """How the track was given to the reply: ``id`` (the server's scheduler labelled its rows
+    and admitted it under the reply's id), ``sequential`` (inferred, but it was the only track
+    answering the prompt and no other request's rows ran while it did) or ``guessed``."""
+    note: str = ""
+    """Why an id did not settle it (a labelled row that contradicts the track), '' otherwise."""
 
     @property
     def greedy(self) -> tuple[int, ...]:
@@ -138,6 +151,8 @@ class TapLedger:
         self._order = 0
         self._by_key: dict[str, list[Track]] = {}
         self._key_last: dict[str, int] = {}
+        self._by_label: dict[str, Track] = {}
+        self._prev: dict[int, Track] = {}  # the tracks of the latest call, by id
 
     @property
     def installed(self) -> list[str] | None:
@@ -204,45 +219,72 @@ class TapLedger:
         rows = rec.row_list()
         n = rec.n_inputs
         owner: dict[int, Track] = {}
+        for i, row in enumerate(rows):  # a row the scheduler labelled is its request's
+            t = self._by_label.get(row.label) if row.label is not None else None
+            if t is None:
+                continue
+            if row.before >= 0 and row.real_before != t.last.real_after and not t.doubt:
+                t.doubt = (
+                    f"a row labelled {row.label!r} starts at KV offset {row.before} where that "
+                    f"request's rows ended at {t.last.real_after} (call {rec.seq})"
+                )
+            owner[i] = t
         # the tracks live on this batch take its rows in order (filtering keeps the order)
         here = sorted(
             (t for t in self._by_key.get(rec.cache, ()) if self._live(t)), key=lambda t: t.row
         )
         j = 0
         for t in here:
+            if t.label is not None:
+                continue
             for i in range(j, len(rows)):
-                if t.follows(rows[i], n):
+                if i not in owner and rows[i].label is None and t.follows(rows[i], n):
                     owner[i], j = t, i + 1
                     break
         # rows moved from another batch (split off, or extended into this one), in order
         taken = {id(t) for t in owner.values()}
         for i, row in enumerate(rows):
-            if i in owner or row.before < 0:
+            if i in owner or row.before < 0 or row.label is not None:
                 continue
             moved = [
                 t
                 for key, ts in self._by_key.items()
                 if key != rec.cache and key.split(":")[0] == rec.cache.split(":")[0]
                 for t in ts
-                if id(t) not in taken and self._live(t) and t.follows(row, n)
+                if t.label is None and id(t) not in taken and self._live(t) and t.follows(row, n)
             ]
             if moved:  # a batch takes the prompts it was handed in the order they were run
                 t = min(moved, key=lambda t: (t.claimed, t.last_order, t.row))
                 owner[i] = t
                 taken.add(id(t))
+        ran_list: list[Track] = []
         for i, row in enumerate(rows):
             if i in owner:
                 t = owner[i]
             else:  # a prefill the server received
-                t = Track(len(self.tracks), rec.pid, rec.cache, i, order)
+                t = Track(len(self.tracks), rec.pid, rec.cache, i, order, label=row.label)
                 self.tracks.append(t)
                 self._by_key.setdefault(rec.cache, []).append(t)
+                if row.label is not None:
+                    self._by_label[row.label] = t
             if t.key != rec.cache:
-                self._by_key[t.key].remove(t)
+                left = self._by_key.get(t.key, [])
+                if t in left:  # (a labelled track may come back to a batch that went on)
+                    left.remove(t)
                 self._by_key.setdefault(rec.cache, []).append(t)
             t.key, t.row, t.last_order = rec.cache, i, order
             t.add(row, n)
+            ran_list.append(t)
         self._key_last[rec.cache] = order
+        ran = {id(t): t for t in ran_list}
+        if len(ran) > 1:
+            for t in ran.values():
+                t.interleaved = True
+        resumed = [t for t in ran.values() if id(t) not in self._prev and len(t.rows) > 1]
+        if resumed and self._prev:  # a track continues after another request's call
+            for t in (*ran.values(), *self._prev.values()):
+                t.interleaved = True
+        self._prev = ran
         # a row missing from its batch's latest call was filtered out: it never runs again
         self._by_key[rec.cache] = [t for t in self._by_key[rec.cache] if t.last_order == order]
 
@@ -253,6 +295,7 @@ class TapLedger:
         steps: int,
         said: int | None = None,
         fits: Callable[[Sequence[int]], int] | None = None,
+        reply_id: str | None = None,
     ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
         prompt's ``ids``, when given): reads the new records first; None when none does yet.
@@ -267,13 +310,24 @@ class TapLedger:
         ``fits``: how far a track's greedy tokens agree with the reply's own (its generated
         text or tokens), the furthest first: two prompts with the same ids but other images
         (their image pads are the same tokens) are told apart by what the model answered each;
-        the answer is not ``settled`` while such a track still runs short of ``steps``."""
+        the answer is not ``settled`` while such a track still runs short of ``steps``.
+
+        All of that is the fallback: when the server's scheduler admitted a request under
+        ``reply_id`` (the reply's ``id``), the reply gets that request's labelled track and
+        nothing is inferred (``Found.attribution``); tracks admitted under other ids are never
+        guessed for it."""
         with self.lock:
             self._ingest()
+            label = self.reader.admitted.get(reply_id) if reply_id else None
+            if label is not None:
+                return self._by_id(label, prompt_tokens, ids, steps)
+            others = set(self.reader.admitted.values())
             answers = [
                 (t, found)
                 for t in self.tracks
-                if not t.claimed and (found := _answer(t, prompt_tokens, ids, steps)) is not None
+                if not t.claimed
+                and t.label not in others
+                and (found := _answer(t, prompt_tokens, ids, steps)) is not None
             ]
             # the reply's own tokens or text rank tracks only when there is more than one (a
             # decode per track and poll otherwise, for a choice already made)
@@ -291,7 +345,24 @@ class TapLedger:
                 r[0] == rank[0] and f is not best and len(f.steps) < steps and self._live(f.track)
                 for r, f in ranked
             )
-            return dataclasses.replace(best, settled=not (fits and running))
+            alone = len(answers) == 1 and not best.track.interleaved
+            how = "sequential" if alone else "guessed"
+            return dataclasses.replace(best, settled=not (fits and running), attribution=how)
+
+    def _by_id(
+        self, label: str, prompt_tokens: int, ids: Sequence[int] | None, steps: int
+    ) -> Found | None:
+        """The labelled track ``label`` answering the prompt; None while its rows are not
+        read yet (or were claimed). A track a labelled row contradicted (``Track.doubt``) is
+        still this reply's by its id, but its rows are in doubt: attributed ``guessed``."""
+        t = self._by_label.get(label)
+        if t is None or t.claimed:
+            return None
+        found = _answer(t, prompt_tokens, ids, steps)
+        if found is None:
+            return None
+        how = "guessed" if t.doubt else "id"
+        return dataclasses.replace(found, attribution=how, note=t.doubt)
 
     def claim(self, found: Found) -> bool:
         """Give ``found``'s track to one reply; False when another reply took it first."""
