@@ -7,6 +7,7 @@ batch classes (fast), and mlx_lm.server 0.32.2 under waves (slow)."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import sys
 import types
@@ -252,3 +253,64 @@ def test_mlx_lm_server_waves_are_attributed_by_id(monkeypatch: pytest.MonkeyPatc
         assert batched and all(row.label for r in batched for row in r.rows)
     finally:
         engine.close()
+
+
+class Attributed:
+    """``inner`` (a fake engine) whose replies say how an observer attributed them."""
+
+    def __init__(self, inner: Any, how: str) -> None:
+        self.inner, self.how = inner, how
+        self.max_concurrency = inner.max_concurrency
+
+    def run(self, request: Any, *, use_cache: bool) -> Outcome:
+        out = self.inner.run(request, use_cache=use_cache)
+        return dataclasses.replace(out, attribution=self.how)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _waves(engine: Any, runs: int = 5) -> Any:
+    from plugin_engines import FakeEngine  # noqa: F401  (tests' own fakes)
+    from test_waves import TWO_WAVES
+
+    from pytest_prefixcache import Verifier
+
+    v = Verifier(engine)
+    for _ in range(runs):
+        v.run_waves(TWO_WAVES)
+    return v
+
+
+def test_a_guessed_wave_failure_that_does_not_reproduce_alone_is_inconclusive() -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache.output.report import INCONCLUSIVE
+
+    # the wrong batch row only happens with requests in flight: one at a time it is right
+    v = _waves(Attributed(FakeEngine(concurrent=4, mix_rows=True), "guessed"))
+    assert v.report.findings[INCONCLUSIVE] >= 1 and v.report.verdict == "inconclusive"
+    assert any("does not fail" in f for f in v.report.finding_examples)
+    assert v.report.verdict_lines()[0].startswith("verdict: INCONCLUSIVE")
+
+
+@pytest.mark.parametrize("how", ["id", "sequential"])
+def test_a_wave_failure_attributed_by_id_fails_without_a_replay(how: str) -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache import EquivalenceFailure
+
+    # the negative control of the above: the same engine, its rows not guessed
+    with pytest.raises(EquivalenceFailure) as info:
+        _waves(Attributed(FakeEngine(concurrent=4, mix_rows=True), how))
+    assert "sequential replay" not in str(info.value)
+
+
+def test_a_guessed_wave_failure_that_reproduces_alone_fails_saying_so() -> None:
+    from plugin_engines import FakeEngine
+
+    from pytest_prefixcache import PrefixCacheError
+
+    with pytest.raises(PrefixCacheError) as info:  # wrong on every hit, in flight or not
+        _waves(Attributed(FakeEngine(concurrent=4, drift=True), "guessed"))
+    assert "confirmed one request at a time" in str(info.value)
