@@ -117,6 +117,24 @@ def _offset(cache: Any, n: int) -> int:
     return int(np.asarray(layer.offset).max())
 
 
+def _pads(layer: Any, batch: int) -> list[int] | None:
+    """The right padding of each row of a batch cache's layer: a ``BatchKVCache`` keeps it
+    (``_right_padding``); a ``BatchRotatingKVCache`` (a sliding-window layer, the first offset
+    layer of Gemma 3) keeps each row's real end instead (``_lengths``: padding is what its
+    offset counts past it). None when the layer says neither."""
+    if layer is None:
+        return None
+    right = getattr(layer, "_right_padding", None)
+    if right is not None:
+        return _per_row(right, batch)
+    ends = getattr(layer, "_lengths", None)
+    if ends is None or isinstance(layer.offset, int):
+        return None
+    import numpy as np
+
+    return _per_row(np.maximum(0, np.asarray(layer.offset) - np.asarray(ends)), batch)
+
+
 def _offsets(cache: Any) -> Any:
     """The first offset layer's offset now (an int or a batch cache's array), or None."""
     layer = _layer(cache)
@@ -162,7 +180,7 @@ def _rows(
     layer = _layer(cache)
     after = _per_row(None if layer is None else layer.offset, batch)
     first = _per_row(before, batch)
-    pads = _per_row(getattr(layer, "_right_padding", None), batch) or [0] * batch
+    pads = _pads(layer, batch) or [0] * batch
     labels = identity.current_labels()
     if labels is not None and len(labels) != batch:
         labels = None  # the scheduler's rows are not this call's: no label beats a wrong one
