@@ -314,3 +314,28 @@ def test_a_guessed_wave_failure_that_reproduces_alone_fails_saying_so() -> None:
     with pytest.raises(PrefixCacheError) as info:  # wrong on every hit, in flight or not
         _waves(Attributed(FakeEngine(concurrent=4, drift=True), "guessed"))
     assert "confirmed one request at a time" in str(info.value)
+
+
+def test_a_labelled_prompt_chunk_that_looks_like_a_decode_step_is_still_its_prompt(
+    tmp_path: Path,
+) -> None:
+    # a one-position prompt chunk (a segment boundary) whose token happens to be the greedy
+    # token of the chunk before it reads like a decode step: unlabelled, the row ending at the
+    # prompt length looks like a longer request's step, and no track answers the prompt
+    prompt = [1, 2, 3, 4, 5, 6]
+
+    def calls(x: str | None) -> list[Any]:
+        return [
+            *([("reply-x", x)] if x else []),
+            ("p", [row(0, 4, prompt[:4], 5, x)]),
+            ("p", [row(4, 5, [5], 6, x)]),
+            ("g", [row(5, 6, [6], 2, x)]),
+        ]
+
+    out = Outcome(prompt_tokens=6, token_ids=tuple(prompt))
+    led = ledger(tmp_path, calls("1:1:0"))
+    got, _ = apply_tap(led, out, 1, 1, wait=0, reply_id="reply-x")
+    assert (got.tokens, got.cached_tokens, got.attribution) == ((2,), 0, "id")
+    (tmp_path / "bare").mkdir()
+    with pytest.raises(Exception, match="no tap record ends"):
+        apply_tap(ledger(tmp_path / "bare", calls(None)), out, 1, 1, wait=0)

@@ -111,8 +111,11 @@ def answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) 
     )
     if first is None:
         return None
-    if first and t.rows[first - 1][0] == 1 and t.kinds[first - 1] != "prefill":
-        return None  # a decode step of a longer request, not a prompt's end
+    # a decode step of a longer request, not a prompt's end (a labelled track is one request's
+    # from its admission: what comes before its prompt's end is its prompt, whatever its
+    # one-position chunks look like)
+    if first and t.label is None and t.rows[first - 1][0] == 1 and t.kinds[first - 1] != "prefill":
+        return None
     start = t.rows[0][1].real_before
     checked: bool | None = None
     if ids is not None and len(ids) == prompt_tokens:
