@@ -29,6 +29,7 @@ import numpy as np
 
 __all__ = [
     "ENV",
+    "IDENTITY_ENV",
     "TARGETS_ENV",
     "TapReader",
     "TapRecord",
@@ -42,6 +43,8 @@ __all__ = [
 ENV = "PREFIXCACHE_TAP"
 #: Environment variable replacing the wrapped classes (comma-separated ``module:Class``).
 TARGETS_ENV = "PREFIXCACHE_TAP_TARGETS"
+#: Environment variable: ``0`` leaves the batch rows unlabelled (no scheduler hooks).
+IDENTITY_ENV = "PREFIXCACHE_TAP_IDENTITY"
 
 
 @dataclass(frozen=True, eq=False)

@@ -2,7 +2,8 @@
 
 Records go to ``$PREFIXCACHE_TAP``; ``$PREFIXCACHE_TAP_TARGETS`` (comma-separated
 ``module:Class``) replaces the default list of wrapped classes. Once the server's module is
-imported, the scheduler hooks of :mod:`.identity` label each batch row with its request.
+imported, the scheduler hooks of :mod:`.identity` label each batch row with its request
+(``$PREFIXCACHE_TAP_IDENTITY=0``: not installed, the rows unlabelled).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import importlib
 import os
 import sys
 
-from . import ENV, TARGETS_ENV
+from . import ENV, IDENTITY_ENV, TARGETS_ENV
 from .wrap import DEFAULT_TARGETS, install, install_identity
 
 
@@ -33,7 +34,9 @@ def main(argv: list[str]) -> int:
     module, _, func = argv[0].partition(":")
     sys.argv = [module, *argv[1:]]
     entry = getattr(importlib.import_module(module), func)
-    labelled = install_identity()  # the scheduler's classes are imported by now
+    # the scheduler's classes are imported by now; =0 keeps the rows unlabelled (the ledger
+    # then infers, as for an unknown server: the comparison's control)
+    labelled = install_identity() if os.environ.get(IDENTITY_ENV) != "0" else []
     if labelled:
         print(f"prefixcache tap: batch rows labelled by {', '.join(labelled)}", file=sys.stderr)
     result = entry()
