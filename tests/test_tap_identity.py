@@ -204,6 +204,7 @@ def test_the_hooks_label_rows_with_the_batch_uids_and_admit_the_reply(
     srv_mod = types.ModuleType("mlx_lm.server")
     srv_mod.APIHandler = Handler  # type: ignore[attr-defined]
     srv_mod.ResponseGenerator = Responder  # type: ignore[attr-defined]
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # install adds an import hook
     monkeypatch.setitem(sys.modules, "mlx_lm.generate", gen_mod)
     monkeypatch.setitem(sys.modules, "mlx_lm.server", srv_mod)
     admitted: list[tuple[str, str]] = []

@@ -173,8 +173,8 @@ class TapReader:
         for line in data[:end].decode().splitlines():
             if line.startswith('{"installed"'):
                 self.installed = list(json.loads(line)["installed"])
-            elif line.startswith('{"identity"'):
-                self.identity = list(json.loads(line)["identity"])
+            elif line.startswith('{"identity"'):  # one line per set of hooks installed
+                self.identity = [*(self.identity or ()), *json.loads(line)["identity"]]
             elif line.startswith('{"admit"'):
                 d = json.loads(line)
                 self.admitted[str(d["reply"])] = str(d["admit"])

@@ -16,12 +16,14 @@ gets an id of its own. A row's label is ``PID:GENERATOR:UID`` (a server makes a 
 its uids starting at 0 again, after draining one).
 
 Hooks are installed on the classes of the modules already imported when :func:`install` runs
-(the launcher calls it after importing the server's module); nothing raises into the server.
+(the launcher calls it after importing the server's module), and on those imported later (an
+import hook); nothing raises into the server.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
 import os
 import sys
 import threading
@@ -211,16 +213,66 @@ def _mlx_lm(sink: _Writer) -> list[str]:
     return done
 
 
-#: Per server family: installs its hooks on the modules imported, returns what it patched.
-FAMILIES: Sequence[Callable[[_Writer], list[str]]] = (_mlx_lm,)
+#: Per server family: the modules its hooks patch, and the function that installs them on
+#: those imported (returns what it patched; patching twice is a no-op).
+FAMILIES: Sequence[tuple[tuple[str, ...], Callable[[_Writer], list[str]]]] = (
+    (("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),
+)
 
 
-def install(sink: _Writer) -> list[str]:
-    """Install every family's hooks on the modules imported now; returns what was patched."""
-    done: list[str] = []
-    for family in FAMILIES:
+def _run(family: Callable[[_Writer], list[str]], sink: _Writer) -> list[str]:
+    try:
+        return family(sink)
+    except Exception:  # a library version whose classes differ: no labels, the tap runs
+        return []
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Installs a family's hooks when one of its modules is imported after :func:`install`
+    (a server whose ``main`` imports ``mlx_lm.server`` itself); ``then`` hears what was
+    patched."""
+
+    def __init__(self, sink: _Writer, then: Callable[[list[str]], None]) -> None:
+        self.sink, self.then = sink, then
+        self.names = {n: f for names, f in FAMILIES for n in names}
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        family = self.names.get(fullname)
+        if family is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        original = getattr(loader, "exec_module", None)
+        if original is None:
+            return spec
+        sink, then = self.sink, self.then
+
+        def exec_module(module: Any) -> None:
+            original(module)  # the module is in sys.modules already: the hooks find it
+            done = _run(family, sink)
+            if done:
+                then(done)
+
         try:
-            done += family(sink)
-        except Exception:  # a library version whose classes differ: no labels, the tap runs
+            loader.exec_module = exec_module  # type: ignore[method-assign,union-attr]
+        except Exception:
             pass
+        return spec
+
+
+def install(sink: _Writer, then: Callable[[list[str]], None] = lambda done: None) -> list[str]:
+    """Install every family's hooks on the modules imported now, and on its modules imported
+    later (``then`` hears what those patched); returns what was patched now."""
+    done: list[str] = []
+    for _, family in FAMILIES:
+        done += _run(family, sink)
+    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport(sink, then))
     return done

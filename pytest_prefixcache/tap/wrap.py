@@ -253,13 +253,18 @@ _SINK: _Sink | None = None
 
 
 def install_identity() -> list[str]:
-    """Install the scheduler hooks (:mod:`.identity`) on the modules imported now, writing
-    to :func:`install`'s file; one header line names them. Returns what was patched."""
+    """Install the scheduler hooks (:mod:`.identity`) on the modules imported now (and later),
+    writing to :func:`install`'s file; a header line names them. Returns what was patched."""
     if _SINK is None:
         raise RuntimeError("install the tap first")
-    done = identity.install(_SINK)
-    with _SINK.lock, open(_SINK.path, "a") as f:
-        f.write(json.dumps({"identity": done, "pid": os.getpid()}) + "\n")
+    sink = _SINK
+
+    def header(done: list[str]) -> None:
+        with sink.lock, open(sink.path, "a") as f:
+            f.write(json.dumps({"identity": done, "pid": os.getpid()}) + "\n")
+
+    done = identity.install(sink, header)  # those a later import patches: another line
+    header(done)
     return done
 
 
