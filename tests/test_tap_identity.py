@@ -340,3 +340,30 @@ def test_a_labelled_prompt_chunk_that_looks_like_a_decode_step_is_still_its_prom
     (tmp_path / "bare").mkdir()
     with pytest.raises(Exception, match="no tap record ends"):
         apply_tap(ledger(tmp_path / "bare", calls(None)), out, 1, 1, wait=0)
+
+
+def test_hooks_reach_a_scheduler_module_imported_after_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose ``main`` imports the scheduler itself (tests/wrong_row_mlx_lm.py) gets
+    the hooks when that import happens; a module the families do not name is left alone."""
+    (tmp_path / "late_scheduler_mod.py").write_text("class Batch:\n    uids = [7]\n")
+    (tmp_path / "other_mod.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+
+    def family(sink: Any) -> list[str]:
+        mod = sys.modules.get("late_scheduler_mod")
+        return [] if mod is None else [f"late_scheduler_mod:Batch uids={mod.Batch.uids}"]
+
+    monkeypatch.setattr(identity, "FAMILIES", ((("late_scheduler_mod",), family),))
+    heard: list[list[str]] = []
+    assert identity.install(object(), heard.append) == []  # type: ignore[arg-type]
+    import other_mod  # noqa: F401
+
+    assert heard == []
+    import late_scheduler_mod  # noqa: F401
+
+    assert heard == [["late_scheduler_mod:Batch uids=[7]"]]
+    for name in ("late_scheduler_mod", "other_mod"):
+        monkeypatch.delitem(sys.modules, name)
