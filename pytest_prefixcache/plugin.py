@@ -324,9 +324,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             into.failures.append(FailureRecord("error", nodeid, line, message=text))
     if is_matrix(config):
         assemble(config)
-    # A verification that ran no request, or whose correctness checks could not all run,
-    # is not a pass (the terminal summary says why).
-    if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
+    # A verification that ran no request, whose correctness checks could not all run, or
+    # whose failure could not be confirmed, is not a pass (the terminal summary says why).
+    if session.exitstatus == pytest.ExitCode.OK and rep.verdict in ("incomplete", "inconclusive"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     # an engine that could not be built (in any configuration) is not a verification failure
     if rep.engine_error and session.exitstatus in (0, 1):

@@ -46,6 +46,8 @@ def verdict(report: Report) -> tuple[str, str]:
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
     gaps = ", ".join(report.not_checked) or "see the configurations"
+    if report.verdict == "inconclusive":
+        return "empty", "INCONCLUSIVE: a wave failure rested on a guessed attribution"
     if report.verdict == "incomplete":
         return "empty", f"INCOMPLETE: not checked on every request: {gaps}"
     if report.verdict == "partial":

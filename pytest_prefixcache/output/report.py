@@ -21,7 +21,17 @@ from .records import FailureRecord, RequestRecord
 from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
 from .summary import summarize
 
-__all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
+#: The finding of a wave failure not confirmed one request at a time (``verify.confirm``).
+INCONCLUSIVE = "inconclusive (guessed attribution)"
+
+__all__ = [
+    "FORMAT",
+    "INCONCLUSIVE",
+    "MAX_RECORDS",
+    "FailureRecord",
+    "Report",
+    "RequestRecord",
+]
 
 FORMAT = "pytest-prefixcache/report/v2"
 #: Per-request records kept in one report (the counters always cover every request).
@@ -151,7 +161,9 @@ class Report:
     @property
     def verdict(self) -> str:
         """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
-        ``fail`` (a failure), ``error`` (the engine could not be built: nothing was verified)
+        ``fail`` (a failure), ``inconclusive`` (no failure, but a wave failure that rested on a
+        guessed attribution did not reproduce one request at a time: neither a pass nor a
+        proven failure), ``error`` (the engine could not be built: nothing was verified)
         or ``incomplete`` (no request was verified, or a correctness check could not run and
         partial coverage was not accepted). A matrix run's is the worst of its
         configurations'."""
@@ -161,6 +173,8 @@ class Report:
             return "error"
         if self.failures:
             return "fail"
+        if self.findings.get(INCONCLUSIVE):
+            return "inconclusive"
         if self.requests == 0:
             return "incomplete"
         if self.not_checked:
@@ -174,6 +188,9 @@ class Report:
         word = {
             "pass": "PASS",
             "fail": "FAIL",
+            "inconclusive": f"INCONCLUSIVE: {self.findings.get(INCONCLUSIVE, 0)} wave failure(s) "
+            "rested on the tap's guess of a request's rows and did not reproduce one request "
+            "at a time (the findings say which)",
             "error": "ERROR: the engine could not be built (exit code 2)",
             "partial": f"PASS (partial: not checked on every request: {names})",
             "incomplete": "INCOMPLETE: "
