@@ -325,6 +325,11 @@ class Outcome(ShortRepr):
         text: the greedy continuation decoded to text as a chat client sees it (special
             tokens left out), or None when not reported. Closed-loop streams send it back as
             the next assistant turn (:class:`ReplyOf`).
+        attribution: how an observer of a batching server's model (the logit tap) tied this
+            reply to the rows it computed: ``"id"`` (the server's scheduler labelled the rows
+            with the request's id), ``"sequential"`` (inferred, with no other request's rows
+            running meanwhile), ``"guessed"`` (inferred among requests in flight), or None
+            (nothing observed the model: the engine's own figures).
     """
 
     logits: np.ndarray | None = None
@@ -341,6 +346,7 @@ class Outcome(ShortRepr):
     message_starts: tuple[int, ...] | None = None
     served: int | None = None
     text: str | None = None
+    attribution: str | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

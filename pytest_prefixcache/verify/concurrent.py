@@ -17,7 +17,9 @@ For each wave (:class:`~pytest_prefixcache.types.Wave`) the verifier
    ``wave decode steps``, compared / generated), the
    reuse bound, judged in the order the engine served the wave (``Outcome.served``; when the
    engine does not say, against every other request of the wave, since any order was
-   possible), and the engine's claims against what its model computed (the logit tap);
+   possible), and the engine's claims against what its model computed (the logit tap); a
+   failure that rests on the tap's guess of which rows were a request's is confirmed by a
+   sequential replay first, else recorded as inconclusive (:mod:`.confirm`);
 5. asks an engine that counts them (``request_count_problems()``: the HTTP adapter with the
    tap) whether its servers ran as many prefills as they were sent requests.
 
@@ -53,6 +55,7 @@ from ..checks.equivalence import Comparison
 from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
+from .confirm import confirm_guessed
 from .request_count import REQUEST_COUNT, request_count_problems
 from .wave_judge import (
     BATCH_NOISE,
@@ -284,7 +287,8 @@ def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
         check_wave(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
         comparison, differs = judge(tol, measured, i, c, a)
         problems = merge_problems(c) + merge_problems(a) + differs
-        check_wave(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        problems = confirm_guessed(verifier, ctx, i, c, a, m, problems + reuse_problems(c, m))
+        check_wave(verifier, problems, ctx, i, cached=c, match=m)
         for side, said in (("cached run: ", c), ("uncached run alone: ", a)):
             figures, aligned = claims_counts(said)
             verifier.report.claims_checked += figures

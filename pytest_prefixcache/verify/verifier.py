@@ -47,6 +47,7 @@ from ..checks import (
     speedup_problem,
     usage_problems,
 )
+from ..checks.coverage import attribution_of
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr, Wave
@@ -266,6 +267,7 @@ class Verifier(ShortRepr):
                 comparison.worst_kl, warm, cold, len(request.images),
                 snapshot=None if match is None else match.snapshot,
                 block=None if match is None else match.block,
+                attribution=attribution_of(cached, uncached),
             )
         )  # fmt: skip
         self._check(
