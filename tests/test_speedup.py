@@ -172,3 +172,18 @@ def test_the_reference_engine_counts_its_prefill_not_its_decode(model: object) -
         wall = time.perf_counter() - start
         assert out.first_token_seconds is not None and out.first_token_seconds > 0
         assert wall - out.first_token_seconds >= pause  # the decode's pause is not counted
+
+
+def test_servers_carry_their_time_to_first_token_to_the_outcome() -> None:
+    from pytest_prefixcache.adapters.http.replies import parse_reply, with_extension
+    from reference_engine.openai_api.replies import extension
+
+    reply = {"choices": [{"message": {"content": "hi"}}], "usage": {"prompt_tokens": 9}}
+    assert parse_reply(reply).prompt_seconds is None  # control: nothing reported
+    reply["timings"] = {"prompt_ms": 12.5, "cache_n": 4}  # llama-server's
+    assert parse_reply(reply).prompt_seconds == 0.0125
+    ext = extension(Outcome(first_token_seconds=0.25, token_ids=(1, 2)), logits=False)
+    assert with_extension(Outcome(), {"prefixcache": ext}, 0).first_token_seconds == 0.25
+    ext = extension(Outcome(token_ids=(1, 2)), logits=False)  # control: not reported
+    assert "first_token_seconds" not in ext
+    assert with_extension(Outcome(), {"prefixcache": ext}, 0).first_token_seconds is None

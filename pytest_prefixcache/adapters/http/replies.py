@@ -327,4 +327,9 @@ def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:
             None if ext.get("message_starts") is None else tuple(map(int, ext["message_starts"]))
         ),
         served=None if ext.get("served") is None else int(ext["served"]),
+        first_token_seconds=(
+            out.first_token_seconds
+            if ext.get("first_token_seconds") is None
+            else float(ext["first_token_seconds"])
+        ),
     )
