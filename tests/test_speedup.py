@@ -187,3 +187,19 @@ def test_servers_carry_their_time_to_first_token_to_the_outcome() -> None:
     ext = extension(Outcome(token_ids=(1, 2)), logits=False)  # control: not reported
     assert "first_token_seconds" not in ext
     assert with_extension(Outcome(), {"prefixcache": ext}, 0).first_token_seconds is None
+
+
+def test_the_replays_keep_each_hits_fastest_runs() -> None:
+    from pytest_prefixcache.verify.efficiency import FastestRuns
+
+    fastest = FastestRuns()
+    for warm_first in (0.09, 0.01, 0.02):  # a replay preempted during its warm run
+        cached, uncached = _hit(warm_first, 0.03)
+        fastest.add(1, cached, uncached, 1.0, 1.0)
+        fastest.add(0, Outcome(cached_tokens=0), uncached, 9.0, 0.1)  # no hit: not counted
+    assert fastest.speedup(FIRST_TOKEN) == pytest.approx(3.0)
+    assert fastest.speedup(WHOLE_CALLS) == pytest.approx(1.0)
+    slow = FastestRuns()  # control: a cache slower on every replay stays slow
+    for warm_first in (0.09, 0.05, 0.06):
+        slow.add(1, *_hit(warm_first, 0.03), 1.0, 1.0)
+    assert slow.speedup(FIRST_TOKEN) == pytest.approx(0.6)
