@@ -331,6 +331,11 @@ class Outcome(ShortRepr):
             reports; None when not reported. The part of a request a prefix cache can save:
             ``--prefixcache-min-speedup`` judges cache hits on it when every hit reports it
             (decode costs the same warm and cold), else on whole calls, and says which.
+        attribution: how an observer of a batching server's model (the logit tap) tied this
+            reply to the rows it computed: ``"id"`` (the server's scheduler labelled the rows
+            with the request's id), ``"sequential"`` (inferred, with no other request's rows
+            running meanwhile), ``"guessed"`` (inferred among requests in flight), or None
+            (nothing observed the model: the engine's own figures).
     """
 
     logits: np.ndarray | None = None
@@ -348,6 +353,7 @@ class Outcome(ShortRepr):
     served: int | None = None
     text: str | None = None
     first_token_seconds: float | None = None
+    attribution: str | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

@@ -12,6 +12,7 @@ from ..output.summary import over_claims, summarize
 from .charts import MAX_BARS, diff_chart, reuse_chart
 from .conversation import find_stream_dir, render_stream
 from .reuse import references_table
+from .run import run_section
 from .style import CSS
 from .summary import summary_sections
 
@@ -45,6 +46,8 @@ def verdict(report: Report) -> tuple[str, str]:
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
     gaps = ", ".join(report.not_checked) or "see the configurations"
+    if report.verdict == "inconclusive":
+        return "empty", "INCONCLUSIVE: a wave failure rested on a guessed attribution"
     if report.verdict == "incomplete":
         return "empty", f"INCOMPLETE: not checked on every request: {gaps}"
     if report.verdict == "partial":
@@ -276,7 +279,7 @@ def render_html(report: Report, *, base_dir: str | os.PathLike[str] | None = Non
         f"<title>{escape(title)}</title><style>{CSS}</style></head>"
         f'<body class="{tone}"><main>{_header(report)}{summary_sections(summarize(report))}'
         f"{_configs(report)}{_charts(report)}"
-        f"{_failures(report, base_dir)}"
+        f"{_failures(report, base_dir)}{run_section(report)}"
         "<footer>pytest-prefixcache · report format "
         f"{escape(FORMAT)}</footer></main></body></html>\n"
     )

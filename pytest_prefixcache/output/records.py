@@ -48,6 +48,9 @@ class RequestRecord:
     """The cached run's time to first token (None: not reported)."""
     cold_first_token: float | None = None
     """The uncached run's time to first token (None: not reported)."""
+    attribution: str | None = None
+    """How the logit tap tied the request's computed rows to its replies (``id``,
+    ``sequential``, ``guessed``: the weaker of its two runs'); None without a tap."""
 
     @property
     def over(self) -> bool:

@@ -22,7 +22,17 @@ from .records import FailureRecord, RequestRecord
 from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
 from .summary import summarize
 
-__all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
+#: The finding of a wave failure not confirmed one request at a time (``verify.confirm``).
+INCONCLUSIVE = "inconclusive (guessed attribution)"
+
+__all__ = [
+    "FORMAT",
+    "INCONCLUSIVE",
+    "MAX_RECORDS",
+    "FailureRecord",
+    "Report",
+    "RequestRecord",
+]
 
 FORMAT = "pytest-prefixcache/report/v2"
 #: Per-request records kept in one report (the counters always cover every request).
@@ -136,6 +146,11 @@ class Report:
     configs: list[dict[str, Any]] = field(default_factory=list)
     """A matrix run's rows, one per configuration (name, engine, verdict, coverage, counters);
     the verdict is the worst row's."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """The run's settings, as its run file holds them (:mod:`.run_file`): what a replay
+    applies (flags, environment) and what the run was (interpreter, version, tolerance rule)."""
+    run_file: str = ""
+    """The run file written beside the saved failing streams (empty: none was written)."""
 
     def add_finding(self, check: str, line: str) -> None:
         """An efficiency finding that does not fail the run (reported everywhere)."""
@@ -156,7 +171,9 @@ class Report:
     @property
     def verdict(self) -> str:
         """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
-        ``fail`` (a failure), ``error`` (the engine could not be built: nothing was verified)
+        ``fail`` (a failure), ``inconclusive`` (no failure, but a wave failure that rested on a
+        guessed attribution did not reproduce one request at a time: neither a pass nor a
+        proven failure), ``error`` (the engine could not be built: nothing was verified)
         or ``incomplete`` (no request was verified, or a correctness check could not run and
         partial coverage was not accepted). A matrix run's is the worst of its
         configurations'."""
@@ -166,6 +183,8 @@ class Report:
             return "error"
         if self.failures:
             return "fail"
+        if self.findings.get(INCONCLUSIVE):
+            return "inconclusive"
         if self.requests == 0:
             return "incomplete"
         if self.not_checked:
@@ -179,6 +198,9 @@ class Report:
         word = {
             "pass": "PASS",
             "fail": "FAIL",
+            "inconclusive": f"INCONCLUSIVE: {self.findings.get(INCONCLUSIVE, 0)} wave failure(s) "
+            "rested on the tap's guess of a request's rows and did not reproduce one request "
+            "at a time (the findings say which)",
             "error": "ERROR: the engine could not be built (exit code 2)",
             "partial": f"PASS (partial: not checked on every request: {names})",
             "incomplete": "INCOMPLETE: "
@@ -262,6 +284,9 @@ class Report:
         if other.tolerance != "exact":  # the engine's own rule, known where it was built
             self.tolerance = other.tolerance
         self.decode_rule = self.decode_rule or other.decode_rule
+        if other.run:  # a worker's (it built the engine: its tolerance rule is known)
+            self.run = other.run
+        self.run_file = self.run_file or other.run_file
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
@@ -316,6 +341,8 @@ class Report:
             "coverage": self.coverage,
             "not_checked": self.not_checked,
             **({"configs": self.configs} if self.configs else {}),
+            "run": self.run,
+            "run_file": self.run_file,
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [

@@ -14,7 +14,9 @@ For each wave (:class:`~pytest_prefixcache.types.Wave`) the verifier
    agreement, shapes (merges), equivalence (first and worst position, both values), the
    reuse bound, judged in the order the engine served the wave (``Outcome.served``; when the
    engine does not say, against every other request of the wave, since any order was
-   possible), and the engine's claims against what its model computed (the logit tap);
+   possible), and the engine's claims against what its model computed (the logit tap); a
+   failure that rests on the tap's guess of which rows were a request's is confirmed by a
+   sequential replay first, else recorded as inconclusive (:mod:`.confirm`);
 5. asks an engine that counts them (``request_count_problems()``: the HTTP adapter with the
    tap) whether its servers ran as many prefills as they were sent requests.
 
@@ -50,6 +52,7 @@ from ..checks.equivalence import Comparison, Tolerance
 from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
+from .confirm import confirm_guessed
 from .request_count import REQUEST_COUNT, request_count_problems
 from .wave_messages import (
     WaveContext,
@@ -298,7 +301,8 @@ def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
             problems = [
                 Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems
             ]
-        check_wave(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        problems = confirm_guessed(verifier, ctx, i, c, a, m, problems + reuse_problems(c, m))
+        check_wave(verifier, problems, ctx, i, cached=c, match=m)
         for side, said in (("cached run: ", c), ("uncached run alone: ", a)):
             figures, aligned = claims_counts(said)
             verifier.report.claims_checked += figures

@@ -47,6 +47,7 @@ from ..checks import (
     speedup_problem,
     usage_problems,
 )
+from ..checks.coverage import attribution_of
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
 from ..types import Engine, Outcome, Request, ShortRepr, Wave
@@ -268,6 +269,7 @@ class Verifier(ShortRepr):
                 block=None if match is None else match.block,
                 warm_first_token=cached.first_token_seconds,
                 cold_first_token=uncached.first_token_seconds,
+                attribution=attribution_of(cached, uncached),
             )
         )  # fmt: skip
         self._check(
