@@ -325,6 +325,12 @@ class Outcome(ShortRepr):
         text: the greedy continuation decoded to text as a chat client sees it (special
             tokens left out), or None when not reported. Closed-loop streams send it back as
             the next assistant turn (:class:`ReplyOf`).
+        first_token_seconds: seconds from the engine taking the request to its first token's
+            logits: the time to first token (render, lookup, restore, vision, prefill, and a
+            wait for other requests in flight), or the prompt-processing seconds a server
+            reports; None when not reported. The part of a request a prefix cache can save:
+            ``--prefixcache-min-speedup`` judges cache hits on it when every hit reports it
+            (decode costs the same warm and cold), else on whole calls, and says which.
         attribution: how an observer of a batching server's model (the logit tap) tied this
             reply to the rows it computed: ``"id"`` (the server's scheduler labelled the rows
             with the request's id), ``"sequential"`` (inferred, with no other request's rows
@@ -346,6 +352,7 @@ class Outcome(ShortRepr):
     message_starts: tuple[int, ...] | None = None
     served: int | None = None
     text: str | None = None
+    first_token_seconds: float | None = None
     attribution: str | None = None
 
     def __repr__(self) -> str:

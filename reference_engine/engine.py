@@ -158,6 +158,7 @@ class Engine:
         self._compute = self._lock  # one phase of one request at a time (MLX)
         self._admission = threading.Lock()  # lookups and announcements, in served order
         self.inflight = InFlight()
+        self._clock = threading.local()  # when the calling thread's request arrived (run)
         self._served = 0
         self._requests = 0
         self._hit_tokens = 0
@@ -236,7 +237,9 @@ class Engine:
         each request's forward on its own cache (never a padded batch: bit-exact against
         the request alone). Admission (``admit``) takes the pool's blocks in the order it
         reports as ``Outcome.served``; a request whose next block an earlier request in
-        flight is writing waits for it (``InFlight``), so none reads a half-written block."""
+        flight is writing waits for it (``InFlight``), so none reads a half-written block.
+        ``Outcome.first_token_seconds`` counts from here to the prefill's logits."""
+        self._clock.start = time.perf_counter()
         with self._compute:
             prepared = {
                 img.digest: self.vision.prepare(
@@ -392,7 +395,9 @@ class Engine:
         hooks["meanwhile"] = getattr(keys, "complete", None)  # a KeyChain: hash the rest
         hooks["at_last_chunk"] = store if use_cache else None
         hooks = _accepted(self.prefill, hooks)
-        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
+        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)  # evaluated
+        arrived = getattr(self._clock, "start", None)  # None: _serve called without run
+        first_token = None if arrived is None else time.perf_counter() - arrived
         if "at_cut" in hooks:  # the prompt's end: a boundary of every prompt continuing it
             hooks["at_cut"](len(ids) - start)  # at a turn start or a turn's content
         if use_cache:
@@ -416,6 +421,7 @@ class Engine:
             merges=tuple(merges),
             message_starts=rendered.message_starts,
             text=self.detokenize(tokens),
+            first_token_seconds=first_token,
         )
 
     def detokenize(self, tokens: Sequence[int]) -> str:

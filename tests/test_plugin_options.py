@@ -335,7 +335,9 @@ def test_min_speedup_catches_a_cache_slower_than_no_cache(pytester: pytest.Pytes
         [
             "E   *SpeedupFailure: min speedup: requests served from the cache took * s against "
             "* s cold (speedup *x), below --prefixcache-min-speedup=1",
+            "*measured on: whole calls (the engine reports no time to first token)",
             "*restoring or managing the cache costs more than the prefill it saves",
-            "time on cache hits: * s warm vs * s cold (speedup *x)",
+            "time on cache hits (whole calls, * hit(s) reporting no time to first token): "
+            "* s warm vs * s cold (speedup *x)",
         ]
     )

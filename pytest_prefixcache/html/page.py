@@ -78,9 +78,13 @@ def _header(report: Report) -> str:
         seed_flag = f"--prefixcache-seed={report.seed}"
         seed_flag += f" --prefixcache-shards={shards}" if shards > 1 else ""
     hits = f"{report.cache_hits / report.requests:.0%} of requests" if report.requests else ""
-    speed = ""
-    if report.warm_seconds > 0 and report.cold_seconds > 0:
-        speed = f"cold / warm: {report.cold_seconds / report.warm_seconds:.2f}x on cache hits"
+    speed, warm, cold = "", report.warm_seconds, report.cold_seconds
+    measure = "whole calls"
+    if not report.untimed_hits and report.warm_first_token > 0:
+        warm, cold = report.warm_first_token, report.cold_first_token
+        measure = report.speedup_measure
+    if warm > 0 and cold > 0:
+        speed = f"cold / warm: {cold / warm:.2f}x on cache hits, {measure}"
     worst = "NaN" if math.isnan(report.worst_diff) else f"{report.worst_diff:.3g}"
     exact = report.tolerance.strip() == "exact"
     per_stream = f"{report.requests / report.streams:.1f} requests each" if report.streams else ""
@@ -111,7 +115,7 @@ def _header(report: Report) -> str:
         ),
         _stat(
             "Warm vs cold time",
-            f"{_seconds(report.warm_seconds)} vs {_seconds(report.cold_seconds)}",
+            f"{_seconds(warm)} vs {_seconds(cold)}",
             speed,
             "wide",
         ),

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..checks.coverage import gap_lines, missing
+from ..checks.timing import FIRST_TOKEN, WHOLE_CALLS
 from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
 from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
@@ -54,7 +55,8 @@ def _number(x: Any) -> float:
 #: Report counters that add up across workers.
 _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
-    "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
+    "warm_seconds", "cold_seconds", "warm_first_token", "cold_first_token", "untimed_hits",
+    "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
     "over_claims", "decode_rule_requests",
 )  # fmt: skip
@@ -106,6 +108,14 @@ class Report:
     """Engine time of the cached runs that hit the cache."""
     cold_seconds: float = 0.0
     """Engine time of the uncached runs of the same requests."""
+    warm_first_token: float = 0.0
+    """Time to first token of the cached runs that hit the cache (those that report it:
+    ``Outcome.first_token_seconds``)."""
+    cold_first_token: float = 0.0
+    """Time to first token of the uncached runs of the same requests."""
+    untimed_hits: int = 0
+    """Cache hits one of whose runs reported no time to first token (then the speedup is
+    judged on whole calls)."""
     speedup_not_measured: str = ""
     """Why no warm/cold time was compared (the engine's ``uncached_times_skewed``: e.g. its
     uncached runs restart a server), else empty."""
@@ -205,6 +215,14 @@ class Report:
         if self.configs:
             return [*config_lines(self.configs), f"verdict: {word} (the worst configuration's)"]
         return [f"verdict: {word}", *gap_lines(gaps, server=self.server)]
+
+    @property
+    def speedup_measure(self) -> str:
+        """What the time on cache hits is shown and judged on: :data:`FIRST_TOKEN` when every
+        hit's runs reported it, else :data:`WHOLE_CALLS` ("" when no hit was timed)."""
+        if self.speedup_not_measured or self.warm_seconds <= 0:
+            return ""
+        return WHOLE_CALLS if self.untimed_hits else FIRST_TOKEN
 
     @property
     def efficiency(self) -> float | None:
@@ -308,6 +326,10 @@ class Report:
             "steps_aligned": self.steps_aligned,
             "warm_seconds": self.warm_seconds,
             "cold_seconds": self.cold_seconds,
+            "warm_first_token": self.warm_first_token,
+            "cold_first_token": self.cold_first_token,
+            "untimed_hits": self.untimed_hits,
+            "speedup_measure": self.speedup_measure,
             "speedup_not_measured": self.speedup_not_measured,
             "engine_error": self.engine_error,
             "server": self.server,

@@ -366,6 +366,7 @@ class OpenAIEngine(EngineSettings):
             prompt_tokens=parsed.prompt_tokens,
             # max_tokens is at least 1: a request for none sends no reply back
             text=parsed.text if request.max_new_tokens else "",
+            first_token_seconds=parsed.prompt_seconds,
         )
         if self.readout.extensions:
             return with_extension(out, reply, request.max_new_tokens)
