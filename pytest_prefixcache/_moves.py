@@ -11,6 +11,8 @@ In a closed-loop stream (``StreamSpec.closed_loop``) an ``append`` move's assist
 not text the strategy wrote but a :class:`~pytest_prefixcache.types.ReplyOf` marker: the
 engine's own greedy reply to the request it continues, filled in by the verifier at run
 time; every request then asks for ``reply_tokens`` new tokens (shrinking toward the fewest).
+A closed-loop stream whose moves left no assistant turn to fill ends with an ``append`` in
+its last request's place (:func:`reply_back`), so that every one sends a reply back.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "apply_move",
     "close_loop",
     "new_conversation",
+    "reply_back",
 ]
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -179,6 +182,25 @@ def close_loop(stream: Sequence[Request], closed: bool, spec: StreamSpec) -> tup
         n = lo + r.max_new_tokens * (hi - lo) // top if closed else r.max_new_tokens
         out.append(Request(tuple(message(m) for m in r.messages), r.namespace, n))
     return tuple(out)
+
+
+def _carries_reply(request: Request) -> bool:
+    return any(isinstance(p, (ReplyOf, ReplySlot)) for m in request.messages for p in m.content)
+
+
+def reply_back(
+    draw: Draw, stream: Sequence[Request], pool: Sequence[Image], spec: StreamSpec, longest: int
+) -> tuple[Request, ...]:
+    """A closed-loop stream with at least one reply sent back: unchanged when a request
+    carries one (a ``ReplyOf`` marker or a :class:`ReplySlot`), else its last request replaced
+    by an ``append`` on the request before it (the engine's reply, then a drawn user turn); a
+    single request gets that ``append`` after it when ``longest`` allows two. In place rather
+    than after: a failure that needs an assistant turn then shrinks to two requests, as an
+    open-loop stream does (``new`` then ``append``), not to three."""
+    keep = stream[:-1] if len(stream) > 1 else stream[: longest - 1]
+    if not keep or any(_carries_reply(r) for r in stream):
+        return tuple(stream)
+    return (*keep, apply_move(draw, "append", keep, pool, spec, keep[-1]))
 
 
 def _replace_images(req: Request, fn: Callable[[int, Image], Image]) -> tuple[Message, ...]:

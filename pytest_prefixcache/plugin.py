@@ -16,6 +16,7 @@ import pytest
 
 from .errors import PrefixCacheError
 from .output.report import FailureRecord, Report
+from .output.run_file import recorded_environment
 from .output.streams import load_stream
 from .package_data import MODEL_ENV
 from .session import option_table, settings
@@ -30,6 +31,7 @@ from .session.failures import (
     verification_failures,
 )
 from .session.progress import Progress
+from .session.run_record import run_file_of
 from .session.slots import (
     CONFIG_PARAM,
     SLOTS_KEY,
@@ -72,6 +74,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "prefixcache: a test of the built-in prefix-cache verification suite"
     )
+    environment = tuple(recorded_environment(os.environ).items())  # before the exports below
     # engine_of exports --prefixcache-server-cmd (and its body) for the factory that reads them
     config.stash[SERVER_ENV_KEY] = {k: os.environ.get(k) for k in SERVER_ENV}
     engine, source, targets = engine_of(config)
@@ -113,6 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
         database=config.getoption("prefixcache_database")
         or _env_database()
         or settings.DEFAULT_DATABASE,
+        environment=environment,
     )
     config.stash[SETTINGS_KEY] = s
     config.stash[REPORT_KEY] = Report(
@@ -124,6 +128,7 @@ def pytest_configure(config: pytest.Config) -> None:
         parallel_streams=s.parallel_streams,
         allow_partial=s.allow_partial,
     )
+    config.stash[REPORT_KEY].run = run_file_of(s, config.stash[REPORT_KEY]).to_json()
     make_slots(config, targets)
     progress = Progress(0.0 if xd.is_worker(config) else s.progress, _writer(config))
     config.stash[PROGRESS_KEY] = progress
@@ -319,9 +324,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             into.failures.append(FailureRecord("error", nodeid, line, message=text))
     if is_matrix(config):
         assemble(config)
-    # A verification that ran no request, or whose correctness checks could not all run,
-    # is not a pass (the terminal summary says why).
-    if session.exitstatus == pytest.ExitCode.OK and rep.verdict == "incomplete":
+    # A verification that ran no request, whose correctness checks could not all run, or
+    # whose failure could not be confirmed, is not a pass (the terminal summary says why).
+    if session.exitstatus == pytest.ExitCode.OK and rep.verdict in ("incomplete", "inconclusive"):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     # an engine that could not be built (in any configuration) is not a verification failure
     if rep.engine_error and session.exitstatus in (0, 1):
@@ -339,6 +344,8 @@ def _verdict_in_junit(config: pytest.Config, rep: Report) -> None:
     if xml is None:
         return
     xml.add_global_property("prefixcache_verdict", rep.verdict)
+    if rep.run_file:  # what replays the failures (docs/release-gate.md)
+        xml.add_global_property("prefixcache_run_file", rep.run_file)
     for row in rep.configs:
         xml.add_global_property(f"prefixcache_verdict[{row['name']}]", row["verdict"])
     for check, row in rep.coverage.items():

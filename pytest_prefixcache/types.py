@@ -325,6 +325,17 @@ class Outcome(ShortRepr):
         text: the greedy continuation decoded to text as a chat client sees it (special
             tokens left out), or None when not reported. Closed-loop streams send it back as
             the next assistant turn (:class:`ReplyOf`).
+        first_token_seconds: seconds from the engine taking the request to its first token's
+            logits: the time to first token (render, lookup, restore, vision, prefill, and a
+            wait for other requests in flight), or the prompt-processing seconds a server
+            reports; None when not reported. The part of a request a prefix cache can save:
+            ``--prefixcache-min-speedup`` judges cache hits on it when every hit reports it
+            (decode costs the same warm and cold), else on whole calls, and says which.
+        attribution: how an observer of a batching server's model (the logit tap) tied this
+            reply to the rows it computed: ``"id"`` (the server's scheduler labelled the rows
+            with the request's id), ``"sequential"`` (inferred, with no other request's rows
+            running meanwhile), ``"guessed"`` (inferred among requests in flight), or None
+            (nothing observed the model: the engine's own figures).
     """
 
     logits: np.ndarray | None = None
@@ -341,6 +352,8 @@ class Outcome(ShortRepr):
     message_starts: tuple[int, ...] | None = None
     served: int | None = None
     text: str | None = None
+    first_token_seconds: float | None = None
+    attribution: str | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape
@@ -383,7 +396,10 @@ class Engine(Protocol):
     waves property (``test_waves``): waves of concurrent cached requests, each reply compared
     with the same request served alone on the cold baseline, and a cache-off wave as the
     noise control (``use_cache=False`` calls in flight together, too). ``reset`` is called
-    only when no request is in flight. Such an engine reports ``Outcome.served`` where it can.
+    only when no request is in flight. Such an engine reports ``Outcome.served`` where it can,
+    and declares ``batch_invariant = True`` when a reply never depends on the requests in
+    flight with it: a cold wave that differs from the same requests alone is then a batching
+    fault (a failure), not batch non-invariance (a finding).
     """
 
     def run(self, request: Request, *, use_cache: bool) -> Outcome: ...

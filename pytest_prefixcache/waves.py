@@ -7,13 +7,19 @@ prompt (duplicates), within one namespace and across namespaces. Each request is
 one of the stream moves (:mod:`pytest_prefixcache._moves`) from the requests before it, in
 this wave or an earlier one, so later waves read what earlier ones stored.
 
+A wave is ragged on purpose: its rows have prompts of different lengths and ask for
+different numbers of new tokens, so that in a batching engine rows join while others decode
+and leave before them. At least half of a wave's requests decode (ask for 2 or more new
+tokens: every token after the first comes from a decode step, where a batch's rows of
+different lengths must each keep their own positions); the others ask for 0 or 1.
+
 The arrival patterns (:data:`ARRIVALS`):
 
 - ``"together"``: every request at offset 0 (one batch, if the engine batches);
 - ``"staggered"``: each request a drawn 0 to ``max_stagger_ms`` milliseconds after the one
-  before (a request arrives while the previous one is still prefilling);
-- ``"long_first"``: a long conversation (several turns) first, short requests right after
-  it (they wait on, or run beside, the long prefill);
+  before (a request arrives while the previous one is still prefilling or decoding);
+- ``"long_first"``: a long conversation (several turns) that decodes the most tokens first,
+  short requests right after it (they join its batch mid-decode and leave before it);
 - ``"duplicates"``: copies of the same requests (the same prefix written by two requests
   in flight).
 """
@@ -40,7 +46,23 @@ MORE_WAVES = 2
 
 def _long(draw: st.DrawFn, pool: Sequence[Image], spec: StreamSpec, ns: str) -> Request:
     turns = draw(st.integers(2, 5))
-    return Request(new_conversation(draw, pool, spec, turns), ns, draw(st.integers(0, 1)))
+    return Request(new_conversation(draw, pool, spec, turns), ns, spec.max_new_tokens)
+
+
+def _ragged(
+    draw: st.DrawFn, request: Request, spec: StreamSpec, decoding: int, done: int
+) -> Request:
+    """``request`` with its own count of new tokens: 2 to ``max_new_tokens`` (it decodes)
+    when fewer than half of the wave would decode otherwise, or when drawn so, else 0 or 1.
+    ``decoding`` of the ``done`` requests before it decode. Shrinks toward 2 and 0."""
+    top = spec.max_new_tokens
+    if top < 2:
+        return request
+    if 2 * decoding < done + 1 or draw(st.booleans()):
+        n = draw(st.integers(2, top))
+    else:
+        n = draw(st.integers(0, 1))
+    return Request(request.messages, request.namespace, n)
 
 
 def _wave(
@@ -58,11 +80,16 @@ def _wave(
         requests.append(_long(draw, pool, spec, draw(st.sampled_from(spec.namespaces))))
     while len(requests) < size:
         earlier = [*history, *requests]
+        decoding = sum(r.max_new_tokens >= 2 for r in requests)
         if pattern == "duplicates" and requests and draw(st.booleans()):
-            requests.append(requests[draw(st.integers(0, len(requests) - 1))])
+            copy = requests[draw(st.integers(0, len(requests) - 1))]
+            if copy.max_new_tokens < 2 <= spec.max_new_tokens and 2 * decoding < len(requests) + 1:
+                copy = Request(copy.messages, copy.namespace, 2)  # same prompt, it decodes
+            requests.append(copy)
             continue
         move = draw(st.sampled_from(moves)) if earlier else "new"
-        requests.append(apply_move(draw, move, earlier, pool, spec))
+        made = apply_move(draw, move, earlier, pool, spec)
+        requests.append(_ragged(draw, made, spec, decoding, len(requests)))
     if pattern in ("staggered", "long_first") and max_stagger_ms:
         gaps = [draw(st.integers(0, max_stagger_ms)) for _ in requests[1:]]
         offsets = [sum(gaps[:i]) for i in range(len(requests))]
@@ -78,7 +105,7 @@ def request_waves(
     min_size: int = 2,
     max_size: int = 8,
     namespaces: Sequence[str] = ("", "tenant-b"),
-    max_new_tokens: int = 2,
+    max_new_tokens: int = 6,
     max_images_per_message: int = 2,
     pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None = None,
     moves: Sequence[str] = SHARING,
@@ -91,7 +118,9 @@ def request_waves(
         min_waves, max_waves: how many waves, one after the other. Default: 1 and 3.
         min_size, max_size: requests in flight in one wave (K). Default: 2 and 8.
         namespaces: namespaces to use; the first is the default. Default: ``("", "tenant-b")``.
-        max_new_tokens: largest greedy continuation per request. Default: 2.
+        max_new_tokens: largest greedy continuation per request; at least half of each
+            wave's requests ask for 2 to this many (they decode) when it is 2 or more, the
+            others for 0 or 1. Default: 6.
         max_images_per_message: most images in one user turn. Default: 2.
         pool: the images (sequence or strategy of tuples). Default: ``image_pools()``.
         moves: the stream moves a wave's requests are made by. Default: all of them.
@@ -99,7 +128,8 @@ def request_waves(
         max_stagger_ms: largest gap between two staggered arrivals, in ms. Default: 20.
 
     Shrinks toward ``min_waves`` waves of ``min_size`` requests arriving together, exact
-    repeats of one short text conversation, the first namespace and ``max_new_tokens=0``.
+    repeats of one short text conversation, the first namespace, and every other request
+    decoding 2 tokens (the rest none).
     """
     from .strategies import _int, _pool_strategy, _range, _spec  # it re-exports this module
 

@@ -114,6 +114,10 @@ class Engine:
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
     max_concurrency = 4
+    #: A reply never depends on the requests in flight with it (each request's forward runs
+    #: on its own cache): a cold wave that differs from the same requests alone is a
+    #: batching fault, not noise.
+    batch_invariant = True
     #: Seconds a request waits for the request in flight writing its next block.
     in_flight_wait = IN_FLIGHT_WAIT
 
@@ -157,6 +161,7 @@ class Engine:
         self._compute = self._lock  # one phase of one request at a time (MLX)
         self._admission = threading.Lock()  # lookups and announcements, in served order
         self.inflight = InFlight()
+        self._clock = threading.local()  # when the calling thread's request arrived (run)
         self._served = 0
         self._requests = 0
         self._hit_tokens = 0
@@ -235,7 +240,9 @@ class Engine:
         each request's forward on its own cache (never a padded batch: bit-exact against
         the request alone). Admission (``admit``) takes the pool's blocks in the order it
         reports as ``Outcome.served``; a request whose next block an earlier request in
-        flight is writing waits for it (``InFlight``), so none reads a half-written block."""
+        flight is writing waits for it (``InFlight``), so none reads a half-written block.
+        ``Outcome.first_token_seconds`` counts from here to the prefill's logits."""
+        self._clock.start = time.perf_counter()
         with self._compute:
             prepared = {
                 img.digest: self.vision.prepare(
@@ -391,7 +398,9 @@ class Engine:
         hooks["meanwhile"] = getattr(keys, "complete", None)  # a KeyChain: hash the rest
         hooks["at_last_chunk"] = store if use_cache else None
         hooks = _accepted(self.prefill, hooks)
-        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)
+        logits = self.prefill(ids, start, embeds, cache, positions, **hooks)  # evaluated
+        arrived = getattr(self._clock, "start", None)  # None: _serve called without run
+        first_token = None if arrived is None else time.perf_counter() - arrived
         if "at_cut" in hooks:  # the prompt's end: a boundary of every prompt continuing it
             hooks["at_cut"](len(ids) - start)  # at a turn start or a turn's content
         if use_cache:
@@ -415,6 +424,7 @@ class Engine:
             merges=tuple(merges),
             message_starts=rendered.message_starts,
             text=self.detokenize(tokens),
+            first_token_seconds=first_token,
         )
 
     def detokenize(self, tokens: Sequence[int]) -> str:

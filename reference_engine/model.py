@@ -24,9 +24,11 @@ from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
 
 from .cpu import kv_cache_class, transpose_linears
-from .families import FULL, Family, family_for, layer_kinds
+from .families import FULL, RECURRENT, Family, family_for, layer_kinds
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
+from .recurrent import SEQUENTIAL_UP_TO, sequential_pieces
+from .recurrent import install as install_piece_kernels
 
 __all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model"]
 
@@ -63,6 +65,9 @@ class LoadedModel:
         #: The token that ends a turn header (the turn's content starts after it).
         self.header_end_id = self.family.header_end_id()
         self.fingerprint = _fingerprint(path)
+        #: Recurrent layers run short prefill pieces through the sequential kernel (the same
+        #: choice on cold and warm runs: ``recurrent.py``), where mlx-vlm's module allows it.
+        self.piece_kernels = RECURRENT in self.kinds and install_piece_kernels()
 
     @property
     def tokenizer(self) -> Any:
@@ -175,12 +180,13 @@ class LoadedModel:
 
         def step(s: int, e: int) -> Any:
             extra = {} if position_ids is None else {"position_ids": position_ids[:, :, s:e]}
-            return lm(
-                mx.array([list(token_ids[s:e])]),
-                inputs_embeds=embeds[None, s:e],
-                cache=cache,
-                **extra,
-            )
+            with sequential_pieces(self.sequential_up_to):
+                return lm(
+                    mx.array([list(token_ids[s:e])]),
+                    inputs_embeds=embeds[None, s:e],
+                    cache=cache,
+                    **extra,
+                )
 
         if cuts is None:
             ends = [min(n, s + chunk) for s in range(0, n, chunk)]
@@ -211,6 +217,11 @@ class LoadedModel:
             s = e
         assert logits is not None
         return logits
+
+    @property
+    def sequential_up_to(self) -> int:
+        """The longest prefill piece the recurrent layers run sequentially (0: none)."""
+        return SEQUENTIAL_UP_TO if self.piece_kernels else 0
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
         """A fresh cache whose full-attention layers hold the first ``tokens`` KV rows of the

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,3 +41,19 @@ def run_suite(
     if subprocess:
         return pytester.runpytest_subprocess(*argv, timeout=timeout)
     return pytester.runpytest(*argv)
+
+
+#: The replay line a failure prints (fnmatch): this interpreter's ``prefixcache replay`` with
+#: the run file written beside the saved stream.
+REPLAY_LINE = (
+    "* -m pytest_prefixcache.cli replay --run=.prefixcache/failures/run-*.json "
+    ".prefixcache/failures/*/stream.json"
+)
+
+
+def run_file(directory: Path) -> dict[str, Any]:
+    """The one run file under ``directory``'s ``.prefixcache/failures`` (its JSON)."""
+    found = sorted((directory / ".prefixcache" / "failures").glob("run-*.json"))
+    assert len(found) == 1, found
+    data: dict[str, Any] = json.loads(found[0].read_text(encoding="utf-8"))
+    return data

@@ -138,7 +138,7 @@ def test_waves_on_a_small_cache(
     with vllm_matrix_engine(str(tmp_path), flags, concurrency=4, claims=False, python=PYTHON) as e:
         verifier = Verifier(e)
         if fault:
-            with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):
+            with pytest.raises(EquivalenceFailure, match=r"wave \d, cache: .*: logits differ"):
                 verifier.run_waves(waves)
             return
         verifier.run_waves(waves)

@@ -17,11 +17,11 @@ from adapter_support import SYSTEM, req, user
 from stub_openai import PAD
 
 from pytest_prefixcache import EngineError
+from pytest_prefixcache.adapters.flags import flag_value, split_flags
 from pytest_prefixcache.adapters.presets import vllm_matrix_engine as reexported
 from pytest_prefixcache.adapters.vllm import (
     claim_specs,
     command,
-    flag_value,
     model_path,
     vllm_matrix_engine,
     vllm_server,
@@ -52,8 +52,10 @@ def test_a_flag_that_names_a_base_argument_replaces_it() -> None:
     assert "--enable-prefix-caching" not in cmd and "--max-num-seqs" not in cmd
     assert cmd[-4:] == ["--block-size", "128", "--max-num-seqs=2", "--no-enable-prefix-caching"]
     assert cmd[cmd.index("--max-logprobs") + 1] == "264" and "--dtype" in cmd
-    assert flag_value(["--block-size 64"], "--block-size") == "64"
+    assert flag_value(split_flags(["--block-size 64"]), "--block-size") == "64"
     assert flag_value(["--block-size=96", "--x"], "--block-size") == "96"
+    assert flag_value(["-np", "2", "--parallel=4"], ("-np", "--parallel")) == "4"  # the last wins
+    assert flag_value(["--x", "--block-size"], "--block-size") == ""  # given with no value
     assert flag_value([], "--block-size") is None
 
 
@@ -199,7 +201,7 @@ def test_a_waves_combination_sends_its_waves_through_the_preset(
         assert engine.max_concurrency == 4 and engine.readout.claims is None
         verifier = Verifier(engine)
         if fault:
-            with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):
+            with pytest.raises(EquivalenceFailure, match=r"wave \d, cache: .*: logits differ"):
                 verifier.run_waves(WAVES)
         else:
             verifier.run_waves(WAVES)

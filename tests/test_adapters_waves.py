@@ -77,7 +77,7 @@ def test_a_concurrent_server_gets_its_waves_in_flight_together() -> None:
 def test_a_server_that_corrupts_hits_fails_the_waves() -> None:
     srv, engine, _ = _stub_engine("corrupt")
     try:
-        with pytest.raises(EquivalenceFailure, match=r"wave \d, logits differ"):
+        with pytest.raises(EquivalenceFailure, match=r"wave \d, cache: .*: logits differ"):
             Verifier(engine).run_waves(WAVES)
     finally:
         srv.shutdown()

@@ -63,6 +63,14 @@ def test_verify_failure_exits_1_and_replay_reproduces_it(workdir: Path) -> None:
     stream = Path(failure["stream_dir"]) / "stream.json"
     assert stream.is_file()
     assert stream.parent.parent == workdir / "prefixcache-report" / "failures"
+    assert Path(report["run_file"]).parent == stream.parent.parent  # the run file beside it
+    assert "--prefixcache-engine=fakeengines:ignore_digest" in report["run"]["flags"]
+    pasted = subprocess.run(
+        ["/bin/sh", "-c", failure["replay"]], cwd=workdir, capture_output=True, text=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("PREFIXCACHE_")},
+        timeout=600,
+    )  # fmt: skip
+    assert pasted.returncode == EXIT_FAILED and "1 failed" in pasted.stdout, pasted.stdout
 
     bad = prefixcache(workdir, "replay", str(stream), "--engine", "fakeengines:ignore_digest")
     assert bad.returncode == EXIT_FAILED, bad.stdout + bad.stderr

@@ -137,7 +137,7 @@ ADAPTER_TESTS = {
     "vllm": "tests/test_adapters_vllm_stub.py",
 }
 #: Modules of the package that are not adapters of their own.
-NOT_ADAPTERS = {"__init__", "presets", "tolerances", "omlx_launch", "openai"}
+NOT_ADAPTERS = {"__init__", "presets", "tolerances", "omlx_launch", "openai", "flags"}
 CHECK_UNITS = "tests/test_checks.py"
 
 

@@ -29,7 +29,7 @@ LAYERS = (
 
 #: The reference engine's layers, top to bottom.
 ENGINE_LAYERS = (
-    ("foundations", {"tokens", "positions", "cpu", "blocks", "fixtures"}),
+    ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures"}),
     ("inputs and stores", {"families", "render", "vision", "snapshots", "pool", "inflight"}),
     ("the model", {"kv", "model"}),
     ("the engine", {"engine", "__init__"}),

@@ -46,7 +46,14 @@ def _in_thread(fn: Any) -> Any:
 
 
 def test_one_at_a_time_the_concurrency_mutants_answer_right(model: Any) -> None:
-    for name in ("wrong_batch_row", "read_before_write", "evict_in_use", "ragged_batch"):
+    names = (
+        "wrong_batch_row",
+        "read_before_write",
+        "evict_in_use",
+        "ragged_batch",
+        "ragged_decode",
+    )
+    for name in names:
         engine = MUTANTS[name].build(model)
         for text in ("First question. " + LONG, "Other question. " + LONG):
             assert _same_as_cold(engine, _req(text, 2)), name
@@ -136,3 +143,25 @@ def test_ragged_batch_attends_the_padding_of_a_shorter_cached_prefix(model: Any)
         del engine._prefixes[-1]
     # the rows it stored were computed attending the padding: a later hit reads them
     assert not _same_as_cold(engine, third)
+
+
+def test_ragged_decode_misplaces_a_shorter_rows_steps_after_the_first_token(model: Any) -> None:
+    engine = MUTANTS["ragged_decode"].build(model)
+    request = _req("First question. " + LONG, 4)
+    right = Engine(model).run(request, use_cache=False)
+    assert len(right.step_logits) == 4
+    for use_cache in (False, True):  # a batching fault: the cold run in a batch too
+        engine._decoding[-1] = right.prompt_tokens + 50  # a longer row decoding meanwhile
+        try:
+            wrong = engine.run(request, use_cache=use_cache)
+        finally:
+            del engine._decoding[-1]
+        assert np.array_equal(wrong.step_logits[0], right.step_logits[0])  # the first token
+        for a, b in zip(wrong.step_logits[1:], right.step_logits[1:]):
+            assert not np.array_equal(a, b)  # every decode step after it
+    engine._decoding[-1] = 1  # a shorter row decoding meanwhile: this one is the longest
+    try:
+        longest = engine.run(request, use_cache=False)
+    finally:
+        del engine._decoding[-1]
+    assert all(np.array_equal(a, b) for a, b in zip(longest.step_logits, right.step_logits))

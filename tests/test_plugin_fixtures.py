@@ -58,7 +58,7 @@ def test_readme_property_test_catches_a_collision(pytester: pytest.Pytester) -> 
     result.stdout.fnmatch_lines(
         [
             "E   pytest_prefixcache.errors.EquivalenceFailure: equivalence: logits differ *",
-            "E     replay: pytest --prefixcache-verify --prefixcache-replay=.prefixcache/*",
+            "E     replay: * -m pytest --prefixcache-verify --prefixcache-replay=.prefixcache/*",
         ]
     )
     result.stdout.fnmatch_lines(["failures by check: equivalence: 2"])

@@ -93,9 +93,10 @@ def test_reference_engine_and_a_mutant_get_a_row_each(tmp_path: Path) -> None:
     assert ref["failures"] == [] and mutant["failures_by_check"] == {"equivalence": 1}
     assert report["requests"] == ref["requests"] + mutant["requests"]
     assert "test_replay[reference] PASSED" in out or "1 failed, 1 passed" in out
-    replay = mutant["failures"][0]["replay"]
-    assert "--prefixcache-engine=reference_engine.mutants:placeholder_collision" in replay
-    assert "default_engine" not in replay
+    assert f"--run=f/{Path(mutant['run_file']).name} " in mutant["failures"][0]["replay"]
+    flags = mutant["run"]["flags"]  # the replay names the mutant alone
+    assert "--prefixcache-engine=reference_engine.mutants:placeholder_collision" in flags
+    assert not any("default_engine" in f for f in flags)
     assert "  reference              PASS" in res.stdout
     assert "  placeholder_collision  FAIL" in res.stdout
 
@@ -124,7 +125,14 @@ def test_a_matrix_file_parametrizes_the_suite_by_configuration(pytester: pytest.
     broken = report["configs"][1]
     assert broken["engine"] == "flagged:build(tag='t1', flags=['--lie'])"
     replay = broken["failures"][0]["replay"]
-    assert "--prefixcache-matrix=m.toml" in replay and "--prefixcache-config=fake[broken]" in replay
+    assert f"--run={Path(broken['run_file']).relative_to(pytester.path)} " in replay
+    run = json.loads(Path(broken["run_file"]).read_text())
+    assert run == broken["run"] and report["run"] == {}  # one per configuration
+    assert run["flags"][1:3] == ["--prefixcache-matrix=m.toml", "--prefixcache-config=fake[broken]"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXCACHE_")}
+    pasted = subprocess.run(["/bin/sh", "-c", replay], cwd=pytester.path, env=env,
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert pasted.returncode == 1 and "ReuseBoundFailure" in pasted.stdout, pasted.stdout[-2000:]
     root = ElementTree.parse(pytester.path / "j.xml").getroot()
     props = {p.get("name"): p.get("value") for p in root.iter("property")}
     assert props["prefixcache_verdict"] == "fail"

@@ -12,12 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from plugin_support import ENGINES_SOURCE, with_fakes
+from plugin_support import ENGINES_SOURCE, REPLAY_LINE, run_file, with_fakes
 
 from pytest_prefixcache import EngineError, cli
 from pytest_prefixcache.package_data import FIXTURES, MODEL_ENV, resolve_model
@@ -290,20 +291,21 @@ def test_every_replay_command_names_the_model(pytester: pytest.Pytester) -> None
         args=("--prefixcache-report=r.json", "--prefixcache-model=models/mine"), examples=5,
     )  # fmt: skip
     result.assert_outcomes(failed=1)
-    [failure] = json.loads((pytester.path / "r.json").read_text())["failures"]
-    assert failure["replay"].startswith(
-        "pytest --prefixcache-verify --prefixcache-engine=fakeengines:lie "
-        f"--prefixcache-model={mine} --prefixcache-replay="
-    )
-    result.stdout.fnmatch_lines(
-        [f"*replay: pytest --prefixcache-verify * --prefixcache-model={mine} --prefixcache-repl*"]
-    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    [failure] = report["failures"]
+    assert failure["replay"] in result.stdout.str()
+    assert report["run"]["flags"] == [
+        "--prefixcache-verify", "--prefixcache-engine=fakeengines:lie",
+        f"--prefixcache-model={mine}",
+    ]  # fmt: skip
+    assert report["run"]["model"] == str(mine)
+    assert run_file(pytester.path) == report["run"]
+    shutil.rmtree(pytester.path / ".prefixcache" / "failures")
     fixture = _run(
         pytester, "fakeengines:lie", args=("--prefixcache-model=tiny-llama",), examples=5
     )
-    fixture.stdout.fnmatch_lines(
-        ["*replay: pytest * --prefixcache-model=tiny-llama --prefixcache-replay=*"]
-    )
+    fixture.stdout.fnmatch_lines([f"*replay: {REPLAY_LINE}"])
+    assert run_file(pytester.path)["flags"][-1] == "--prefixcache-model=tiny-llama"
 
 
 def test_a_matrix_config_loads_its_own_model(pytester: pytest.Pytester) -> None:

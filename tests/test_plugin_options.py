@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import pytest
-from plugin_support import run_suite, with_fakes
+from plugin_support import REPLAY_LINE, run_file, run_suite, with_fakes
 
 from pytest_prefixcache import EngineError
 from pytest_prefixcache.session import settings
@@ -127,7 +128,7 @@ def test_options_reach_the_settings(pytester: pytest.Pytester) -> None:
     assert (s.seed, s.seed_given, s.timeout, s.atol, s.rtol) == (42, True, 2.5, 1e-5, 1e-4)
     assert s.min_efficiency == 0.5
     assert s.replay_command("x/stream.json") == (
-        "pytest --prefixcache-verify --prefixcache-engine=fakeengines:good "
+        f"{sys.executable} -m pytest --prefixcache-verify --prefixcache-engine=fakeengines:good "
         "--prefixcache-atol=1e-05 --prefixcache-rtol=0.0001 --prefixcache-min-efficiency=0.5 "
         "--prefixcache-timeout=2.5 "
         "--prefixcache-replay=x/stream.json"
@@ -264,10 +265,13 @@ def test_min_efficiency_catches_a_cache_that_keeps_too_little(pytester: pytest.P
             "E   *EfficiencyFailure: min efficiency: the cache reused * of * reusable tokens "
             "(*%), below --prefixcache-min-efficiency=0.9",
             "*the cache invalidates more than it must*",
-            "*replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:store_half "
-            "--prefixcache-min-efficiency=0.9 --prefixcache-replay=*",
+            f"*replay: {REPLAY_LINE}",
         ]
     )
+    assert run_file(pytester.path)["flags"] == [
+        "--prefixcache-verify", "--prefixcache-engine=fakeengines:store_half",
+        "--prefixcache-min-efficiency=0.9",
+    ]  # fmt: skip
 
 
 def test_engine_instance_attribute_is_used_as_is(pytester: pytest.Pytester) -> None:
@@ -313,9 +317,9 @@ def test_report_json_lists_failures_with_their_replay(pytester: pytest.Pytester)
     [failure] = data["failures"]
     assert failure["test"] == "verification.py::test_request_streams"
     assert failure["summary"].startswith("reuse bound: cached_tokens=8 exceeds")
-    assert failure["replay"].startswith(
-        "pytest --prefixcache-verify --prefixcache-engine=fakeengines:lie --prefixcache-replay="
-    )
+    assert failure["replay"].startswith(f"{sys.executable} -m pytest_prefixcache.cli replay ")
+    assert data["run"]["flags"] == ["--prefixcache-verify", "--prefixcache-engine=fakeengines:lie"]
+    assert data["run_file"] and json.loads(Path(data["run_file"]).read_text()) == data["run"]
     assert {"requests", "cache_hits", "reused_tokens", "oracle_tokens", "efficiency",
             "worst_diff", "merges_checked"} <= set(data)  # fmt: skip
 
@@ -331,7 +335,9 @@ def test_min_speedup_catches_a_cache_slower_than_no_cache(pytester: pytest.Pytes
         [
             "E   *SpeedupFailure: min speedup: requests served from the cache took * s against "
             "* s cold (speedup *x), below --prefixcache-min-speedup=1",
+            "*measured on: whole calls (the engine reports no time to first token)",
             "*restoring or managing the cache costs more than the prefill it saves",
-            "time on cache hits: * s warm vs * s cold (speedup *x)",
+            "time on cache hits (whole calls, * hit(s) reporting no time to first token): "
+            "* s warm vs * s cold (speedup *x)",
         ]
     )

@@ -6,6 +6,7 @@ configuration (neither its ini nor its conftest.py)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,8 +66,8 @@ def test_a_server_command_run_replays_the_same_server() -> None:
     cmd = "python -m reference_engine.server --port {port}"
     s = Settings(engine="x:y", engine_source="--prefixcache-server-cmd", server_cmd=cmd)
     assert s.replay_command("f/stream.json") == (
-        "pytest --prefixcache-verify '--prefixcache-server-cmd=python -m reference_engine.server "
-        "--port {port}' --prefixcache-replay=f/stream.json"
+        f"{sys.executable} -m pytest --prefixcache-verify '--prefixcache-server-cmd=python -m "
+        "reference_engine.server --port {port}' --prefixcache-replay=f/stream.json"
     )
     assert "--prefixcache-server-cmd" not in Settings().replay_command("f/stream.json")
 

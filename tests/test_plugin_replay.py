@@ -17,7 +17,7 @@ pytest_plugins = ["pytester"]
 
 
 def _replay_path(stdout: str) -> str:
-    found = re.search(r"--prefixcache-replay=(\S+/stream\.json)", stdout)
+    found = re.search(r"replay --run=\S+ (\S+/stream\.json)", stdout)
     assert found, stdout
     return found.group(1)
 
@@ -47,13 +47,12 @@ def test_failure_is_saved_and_replays_exactly(pytester: pytest.Pytester) -> None
             "*verification.py::test_replay FAILED*",
             "E   pytest_prefixcache.errors.EquivalenceFailure: equivalence: *",
             f"E     at request {len(stream) - 1} of a stream of {len(stream)} (counting from 0)",
-            f"E     replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:"
-            f"ignore_digest --prefixcache-replay={path}",
+            f"E     replay: * -m pytest_prefixcache.cli replay --run=* {path}",
         ]
     )
     assert "test_mine" not in again.stdout.str()  # a replay runs nothing else
     again.stdout.fnmatch_lines(["prefixcache: * deselected: a replay runs only test_replay"])
-    again.stdout.fnmatch_lines(["*- prefixcache replay -*", f"pytest *--prefixcache-replay={path}"])
+    again.stdout.fnmatch_lines(["*- prefixcache replay -*", f"* replay --run=* {path}"])
 
     fixed = pytester.runpytest(
         "--prefixcache-engine=fakeengines:good", f"--prefixcache-replay={saved.parent}"

@@ -88,7 +88,7 @@ def test_xdist_failures_reach_the_controller(pytester: pytest.Pytester) -> None:
     assert res.ret == 1
     out = res.stdout.str()
     assert "failures by check: equivalence" in out
-    assert "replay: pytest --prefixcache-verify" in out
+    assert "-m pytest_prefixcache.cli replay --run=" in out
     rep = _report(pytester)
     assert _junit_properties(pytester, "f.xml")["prefixcache_verdict"] == "fail"
     assert rep["failures"] and {f["worker"] for f in rep["failures"]} <= {"gw0", "gw1"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from plugin_support import run_suite, with_fakes
+from plugin_support import REPLAY_LINE, run_file, run_suite, with_fakes
 
 pytest_plugins = ["pytester"]
 
@@ -32,10 +32,13 @@ def test_hung_engine_fails_then_the_rest_is_skipped(pytester: pytest.Pytester) -
             "did not answer within 1 s; the engine is treated as dead and the remaining checks "
             "are skipped",
             "E     at request 1 of a stream of *",
-            "E     replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:hangs "
-            "--prefixcache-timeout=1 --prefixcache-replay=.prefixcache/failures/*/stream.json",
+            f"E     replay: {REPLAY_LINE}",
         ]
     )
+    assert run_file(pytester.path)["flags"][1:] == [
+        "--prefixcache-engine=fakeengines:hangs",
+        "--prefixcache-timeout=1",
+    ]
     result.stdout.fnmatch_lines(
         [
             "SKIPPED [[]*] *: the engine is dead (run(request 1, use_cache=True) did not answer "

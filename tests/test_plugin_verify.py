@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from plugin_support import run_suite, with_fakes
+from plugin_support import REPLAY_LINE, run_file, run_suite, with_fakes
 
 pytest_plugins = ["pytester"]
 
@@ -69,8 +69,7 @@ BROKEN = [
             "*cached_tokens=* of prompt_tokens=*; oracle maximum valid reuse *, shared with *",
             "*image span involved: [[]*, *) digest * (image * of *, * placeholders)",
             "*also (reuse bound): cached_tokens=* exceeds the maximum valid reuse of * tokens",
-            "*replay: pytest --prefixcache-verify --prefixcache-engine=fakeengines:ignore_digest "
-            "--prefixcache-replay=.prefixcache/failures/*/stream.json",
+            f"*replay: {REPLAY_LINE}",
         ],
     ),
     (
@@ -158,9 +157,8 @@ def test_broken_engine_fails_with_a_readable_message(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"E   pytest_prefixcache.errors.{error}: *"])
     result.stdout.fnmatch_lines(lines)
-    result.stdout.fnmatch_lines(
-        ["failures by check: *: 1", "  replay: pytest --prefixcache-verify *"]
-    )
+    result.stdout.fnmatch_lines(["failures by check: *: 1", f"  replay: {REPLAY_LINE}"])
+    assert run_file(pytester.path)["flags"][1] == f"--prefixcache-engine=fakeengines:{engine}"
 
 
 def test_top_logprobs_engine_is_compared_exactly(pytester: pytest.Pytester) -> None:
@@ -258,9 +256,10 @@ def test_rerendered_history_is_a_finding_and_fails_when_strict(pytester: pytest.
             "E   pytest_prefixcache.errors.RenderHygieneFailure: render hygiene: an append-only "
             "next turn of request * shares only the first * of its * prompt tokens (now * tokens)",
             "*first different token at position *: 260 (was 270)",
-            "  replay: pytest --prefixcache-verify * --prefixcache-strict-render *",
+            f"  replay: {REPLAY_LINE}",
         ]
     )
+    assert "--prefixcache-strict-render" in run_file(pytester.path)["flags"]
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ timeout, never a hung or crashed session; a hung engine call does not keep pytes
 from __future__ import annotations
 
 import pytest
-from plugin_support import with_fakes
+from plugin_support import REPLAY_LINE, run_file, with_fakes
 
 pytest_plugins = ["pytester"]
 
@@ -102,10 +102,10 @@ def test_fault_is_specific_and_replayable(
         [
             f"E   pytest_prefixcache.errors.{error}: {line}",
             "E     at request * of a stream of * (counting from 0)",
-            f"E     replay: pytest --prefixcache-verify --prefixcache-engine=faulty:{name} "
-            "--prefixcache-replay=.prefixcache/failures/*/stream.json",
+            f"E     replay: {REPLAY_LINE}",
         ]
     )
+    assert run_file(pytester.path)["flags"][1:] == [f"--prefixcache-engine=faulty:{name}"]
     result.stdout.fnmatch_lines(["failures by check: fault: 1"])
     saved = list(pytester.path.glob(".prefixcache/failures/*/stream.json"))
     assert len(saved) == 1
@@ -129,10 +129,13 @@ def test_engine_that_hangs_after_a_particular_request(pytester: pytest.Pytester)
             "E *pytest_prefixcache.errors.EngineTimeout: timeout: run(request *, use_cache=*) "
             "did not answer within 1 s; the engine is treated as dead and the remaining checks "
             "are skipped",
-            "E *replay: pytest --prefixcache-verify --prefixcache-engine=faulty:hang_after_5 "
-            "--prefixcache-timeout=1 --prefixcache-replay=.prefixcache/failures/*/stream.json",
+            f"E *replay: {REPLAY_LINE}",
         ]
     )
+    assert run_file(pytester.path)["flags"][1:] == [
+        "--prefixcache-engine=faulty:hang_after_5",
+        "--prefixcache-timeout=1",
+    ]
     result.stdout.fnmatch_lines(["failures by check: timeout: 1"])
     assert list(pytester.path.glob(".prefixcache/failures/*/stream.json"))
 

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plugin_support import REPLAY_LINE, run_file
 
 from pytest_prefixcache import EngineError, Message, Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
@@ -126,11 +127,13 @@ def test_a_broken_server_fails_clearly_and_promptly(
     result.stdout.fnmatch_lines(
         [
             f"E *pytest_prefixcache.errors.EngineFault: {line}",
-            "E *replay: pytest --prefixcache-verify "
-            f"--prefixcache-engine=fakeserver:{engine} --prefixcache-timeout=20 "
-            "--prefixcache-replay=.prefixcache/failures/*/stream.json",
+            f"E *replay: {REPLAY_LINE}",
         ]
     )
+    assert run_file(pytester.path)["flags"][1:] == [
+        f"--prefixcache-engine=fakeserver:{engine}",
+        "--prefixcache-timeout=20",
+    ]
     result.stdout.fnmatch_lines(["failures by check: fault: 1"])
     assert list(pytester.path.glob(".prefixcache/failures/*/stream.json"))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_prefixcache.adapters.flags import split_flags
 from pytest_prefixcache.adapters.http.resets import refusal
 from pytest_prefixcache.adapters.seed import (
     MLX_VLM,
@@ -16,7 +17,6 @@ from pytest_prefixcache.adapters.seed import (
     model_dir,
     seed_server,
     slug,
-    split_flags,
 )
 from pytest_prefixcache.errors import EngineError
 

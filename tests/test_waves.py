@@ -66,7 +66,7 @@ def test_wrong_batch_row_fails_with_the_wave_in_the_message() -> None:
     msg = str(info.value)
     assert re.search(r"wave 1: requests 2-3 in flight together \(arrivals ms: 0, 0\)", msg)
     assert "served order: " in msg and "compared with the same request served alone" in msg
-    assert "cached_tokens=" in msg and "replay: pytest --prefixcache-verify" in msg
+    assert "cached_tokens=" in msg and "-m pytest --prefixcache-verify --prefixcache-replay" in msg
     assert info.value.meta["waves"] == waves_to_json(TWO_WAVES)
 
 
@@ -181,7 +181,7 @@ def test_suite_catches_mixed_rows_and_the_saved_wave_replays(pytester: pytest.Py
     with_fakes(pytester)
     first = run_suite(pytester, "concurrent_mix_rows", "-k", "test_waves", examples=100)
     first.assert_outcomes(failed=1)
-    found = re.search(r"--prefixcache-replay=(\S+/stream\.json)", first.stdout.str())
+    found = re.search(r"replay --run=\S+ (\S+/stream\.json)", first.stdout.str())
     assert found, first.stdout.str()
     data = json.loads((pytester.path / found.group(1)).read_text())
     assert data["check"] == "equivalence" and data["waves"]

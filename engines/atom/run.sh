@@ -26,6 +26,9 @@ export PYTHONPATH=$here/engines/atom:$site${PYTHONPATH:+:$PYTHONPATH}
 export HF_HUB_OFFLINE=1
 export PREFIXCACHE_BLOCK_MANAGER=atom_harness:block_manager
 export PREFIXCACHE_SEQUENCE=atom_harness:sequence
+# ATOM's own Scheduler, driven as its engine core does; PREFIXCACHE_SCHEDULER= (empty) drives the
+# block manager alone, as before
+export PREFIXCACHE_SCHEDULER=${PREFIXCACHE_SCHEDULER-atom_harness:scheduler}
 export PREFIXCACHE_NUM_BLOCKS=${PREFIXCACHE_NUM_BLOCKS:-64}
 # runs in the caller's working directory (its .prefixcache/ holds reports and shrunk failures);
 # TARGETED=1 runs the targeted checks and their strict xfails (engines/lab/test_block_managers.py)

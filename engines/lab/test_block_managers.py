@@ -54,7 +54,14 @@ BYPASS = (
     "multimodal_data (its fix for the collision), so an image request never reuses, not even "
     "an identical repeat"
 )
+CHUNKS = (
+    "ATOM PR #1358 head ab292ea1f: its ScheduledBatch moves a sequence's multimodal_data into "
+    "the batch of the first prefill chunk and clears it on the sequence, and its scheduler "
+    "chunks multimodal prompts, so every later chunk runs without the image (main refuses to "
+    "chunk a multimodal prompt)"
+)
 KNOWN: dict[tuple[str, str], str] = {
+    ("atom pr1358 ab292ea1f", "test_an_image_prompt_prefilled_in_chunks_is_exact"): CHUNKS,
     ("atom pr1358 ab292ea1f", "test_an_identical_image_request_reuses_whole_blocks"): BYPASS,
     ("nano-vllm-fork 20260210", "test_an_identical_repeat_reuses_whole_blocks"): NO_REUSE,
     ("atom main ffdf3bb5d", "test_two_same_size_images_never_share_blocks"): COLLISION.format(
@@ -111,3 +118,20 @@ def test_an_identical_image_request_reuses_whole_blocks(engine: Any) -> None:
     exact(engine, ask(RED))
     again = exact(engine, ask(RED))
     assert again.cached_tokens == (again.prompt_tokens - 1) // 16 * 16 > 0
+
+
+def test_an_image_prompt_prefilled_in_chunks_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the scheduler with 32 tokens per step: the image (placeholders from position
+    120) lies in a later chunk than the first; a scheduler that refuses to chunk it is fine."""
+    from pytest_prefixcache.errors import EngineError
+    from reference_engine.harness import from_env
+
+    monkeypatch.setenv("PREFIXCACHE_BATCHED_TOKENS", "32")
+    chunked = from_env()
+    if not (chunked.supports_images and chunked.scheduler is not None):
+        pytest.skip("needs images (PREFIXCACHE_BLOCK_MANAGER_IMAGES=1) and a scheduler")
+    try:
+        warm = exact(chunked, ask(RED))
+    except EngineError as exc:
+        pytest.skip(f"the scheduler does not chunk it: {exc}")
+    assert warm.image_spans[0][0] >= 32

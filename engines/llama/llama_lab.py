@@ -78,7 +78,8 @@ def engine(
 
 def _parallel(flags: Sequence[str]) -> bool:
     """Whether ``flags`` give more than one slot (then the combination runs the waves)."""
-    from pytest_prefixcache.adapters.llama import flag_value, slots, split_flags
+    from pytest_prefixcache.adapters.flags import flag_value, split_flags
+    from pytest_prefixcache.adapters.llama import slots
 
     words = split_flags(flags)
     return flag_value(words, ("-np", "--parallel")) is not None and slots(words) > 1

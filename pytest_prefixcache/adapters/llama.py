@@ -23,11 +23,12 @@ import shlex
 from collections.abc import Sequence
 
 from ..errors import EngineError
+from .flags import flag_value, split_flags
 from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 
-__all__ = ["ATOL", "CACHE_ONLY", "cold_command", "exact_kv", "flag_value", "llama_server", "slots"]
+__all__ = ["ATOL", "CACHE_ONLY", "cold_command", "exact_kv", "llama_server", "slots"]
 
 #: The tolerance rule (atol on every decode step's logprobs, greedy tokens equal), by whether
 #: the server computes attention exactly enough to be judged tightly: ``"off"`` (``-fa off``,
@@ -56,21 +57,6 @@ _KV = {"k": ("-ctk", "--cache-type-k"), "v": ("-ctv", "--cache-type-v")}
 #: What the preset adds unless ``flags`` set it: flash attention off and an f32 KV cache, the
 #: configuration whose cached and cold runs agree to ~1e-6.
 EXACT_ARGS = ("-fa", "off", "--cache-type-k", "f32", "--cache-type-v", "f32")
-
-
-def split_flags(flags: Sequence[str]) -> list[str]:
-    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
-    return [word for flag in flags for word in shlex.split(flag)]
-
-
-def flag_value(words: Sequence[str], names: Sequence[str]) -> str | None:
-    """The value of the last ``NAME V`` or ``NAME=V`` among ``words`` (None: not given)."""
-    value = None
-    for i, w in enumerate(words):
-        name, eq, rest = w.partition("=")
-        if name in names:
-            value = rest if eq else (words[i + 1] if i + 1 < len(words) else "")
-    return value
 
 
 def slots(words: Sequence[str]) -> int:

@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
+from .flags import split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
@@ -73,11 +74,6 @@ CACHE_SETTINGS = ("cache.",)
 DEFAULT_BLOCK, ROTATING_MIN, ROTATING_MAX, ARRAYS_BLOCK = 256, 512, 1024, 2048
 #: The debug lines of a prefix lookup that found blocks (scheduler.py, ``_schedule_waiting``).
 HIT_LOG = r"(?:paged|partial) cache hit, (\d+) tokens"
-
-
-def split_flags(flags: Sequence[str]) -> list[str]:
-    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
-    return [word for flag in flags for word in shlex.split(flag)]
 
 
 def slug(flags: Sequence[str], model: str | os.PathLike[str] | None = None) -> str:

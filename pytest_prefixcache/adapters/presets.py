@@ -93,7 +93,8 @@ def mlx_lm_server(
     requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its BatchGenerator
     batches them: ``--decode-concurrency``, ``--prompt-concurrency`` among ``flags``, serve
     flags a matrix combination passes, each a command-line string).
-    The tap follows each request's batch rows; ``tap=False``: none, the logits are then the
+    The tap labels each batch row with its request's BatchGenerator uid and ties it to the
+    reply's id (``Outcome.attribution == "id"``); ``tap=False``: none, the logits are then the
     API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency

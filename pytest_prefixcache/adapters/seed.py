@@ -28,6 +28,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
+from .flags import split_flags
 from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
@@ -78,11 +79,6 @@ _VLLM_STATS = {
     "batched": "engine_cache",  # memory-aware, legacy and paged stores alike
     "batched-mllm": "engine_cache.prefix_cache",
 }
-
-
-def split_flags(flags: Sequence[str]) -> list[str]:
-    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
-    return [word for flag in flags for word in shlex.split(flag)]
 
 
 def slug(engine: str, flags: Sequence[str]) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, model_config
+from .flags import flag_value, split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 
@@ -64,24 +65,8 @@ _REPLACED_BY = {"--enable-prefix-caching": ("--no-enable-prefix-caching",)}
 MODELS = {"text": "tiny-llama-hf", "vl": "tiny-qwen2-vl-hf"}
 
 
-def split_flags(flags: Sequence[str]) -> list[str]:
-    """``flags`` as argv words (a matrix alternative may carry a flag and its value)."""
-    return [word for flag in flags for word in shlex.split(flag)]
-
-
 def _options(words: Sequence[str]) -> set[str]:
     return {w.split("=", 1)[0] for w in words if w.startswith("--")}
-
-
-def flag_value(flags: Sequence[str], option: str) -> str | None:
-    """The value ``flags`` give ``option`` (``--opt V`` or ``--opt=V``; the last wins)."""
-    words, value = split_flags(flags), None
-    for i, word in enumerate(words):
-        if word == option and i + 1 < len(words):
-            value = words[i + 1]
-        elif word.startswith(option + "="):
-            value = word.split("=", 1)[1]
-    return value
 
 
 def command(
@@ -173,7 +158,7 @@ def vllm_server(
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     image_token = config.get("image_token_id")
     all_flags = [*flags, *extra_args]
-    block = int(flag_value(all_flags, "--block-size") or block_size)
+    block = int(flag_value(split_flags(all_flags), "--block-size") or block_size)
     cmd = command(model_dir, all_flags, python, block_size=block, max_logprobs=vocab)
     engine = OpenAIEngine(
         cmd,
@@ -203,7 +188,7 @@ def vllm_server(
     # a KV budget (--num-gpu-blocks-override N: N - 1 blocks, vLLM keeps one as its null
     # block) that the salted cold runs share: a request that fills it has its prefix evicted
     # by its own cold run (seen: a 313-token repeat reused 0 of 288 on 11 blocks)
-    blocks = flag_value(all_flags, "--num-gpu-blocks-override")
+    blocks = flag_value(split_flags(all_flags), "--num-gpu-blocks-override")
     if blocks is not None and cold == "salt":  # cold="reset": the cold runs' own server
         engine.cache_capacity_tokens = (int(blocks) - 1) * block  # type: ignore[attr-defined]
     return engine

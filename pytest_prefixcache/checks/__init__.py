@@ -41,12 +41,13 @@ from .reuse import (
     efficiency_problem,
     reuse_problems,
 )
-from .timing import SPEEDUP_MIN_SECONDS, speedup_problem
+from .timing import FIRST_TOKEN, SPEEDUP_MIN_SECONDS, WHOLE_CALLS, speedup_problem
 
 __all__ = [
     "CAPACITY",
     "CONTROL_MIN_TOKENS",
     "EFFICIENCY_MIN_TOKENS",
+    "FIRST_TOKEN",
     "HYGIENE",
     "NO_SNAPSHOT",
     "OLDER_ENTRY",
@@ -54,6 +55,7 @@ __all__ = [
     "REUSE_REFERENCES",
     "SPEEDUP_MIN_SECONDS",
     "UNDER_ONE_BLOCK",
+    "WHOLE_CALLS",
     "CacheDesign",
     "Comparison",
     "Match",

@@ -24,6 +24,8 @@ from .claims import CLAIMS, STEPS
 
 __all__ = [
     "APPLIED",
+    "ATTRIBUTION",
+    "ATTRIBUTION_REASONS",
     "DECLARED",
     "HINTS",
     "NOTHING_CLAIMED",
@@ -35,6 +37,7 @@ __all__ = [
     "SERVER_HINTS",
     "UNCLAIMED",
     "CoverageRow",
+    "attribution_of",
     "claims_coverage",
     "coverage_lines",
     "coverage_of",
@@ -46,6 +49,15 @@ __all__ = [
 
 #: The key under which a check's count of requests it applied to is kept.
 APPLIED = "applied"
+#: The coverage row of how each request's computed rows were tied to its reply (not a check,
+#: never a gap): applied when the server's scheduler named the request (``Outcome.attribution``
+#: ``"id"``), otherwise how it was inferred.
+ATTRIBUTION = "tap attribution by id"
+ATTRIBUTION_REASONS = {
+    "sequential": "sequential (inferred, no other request ran meanwhile)",
+    "guessed": "guessed (inferred among requests in flight)",
+}
+_STRENGTH = {"id": 0, "sequential": 1, "guessed": 2}
 #: The correctness checks that must apply for a full PASS, in the order reports show them.
 REQUIRED = (
     "equivalence",
@@ -151,6 +163,19 @@ def coverage_of(
     yield "render stability", _first_missing(cached, "token_ids") or APPLIED
     yield "memory budget", APPLIED if has_usage else "no cache_usage()"
     yield from claims_coverage(cached, uncached)
+    how = attribution_of(cached, uncached)
+    if how is not None:
+        yield ATTRIBUTION, APPLIED if how == "id" else ATTRIBUTION_REASONS[how]
+
+
+def attribution_of(cached: Outcome, uncached: Outcome) -> str | None:
+    """How the request's rows were attributed by whatever observed the model (the logit tap):
+    the weaker of its two runs' (``id``, then ``sequential``, then ``guessed``); None when
+    nothing observed the model."""
+    seen = [o.attribution for o in (cached, uncached) if o.attribution is not None]
+    if not seen:
+        return None
+    return max(seen, key=lambda a: _STRENGTH.get(a, len(_STRENGTH)))
 
 
 def claims_coverage(cached: Outcome, uncached: Outcome) -> Iterator[tuple[str, str]]:

@@ -68,6 +68,8 @@ class Comparison:
     """The result of comparing a cached outcome with the uncached one."""
 
     steps: int = 0
+    decode_steps: int = 0
+    """Of :attr:`steps`, those after the first token (computed by a decode step)."""
     worst: Diff | None = None
     first_bad: Diff | None = None
     worst_bad: Diff | None = None
@@ -183,6 +185,7 @@ def compare(cached: Outcome, uncached: Outcome, tol: Tolerance) -> Comparison:
         if c_steps[step] is not None and u_steps[step] is not None:
             _compare_step(step, c_steps[step], u_steps[step], tol, out)
             out.steps += 1
+            out.decode_steps += step > 0
     if split is not None:
         a = ct[split] if split < len(ct) else None
         b = ut[split] if split < len(ut) else None

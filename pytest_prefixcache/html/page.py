@@ -12,6 +12,7 @@ from ..output.summary import over_claims, summarize
 from .charts import MAX_BARS, diff_chart, reuse_chart
 from .conversation import find_stream_dir, render_stream
 from .reuse import references_table
+from .run import run_section
 from .style import CSS
 from .summary import summary_sections
 
@@ -45,6 +46,8 @@ def verdict(report: Report) -> tuple[str, str]:
     if report.requests == 0:
         return "empty", "NOTHING VERIFIED"
     gaps = ", ".join(report.not_checked) or "see the configurations"
+    if report.verdict == "inconclusive":
+        return "empty", "INCONCLUSIVE: a wave failure rested on a guessed attribution"
     if report.verdict == "incomplete":
         return "empty", f"INCOMPLETE: not checked on every request: {gaps}"
     if report.verdict == "partial":
@@ -75,9 +78,13 @@ def _header(report: Report) -> str:
         seed_flag = f"--prefixcache-seed={report.seed}"
         seed_flag += f" --prefixcache-shards={shards}" if shards > 1 else ""
     hits = f"{report.cache_hits / report.requests:.0%} of requests" if report.requests else ""
-    speed = ""
-    if report.warm_seconds > 0 and report.cold_seconds > 0:
-        speed = f"cold / warm: {report.cold_seconds / report.warm_seconds:.2f}x on cache hits"
+    speed, warm, cold = "", report.warm_seconds, report.cold_seconds
+    measure = "whole calls"
+    if not report.untimed_hits and report.warm_first_token > 0:
+        warm, cold = report.warm_first_token, report.cold_first_token
+        measure = report.speedup_measure
+    if warm > 0 and cold > 0:
+        speed = f"cold / warm: {cold / warm:.2f}x on cache hits, {measure}"
     worst = "NaN" if math.isnan(report.worst_diff) else f"{report.worst_diff:.3g}"
     exact = report.tolerance.strip() == "exact"
     per_stream = f"{report.requests / report.streams:.1f} requests each" if report.streams else ""
@@ -108,7 +115,7 @@ def _header(report: Report) -> str:
         ),
         _stat(
             "Warm vs cold time",
-            f"{_seconds(report.warm_seconds)} vs {_seconds(report.cold_seconds)}",
+            f"{_seconds(warm)} vs {_seconds(cold)}",
             speed,
             "wide",
         ),
@@ -272,7 +279,7 @@ def render_html(report: Report, *, base_dir: str | os.PathLike[str] | None = Non
         f"<title>{escape(title)}</title><style>{CSS}</style></head>"
         f'<body class="{tone}"><main>{_header(report)}{summary_sections(summarize(report))}'
         f"{_configs(report)}{_charts(report)}"
-        f"{_failures(report, base_dir)}"
+        f"{_failures(report, base_dir)}{run_section(report)}"
         "<footer>pytest-prefixcache · report format "
         f"{escape(FORMAT)}</footer></main></body></html>\n"
     )

@@ -37,7 +37,8 @@ def _coverage(summary: Summary) -> str:
         f"<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
         '<p class="caption">Requests each check ran on / the requests that concern it. The cold '
         "baseline's row reads audited / all: the requests the audit did not sample are not a "
-        "gap. A highlighted row is a required check that could not run everywhere.</p>"
+        "gap. The wave decode steps row counts decode steps: compared / generated. A "
+        "highlighted row is a required check that could not run everywhere.</p>"
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 __all__ = ["ORDER", "config_lines", "worst"]
 
 #: Verdicts from best to worst; ``error``: the configuration's engine could not be built.
-ORDER = ("pass", "partial", "incomplete", "fail", "error")
+ORDER = ("pass", "partial", "incomplete", "inconclusive", "fail", "error")
 
 
 def worst(verdicts: Iterable[str]) -> str:

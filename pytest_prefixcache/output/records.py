@@ -46,6 +46,13 @@ class RequestRecord:
     """The snapshot-aware reference's maximum (None without token ids, or an older report)."""
     block: int | None = None
     """Whole blocks of ``reusable``, for a block-granular design."""
+    warm_first_token: float | None = None
+    """The cached run's time to first token (None: not reported)."""
+    cold_first_token: float | None = None
+    """The uncached run's time to first token (None: not reported)."""
+    attribution: str | None = None
+    """How the logit tap tied the request's computed rows to its replies (``id``,
+    ``sequential``, ``guessed``: the weaker of its two runs'); None without a tap."""
 
     bound: int | None = None
     """The correctness bound the reuse check judged by (:attr:`.Match.limit`; None: an older

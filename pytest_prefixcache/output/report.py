@@ -16,12 +16,23 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from ..checks.coverage import gap_lines, missing
+from ..checks.timing import FIRST_TOKEN, WHOLE_CALLS
 from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
 from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
 from .summary import summarize
 
-__all__ = ["FORMAT", "MAX_RECORDS", "FailureRecord", "Report", "RequestRecord"]
+#: The finding of a wave failure not confirmed one request at a time (``verify.confirm``).
+INCONCLUSIVE = "inconclusive (guessed attribution)"
+
+__all__ = [
+    "FORMAT",
+    "INCONCLUSIVE",
+    "MAX_RECORDS",
+    "FailureRecord",
+    "Report",
+    "RequestRecord",
+]
 
 FORMAT = "pytest-prefixcache/report/v2"
 #: Per-request records kept in one report (the counters always cover every request).
@@ -44,7 +55,8 @@ def _number(x: Any) -> float:
 #: Report counters that add up across workers.
 _SUMMED = (
     "requests", "cache_hits", "reused_tokens", "oracle_tokens", "streams", "merges_checked",
-    "warm_seconds", "cold_seconds", "records_dropped", "claims_checked", "steps_aligned",
+    "warm_seconds", "cold_seconds", "warm_first_token", "cold_first_token", "untimed_hits",
+    "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
     "over_claims", "decode_rule_requests",
 )  # fmt: skip
@@ -99,6 +111,14 @@ class Report:
     """Engine time of the cached runs that hit the cache."""
     cold_seconds: float = 0.0
     """Engine time of the uncached runs of the same requests."""
+    warm_first_token: float = 0.0
+    """Time to first token of the cached runs that hit the cache (those that report it:
+    ``Outcome.first_token_seconds``)."""
+    cold_first_token: float = 0.0
+    """Time to first token of the uncached runs of the same requests."""
+    untimed_hits: int = 0
+    """Cache hits one of whose runs reported no time to first token (then the speedup is
+    judged on whole calls)."""
     speedup_not_measured: str = ""
     """Why no warm/cold time was compared (the engine's ``uncached_times_skewed``: e.g. its
     uncached runs restart a server), else empty."""
@@ -129,6 +149,11 @@ class Report:
     configs: list[dict[str, Any]] = field(default_factory=list)
     """A matrix run's rows, one per configuration (name, engine, verdict, coverage, counters);
     the verdict is the worst row's."""
+    run: dict[str, Any] = field(default_factory=dict)
+    """The run's settings, as its run file holds them (:mod:`.run_file`): what a replay
+    applies (flags, environment) and what the run was (interpreter, version, tolerance rule)."""
+    run_file: str = ""
+    """The run file written beside the saved failing streams (empty: none was written)."""
 
     def add_finding(self, check: str, line: str) -> None:
         """An efficiency finding that does not fail the run (reported everywhere)."""
@@ -136,10 +161,11 @@ class Report:
         if len(self.finding_examples) < MAX_FINDING_EXAMPLES:
             self.finding_examples.append(f"{check}: {line}")
 
-    def count(self, check: str, outcome: str) -> None:
-        """One request that ``check`` applied to (``APPLIED``) or could not run on (a reason)."""
+    def count(self, check: str, outcome: str, n: int = 1) -> None:
+        """One request (``n`` of them, or of a row's units) that ``check`` applied to
+        (``APPLIED``) or could not run on (a reason)."""
         row = self.coverage.setdefault(check, {})
-        row[outcome] = row.get(outcome, 0) + 1
+        row[outcome] = row.get(outcome, 0) + n
 
     @property
     def not_checked(self) -> dict[str, dict[str, int]]:
@@ -149,7 +175,9 @@ class Report:
     @property
     def verdict(self) -> str:
         """``pass``, ``partial`` (a pass the user accepted with checks that could not run),
-        ``fail`` (a failure), ``error`` (the engine could not be built: nothing was verified)
+        ``fail`` (a failure), ``inconclusive`` (no failure, but a wave failure that rested on a
+        guessed attribution did not reproduce one request at a time: neither a pass nor a
+        proven failure), ``error`` (the engine could not be built: nothing was verified)
         or ``incomplete`` (no request was verified, or a correctness check could not run and
         partial coverage was not accepted). A matrix run's is the worst of its
         configurations'."""
@@ -159,6 +187,8 @@ class Report:
             return "error"
         if self.failures:
             return "fail"
+        if self.findings.get(INCONCLUSIVE):
+            return "inconclusive"
         if self.requests == 0:
             return "incomplete"
         if self.not_checked:
@@ -172,6 +202,9 @@ class Report:
         word = {
             "pass": "PASS",
             "fail": "FAIL",
+            "inconclusive": f"INCONCLUSIVE: {self.findings.get(INCONCLUSIVE, 0)} wave failure(s) "
+            "rested on the tap's guess of a request's rows and did not reproduce one request "
+            "at a time (the findings say which)",
             "error": "ERROR: the engine could not be built (exit code 2)",
             "partial": f"PASS (partial: not checked on every request: {names})",
             "incomplete": "INCOMPLETE: "
@@ -185,6 +218,14 @@ class Report:
         if self.configs:
             return [*config_lines(self.configs), f"verdict: {word} (the worst configuration's)"]
         return [f"verdict: {word}", *gap_lines(gaps, server=self.server)]
+
+    @property
+    def speedup_measure(self) -> str:
+        """What the time on cache hits is shown and judged on: :data:`FIRST_TOKEN` when every
+        hit's runs reported it, else :data:`WHOLE_CALLS` ("" when no hit was timed)."""
+        if self.speedup_not_measured or self.warm_seconds <= 0:
+            return ""
+        return WHOLE_CALLS if self.untimed_hits else FIRST_TOKEN
 
     @property
     def efficiency(self) -> float | None:
@@ -248,6 +289,9 @@ class Report:
             self.tolerance = other.tolerance
         self.decode_rule = self.decode_rule or other.decode_rule
         self.last_kv = self.last_kv or other.last_kv
+        if other.run:  # a worker's (it built the engine: its tolerance rule is known)
+            self.run = other.run
+        self.run_file = self.run_file or other.run_file
         for check, n in other.findings.items():
             self.findings[check] = self.findings.get(check, 0) + n
         room = MAX_FINDING_EXAMPLES - len(self.finding_examples)
@@ -286,6 +330,10 @@ class Report:
             "steps_aligned": self.steps_aligned,
             "warm_seconds": self.warm_seconds,
             "cold_seconds": self.cold_seconds,
+            "warm_first_token": self.warm_first_token,
+            "cold_first_token": self.cold_first_token,
+            "untimed_hits": self.untimed_hits,
+            "speedup_measure": self.speedup_measure,
             "speedup_not_measured": self.speedup_not_measured,
             "engine_error": self.engine_error,
             "server": self.server,
@@ -298,6 +346,8 @@ class Report:
             "coverage": self.coverage,
             "not_checked": self.not_checked,
             **({"configs": self.configs} if self.configs else {}),
+            "run": self.run,
+            "run_file": self.run_file,
             "failures": [asdict(f) for f in self.failures],
             "records_dropped": self.records_dropped,
             "records": [

@@ -150,14 +150,7 @@ def _head(report: Report) -> list[Line]:
         why = report.speedup_not_measured
         out.append(Line("time", f"time on cache hits: no speedup computed ({why})"))
     elif report.warm_seconds > 0:
-        speedup = report.cold_seconds / report.warm_seconds
-        out.append(
-            Line(
-                "time",
-                f"time on cache hits: {report.warm_seconds:.2f} s warm vs "
-                f"{report.cold_seconds:.2f} s cold (speedup {speedup:.2f}x)",
-            )
-        )
+        out.append(Line("time", _time_line(report)))
     if report.claims_checked or report.steps_aligned:
         out.append(
             Line(
@@ -240,4 +233,21 @@ def summarize(report: Report) -> Summary:
         coverage=tuple(coverage_rows(report.coverage)),
         verdict=report.verdict,
         verdict_lines=tuple(verdict),
+    )
+
+
+def _time_line(report: Report) -> str:
+    """Time on cache hits on the measure the speedup is judged on: the time to first token
+    (whole calls beside it), or whole calls, saying how many hits reported no first token."""
+    whole = f"{report.warm_seconds:.2f} s warm vs {report.cold_seconds:.2f} s cold"
+    whole += f" (speedup {report.cold_seconds / report.warm_seconds:.2f}x)"
+    if report.untimed_hits or report.warm_first_token <= 0:
+        why = ""
+        if report.untimed_hits:
+            why = f", {report.untimed_hits} hit(s) reporting no time to first token"
+        return f"time on cache hits (whole calls{why}): {whole}"
+    first = report.cold_first_token / report.warm_first_token
+    return (
+        f"time to first token on cache hits: {report.warm_first_token:.2f} s warm vs "
+        f"{report.cold_first_token:.2f} s cold (speedup {first:.2f}x); whole calls: {whole}"
     )

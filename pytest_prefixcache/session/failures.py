@@ -61,7 +61,8 @@ def record(
     summary = str(exc).splitlines()[0] if str(exc) else exc.check
     if flaky:  # Hypothesis saw it fail once and pass on replay
         summary = f"flaky (FlakyFailure): {summary}"
-    command = s.replay_command(path) if path else None
+    replay = slot.run.replay_command if slot.run is not None else s.replay_command
+    command = replay(path) if path else None
     stream_dir = None if not exc.replay_path else str(Path(exc.replay_path).parent.resolve())
     slot.report.failures.append(
         FailureRecord(

@@ -33,6 +33,7 @@ from ..verify.audit import Audit, fresh_share
 from ..verify.decode_kv import last_kv_of
 from ..verify.verifier import Step, Verifier, VerifyOptions
 from ..verify.worker import CallTimedOut
+from .run_record import RunRecord
 from .settings import DEFAULT_ENGINE, Settings
 from .slots import Slot, slots_of
 from .stash import PROGRESS_KEY
@@ -238,6 +239,9 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
     last_kv = last_kv_of(engine, functools.partial(_probe_call, slot, s.timeout))
     design = dataclasses.replace(design, last_kv=last_kv.computed)
     slot.report.last_kv = last_kv.line()
+    built, audit = slot.built or (None, None)
+    conftest = built is not engine or audit is None  # a conftest.py override
+    slot.run = RunRecord(s, slot.report, conftest=conftest)
     options = VerifyOptions(
         design=design,
         tolerance=tolerance,
@@ -246,13 +250,13 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
         min_speedup=s.min_speedup,
         strict_render=s.strict_render,
         failures_dir=s.failures_dir,
-        replay_command=s.replay_command,
+        replay_command=slot.run.replay_command,
     )
-    built, audit = slot.built or (None, None)
-    if built is not engine or audit is None:  # a conftest.py override of prefixcache_engine
+    if audit is None or conftest:  # a conftest.py override of prefixcache_engine
         audit = Audit(None, "engine from a conftest.py fixture")
         _overridden(config, engine, slot)
     verifier = Verifier(engine, slot.worker, options, slot.report, audit=audit)
+    slot.report.run = slot.run.to_json()  # the engine's rules known (tolerance, decode)
     progress = config.stash.get(PROGRESS_KEY, None)
     if progress is not None and progress.every > 0:
         verifier.on_step = progress.on_step

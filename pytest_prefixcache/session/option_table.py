@@ -166,10 +166,12 @@ OPTIONS: tuple[Option, ...] = (
            doc="fail when reuse falls below F of what the reference says was reusable",
            type=settings.fraction, metavar="F", cli=("verify",), setting="min_efficiency",
            replay=True),
-    Option("min-speedup", "Fail when a stream's cache hits are not X times faster than their "
-           "cold runs",
-           doc="fail when requests served from the cache are not X times faster than cold "
-           "(opt-in; timing is noisy)",
+    Option("min-speedup", "Fail when a stream's cache hits do not reach their first token X "
+           "times faster than their cold runs (whole calls when the engine reports no time to "
+           "first token)",
+           doc="fail when requests served from the cache do not reach their first token X times "
+           "faster than cold: the prefill part, what reuse saves (whole calls when the engine "
+           "reports no time to first token; opt-in; timing is noisy)",
            type=settings.positive_ratio, metavar="X", setting="min_speedup", replay=True),
     Option("strict-render", "Fail on render-hygiene findings (a next turn that re-renders the "
            "history, requests that differ only in volatile bytes); by default they are reported",

@@ -12,6 +12,7 @@ import math
 import random
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,9 @@ class Settings:
     """The matrix file this configuration comes from (its replays name it and the config)."""
     config_name: str | None = None
     """This configuration's name in a matrix run."""
+    environment: tuple[tuple[str, str], ...] = ()
+    """The variables a run file records (``output.run_file.RECORDED``) as the session
+    started, before the plugin exported its own."""
 
     @property
     def failures_dir(self) -> Path:
@@ -235,7 +239,7 @@ class Settings:
                 f"--prefixcache-matrix={self.matrix}",
                 f"--prefixcache-config={self.config_name}",
             ]
-        elif self.engine_source == "option":
+        elif self.engine_source in ("option", "ini"):  # a replay reads no ini file
             out.append(f"--prefixcache-engine={self.engine}")
         elif self.server_cmd is not None:
             out.append(f"--prefixcache-server-cmd={self.server_cmd}")
@@ -265,12 +269,23 @@ class Settings:
             out += f" --prefixcache-parallel-streams={self.parallel_streams}"
         return out
 
-    def replay_command(self, path: str) -> str:
-        """The command that replays the stream saved at ``path``."""
+    def shown(self, path: str | Path) -> str:
+        """``path`` as a replay command names it: relative to the invocation directory when
+        it is inside it."""
         p = Path(path)
         try:
-            shown = str(p.relative_to(self.invocation_dir))
+            return str(p.relative_to(self.invocation_dir))
         except ValueError:
-            shown = str(p)
-        args = [*self.flags(), f"--prefixcache-replay={shown}"]
-        return "pytest " + " ".join(shlex.quote(a) for a in args)
+            return str(p)
+
+    def replay_command(self, path: str, run_file: str | Path | None = None) -> str:
+        """The command that replays the stream saved at ``path``: with ``run_file``, the
+        ``prefixcache replay`` command that applies the run's settings (flags and
+        environment, see ``output.run_file``); without, this interpreter's pytest with the
+        flags (the environment is then the shell's)."""
+        python = shlex.quote(sys.executable)
+        if run_file is not None:
+            args = [f"--run={self.shown(run_file)}", self.shown(path)]
+            return f"{python} -m pytest_prefixcache.cli replay " + shlex.join(args)
+        args = [*self.flags(), f"--prefixcache-replay={self.shown(path)}"]
+        return f"{python} -m pytest " + shlex.join(args)

@@ -21,6 +21,7 @@ from ..output.report import Report
 from ..types import Engine
 from ..verify.audit import Audit
 from ..verify.worker import EngineWorker
+from .run_record import RunRecord
 from .settings import Settings
 from .stash import report_of, settings_of, worker_of
 from .targets import Target
@@ -53,6 +54,8 @@ class Slot:
     built: tuple[Engine, Audit] | None = None
     used: bool = False
     """Some test of this configuration ran here (an xdist worker sends only these)."""
+    run: RunRecord | None = None
+    """Its run file and replay commands, once its verifier is built."""
 
     @contextmanager
     def environment(self) -> Iterator[None]:
@@ -164,6 +167,7 @@ def assemble(config: pytest.Config) -> None:
         if error and not rep.engine_error:
             rep.engine_error = f"{name}: {error}"
     rep.tolerance = "per configuration"
+    rep.run, rep.run_file = {}, ""  # each configuration's row carries its own
     rep.configs = [row(slot) for slot in slots.values()]
     seen = {r.worker for r in rep.records} | {f.worker for f in rep.failures}
     if rep.workers:  # xdist workers, not (configuration, worker) pairs

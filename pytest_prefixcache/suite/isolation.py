@@ -9,6 +9,8 @@ must (the positive control), else the result is inconclusive and the test is ski
 from __future__ import annotations
 
 import functools
+import shlex
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -27,7 +29,7 @@ def test_isolation(prefixcache_settings: Settings, prefixcache_verifier: Verifie
     __tracebackhide__ = True
     s = prefixcache_settings
     worker, engine = prefixcache_verifier.worker, prefixcache_verifier.engine
-    command = "pytest " + " ".join(
+    command = f"{shlex.quote(sys.executable)} -m pytest " + " ".join(
         [*s.flags(), "--prefixcache-isolation", f"--prefixcache-seed={s.seed}", "-k isolation"]
     )
 

@@ -6,7 +6,10 @@ in the same process. Every forward call appends one :class:`TapRecord` to the JS
 named by ``$PREFIXCACHE_TAP``: the number of input positions and, for every batch row
 (:class:`TapRow`), its KV offsets before and after the call, its right padding, its input token
 ids and the full-vocabulary log-softmax of its last position. The wrapper never raises into the
-server. :mod:`.tracks` follows each request's rows from call to call (several in flight).
+server. Where the server's scheduler is one :mod:`.identity` knows (mlx-lm's BatchGenerator),
+each row also carries its request's scheduler id, and one admission line per request ties that
+id to the reply's ``id``. :mod:`.tracks` follows each request's rows from call to call (several
+in flight): by those ids, else by inference.
 ``$PREFIXCACHE_TAP_TARGETS`` (comma-separated ``module:Class``) replaces the default list of
 wrapped classes (:data:`.wrap.DEFAULT_TARGETS`); each process's first line names the classes it
 wrapped, so that a request with no matching record can say why (:func:`missing_reason`).
@@ -26,6 +29,7 @@ import numpy as np
 
 __all__ = [
     "ENV",
+    "IDENTITY_ENV",
     "TARGETS_ENV",
     "TapReader",
     "TapRecord",
@@ -39,6 +43,8 @@ __all__ = [
 ENV = "PREFIXCACHE_TAP"
 #: Environment variable replacing the wrapped classes (comma-separated ``module:Class``).
 TARGETS_ENV = "PREFIXCACHE_TAP_TARGETS"
+#: Environment variable: ``0`` leaves the batch rows unlabelled (no scheduler hooks).
+IDENTITY_ENV = "PREFIXCACHE_TAP_IDENTITY"
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +58,8 @@ class TapRow:
             logits are not a real position's (a padded prefill row, comparable with nothing).
         ids: the row's input token ids (padding included), or None when the call got embeddings.
         logprobs: the log-softmax of the row's last position, float32, full vocabulary.
+        label: the server scheduler's id of the row's request (:mod:`.identity`), or None
+            when the tap could not read it (an unknown server).
     """
 
     before: int
@@ -59,6 +67,7 @@ class TapRow:
     pad: int
     ids: tuple[int, ...] | None
     logprobs: np.ndarray
+    label: str | None = None
 
     @property
     def padded(self) -> bool:
@@ -125,6 +134,7 @@ def parse_record(line: str) -> TapRecord:
             int(r.get("pad", 0)),
             None if r.get("ids") is None else tuple(int(t) for t in r["ids"]),
             _lp(r["lp"]),
+            None if r.get("id") is None else str(r["id"]),
         )
         for r in d.get("rows") or ()
     )
@@ -143,6 +153,11 @@ class TapReader:
         self._pos = 0
         #: The classes the tapped process wrapped (its header line), None before it is read.
         self.installed: list[str] | None = None
+        #: The scheduler methods that label batch rows with their request (:mod:`.identity`),
+        #: None before that line is read ([]: the server's scheduler is not one it knows).
+        self.identity: list[str] | None = None
+        #: Reply id -> the scheduler's id of the request that answered it (admission lines).
+        self.admitted: dict[str, str] = {}
 
     def read_new(self) -> list[TapRecord]:
         """Every complete record written since the last call."""
@@ -158,6 +173,11 @@ class TapReader:
         for line in data[:end].decode().splitlines():
             if line.startswith('{"installed"'):
                 self.installed = list(json.loads(line)["installed"])
+            elif line.startswith('{"identity"'):  # one line per set of hooks installed
+                self.identity = [*(self.identity or ()), *json.loads(line)["identity"]]
+            elif line.startswith('{"admit"'):
+                d = json.loads(line)
+                self.admitted[str(d["reply"])] = str(d["admit"])
             elif line:
                 records.append(parse_record(line))
         return records

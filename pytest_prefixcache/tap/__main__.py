@@ -1,7 +1,9 @@
 """``python -m pytest_prefixcache.tap MODULE:FUNC ARGS...``: run a server with the tap installed.
 
 Records go to ``$PREFIXCACHE_TAP``; ``$PREFIXCACHE_TAP_TARGETS`` (comma-separated
-``module:Class``) replaces the default list of wrapped classes.
+``module:Class``) replaces the default list of wrapped classes. Once the server's module is
+imported, the scheduler hooks of :mod:`.identity` label each batch row with its request
+(``$PREFIXCACHE_TAP_IDENTITY=0``: not installed, the rows unlabelled).
 """
 
 from __future__ import annotations
@@ -10,8 +12,8 @@ import importlib
 import os
 import sys
 
-from . import ENV, TARGETS_ENV
-from .wrap import DEFAULT_TARGETS, install
+from . import ENV, IDENTITY_ENV, TARGETS_ENV
+from .wrap import DEFAULT_TARGETS, install, install_identity
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +33,13 @@ def main(argv: list[str]) -> int:
     print(f"prefixcache tap: wrapped {', '.join(wrapped) or 'nothing'}", file=sys.stderr)
     module, _, func = argv[0].partition(":")
     sys.argv = [module, *argv[1:]]
-    result = getattr(importlib.import_module(module), func)()
+    entry = getattr(importlib.import_module(module), func)
+    # the scheduler's classes are imported by now; =0 keeps the rows unlabelled (the ledger
+    # then infers, as for an unknown server: the comparison's control)
+    labelled = install_identity() if os.environ.get(IDENTITY_ENV) != "0" else []
+    if labelled:
+        print(f"prefixcache tap: batch rows labelled by {', '.join(labelled)}", file=sys.stderr)
+    result = entry()
     return result if isinstance(result, int) else 0
 
 

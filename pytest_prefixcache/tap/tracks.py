@@ -1,5 +1,14 @@
 """Following each request through a batching server's forward calls (several in flight).
 
+Where the server's scheduler is one the tap knows (:mod:`.identity`: mlx_lm.server's
+BatchGenerator), every row carries its request's id and one admission line ties that id to
+the reply's ``id``: a labelled row belongs to the track of its label, a reply to the track
+admitted under its id (``Found.attribution == "id"``), and nothing below is used for them (a
+labelled row that starts elsewhere than its track ended puts the track in doubt:
+``guessed``, with the reason). The rest of this docstring is the fallback for rows without a
+label (an unknown server): ``sequential`` when one track alone answered the prompt and no
+other request's rows ran in its calls or between them, else ``guessed``.
+
 A server that batches concurrent requests runs one forward call for many rows, moves rows
 between batches (a prompt batch split off to decode, a decode batch extended with newcomers,
 finished rows filtered out) and pads short prompts. :class:`TapLedger` reads the records of
@@ -28,92 +37,14 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
-import numpy as np
+from . import TapReader, TapRecord
+from .rows import Found, Track, answer
 
-from . import TapReader, TapRecord, TapRow
-
-__all__ = ["Found", "TapLedger", "Track"]
+__all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
 
 #: Records kept for the message naming why no record matched.
 _RECENT = 256
-
-
-@dataclass(eq=False)
-class Track:
-    """One request's rows, in call order; ``index`` is its place among the server's prefills."""
-
-    index: int
-    pid: int
-    key: str
-    row: int
-    last_order: int
-    rows: list[tuple[int, TapRow]] = field(default_factory=list)
-    """(input positions of the call, row) per call."""
-    claimed: bool = False
-
-    kinds: list[str] = field(default_factory=list)
-    """Per row: ``prefill`` (the track's first row, a padded or several-position row, or a
-    one-position prefill chunk that the next row showed to be one), ``prompt?`` (a
-    one-position row after a prefill row, not fed its greedy token: a prompt token, the
-    prompt's last one or a last chunk of one position) or ``step`` (fed its greedy token)."""
-
-    @property
-    def last(self) -> TapRow:
-        return self.rows[-1][1]
-
-    def follows(self, row: TapRow, n: int) -> bool:
-        """Whether ``row`` (of a call with ``n`` input positions) continues this track: after
-        a prefill row (``kinds``) or a prompt token, any row starting where its real positions
-        end; after a decode step, a one-position row fed its greedy token."""
-        last = self.last
-        if row.before < 0 or row.real_before != last.real_after:
-            return False
-        if self.kinds[-1] != "step":
-            return True
-        if n != 1 or not row.ids:
-            return n == 1 and row.ids is None
-        return self._greedy(row)
-
-    def add(self, row: TapRow, n: int) -> None:
-        """Append ``row`` (that :meth:`follows`, or the first), classifying it (``kinds``);
-        a one-position row not fed the greedy token of a prompt token confirms that one as a
-        prefill chunk (vllm-mlx 0.6.0's chunked prefill ends 2 positions short with a chunk
-        of one, then feeds the last prompt token to its first decode call)."""
-        if not self.rows or n > 1 or row.padded:
-            kind = "prefill"
-        elif self.kinds[-1] == "step" or row.ids is None or self._greedy(row):
-            kind = "step"
-        else:
-            kind = "prompt?"
-            if self.kinds[-1] == "prompt?":
-                self.kinds[-1] = "prefill"
-        self.rows.append((n, row))
-        self.kinds.append(kind)
-
-    def _greedy(self, row: TapRow) -> bool:
-        return row.ids is not None and int(row.ids[-1]) == int(np.argmax(self.last.logprobs))
-
-
-@dataclass(frozen=True)
-class Found:
-    """A reply's track: its first-token row and decode rows, the reuse it shows, its order."""
-
-    track: Track
-    steps: tuple[TapRow, ...]
-    reused: int
-    served: int
-    ids_checked: bool | None
-    """True: the track's input ids are the prompt's; None: not known; False: they differ."""
-    settled: bool = True
-    """False while another track the ids do not tell from this one still runs short of the
-    steps asked for: what it generates may still fit the reply better."""
-
-    @property
-    def greedy(self) -> tuple[int, ...]:
-        """The greedy token of each step: what the model generated on this track."""
-        return tuple(int(np.argmax(r.logprobs)) for r in self.steps)
 
 
 class TapLedger:
@@ -138,6 +69,8 @@ class TapLedger:
         self._order = 0
         self._by_key: dict[str, list[Track]] = {}
         self._key_last: dict[str, int] = {}
+        self._by_label: dict[str, Track] = {}
+        self._prev: dict[int, Track] = {}  # the tracks of the latest call, by id
 
     @property
     def installed(self) -> list[str] | None:
@@ -204,45 +137,72 @@ class TapLedger:
         rows = rec.row_list()
         n = rec.n_inputs
         owner: dict[int, Track] = {}
+        for i, row in enumerate(rows):  # a row the scheduler labelled is its request's
+            t = self._by_label.get(row.label) if row.label is not None else None
+            if t is None:
+                continue
+            if row.before >= 0 and row.real_before != t.last.real_after and not t.doubt:
+                t.doubt = (
+                    f"a row labelled {row.label!r} starts at KV offset {row.before} where that "
+                    f"request's rows ended at {t.last.real_after} (call {rec.seq})"
+                )
+            owner[i] = t
         # the tracks live on this batch take its rows in order (filtering keeps the order)
         here = sorted(
             (t for t in self._by_key.get(rec.cache, ()) if self._live(t)), key=lambda t: t.row
         )
         j = 0
         for t in here:
+            if t.label is not None:
+                continue
             for i in range(j, len(rows)):
-                if t.follows(rows[i], n):
+                if i not in owner and rows[i].label is None and t.follows(rows[i], n):
                     owner[i], j = t, i + 1
                     break
         # rows moved from another batch (split off, or extended into this one), in order
         taken = {id(t) for t in owner.values()}
         for i, row in enumerate(rows):
-            if i in owner or row.before < 0:
+            if i in owner or row.before < 0 or row.label is not None:
                 continue
             moved = [
                 t
                 for key, ts in self._by_key.items()
                 if key != rec.cache and key.split(":")[0] == rec.cache.split(":")[0]
                 for t in ts
-                if id(t) not in taken and self._live(t) and t.follows(row, n)
+                if t.label is None and id(t) not in taken and self._live(t) and t.follows(row, n)
             ]
             if moved:  # a batch takes the prompts it was handed in the order they were run
                 t = min(moved, key=lambda t: (t.claimed, t.last_order, t.row))
                 owner[i] = t
                 taken.add(id(t))
+        ran_list: list[Track] = []
         for i, row in enumerate(rows):
             if i in owner:
                 t = owner[i]
             else:  # a prefill the server received
-                t = Track(len(self.tracks), rec.pid, rec.cache, i, order)
+                t = Track(len(self.tracks), rec.pid, rec.cache, i, order, label=row.label)
                 self.tracks.append(t)
                 self._by_key.setdefault(rec.cache, []).append(t)
+                if row.label is not None:
+                    self._by_label[row.label] = t
             if t.key != rec.cache:
-                self._by_key[t.key].remove(t)
+                left = self._by_key.get(t.key, [])
+                if t in left:  # (a labelled track may come back to a batch that went on)
+                    left.remove(t)
                 self._by_key.setdefault(rec.cache, []).append(t)
             t.key, t.row, t.last_order = rec.cache, i, order
             t.add(row, n)
+            ran_list.append(t)
         self._key_last[rec.cache] = order
+        ran = {id(t): t for t in ran_list}
+        if len(ran) > 1:
+            for t in ran.values():
+                t.interleaved = True
+        resumed = [t for t in ran.values() if id(t) not in self._prev and len(t.rows) > 1]
+        if resumed and self._prev:  # a track continues after another request's call
+            for t in (*ran.values(), *self._prev.values()):
+                t.interleaved = True
+        self._prev = ran
         # a row missing from its batch's latest call was filtered out: it never runs again
         self._by_key[rec.cache] = [t for t in self._by_key[rec.cache] if t.last_order == order]
 
@@ -253,6 +213,7 @@ class TapLedger:
         steps: int,
         said: int | None = None,
         fits: Callable[[Sequence[int]], int] | None = None,
+        reply_id: str | None = None,
     ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
         prompt's ``ids``, when given): reads the new records first; None when none does yet.
@@ -267,13 +228,24 @@ class TapLedger:
         ``fits``: how far a track's greedy tokens agree with the reply's own (its generated
         text or tokens), the furthest first: two prompts with the same ids but other images
         (their image pads are the same tokens) are told apart by what the model answered each;
-        the answer is not ``settled`` while such a track still runs short of ``steps``."""
+        the answer is not ``settled`` while such a track still runs short of ``steps``.
+
+        All of that is the fallback: when the server's scheduler admitted a request under
+        ``reply_id`` (the reply's ``id``), the reply gets that request's labelled track and
+        nothing is inferred (``Found.attribution``); tracks admitted under other ids are never
+        guessed for it."""
         with self.lock:
             self._ingest()
+            label = self.reader.admitted.get(reply_id) if reply_id else None
+            if label is not None:
+                return self._by_id(label, prompt_tokens, ids, steps)
+            others = set(self.reader.admitted.values())
             answers = [
                 (t, found)
                 for t in self.tracks
-                if not t.claimed and (found := _answer(t, prompt_tokens, ids, steps)) is not None
+                if not t.claimed
+                and t.label not in others
+                and (found := answer(t, prompt_tokens, ids, steps)) is not None
             ]
             # the reply's own tokens or text rank tracks only when there is more than one (a
             # decode per track and poll otherwise, for a choice already made)
@@ -291,7 +263,24 @@ class TapLedger:
                 r[0] == rank[0] and f is not best and len(f.steps) < steps and self._live(f.track)
                 for r, f in ranked
             )
-            return dataclasses.replace(best, settled=not (fits and running))
+            alone = len(answers) == 1 and not best.track.interleaved
+            how = "sequential" if alone else "guessed"
+            return dataclasses.replace(best, settled=not (fits and running), attribution=how)
+
+    def _by_id(
+        self, label: str, prompt_tokens: int, ids: Sequence[int] | None, steps: int
+    ) -> Found | None:
+        """The labelled track ``label`` answering the prompt; None while its rows are not
+        read yet (or were claimed). A track a labelled row contradicted (``Track.doubt``) is
+        still this reply's by its id, but its rows are in doubt: attributed ``guessed``."""
+        t = self._by_label.get(label)
+        if t is None or t.claimed:
+            return None
+        found = answer(t, prompt_tokens, ids, steps)
+        if found is None:
+            return None
+        how = "guessed" if t.doubt else "id"
+        return dataclasses.replace(found, attribution=how, note=t.doubt)
 
     def claim(self, found: Found) -> bool:
         """Give ``found``'s track to one reply; False when another reply took it first."""
@@ -304,37 +293,3 @@ class TapLedger:
     def records(self) -> list[TapRecord]:
         with self.lock:
             return list(self.recent)
-
-
-def _answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) -> Found | None:
-    """The track's answer to a ``prompt_tokens`` long prompt: its first unpadded row that ends
-    there, right after the prefill (not a decode step); None when it has none."""
-    first = next(
-        (k for k, (_, r) in enumerate(t.rows) if r.after == prompt_tokens and not r.padded),
-        None,
-    )
-    if first is None:
-        return None
-    if first and t.rows[first - 1][0] == 1 and t.kinds[first - 1] != "prefill":
-        return None  # a decode step of a longer request, not a prompt's end
-    start = t.rows[0][1].real_before
-    checked: bool | None = None
-    if ids is not None and len(ids) == prompt_tokens:
-        seen: list[int] = []
-        for _, r in t.rows[: first + 1]:
-            real = r.real_ids
-            if real is None:
-                seen = []
-                break
-            seen += real
-        if seen or first == 0:
-            checked = tuple(seen) == tuple(int(x) for x in ids[start:prompt_tokens])
-    out = [t.rows[first][1]]
-    for _, r in t.rows[first + 1 :]:
-        if len(out) >= steps:
-            break
-        if r.before == out[-1].after and r.after == r.before + 1 and not r.padded:
-            out.append(r)
-        else:
-            break
-    return Found(t, tuple(out), start, t.index, checked)

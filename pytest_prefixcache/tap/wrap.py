@@ -11,9 +11,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import ENV
+from . import ENV, identity
 
-__all__ = ["DEFAULT_TARGETS", "install"]
+__all__ = ["DEFAULT_TARGETS", "install", "install_identity"]
 
 #: ``module:Class`` of the language models wrapped by default (skipped when not importable):
 #: for each family the innermost class whose call returns the logits (mlx-lm's ``qwen3_5.Model``
@@ -51,6 +51,13 @@ class _Sink:
         when no call was recorded)."""
         with self.lock, open(self.path, "a") as f:
             f.write(json.dumps({"installed": list(wrapped), "pid": os.getpid()}) + "\n")
+
+    def admit(self, label: str, reply_id: str, scheduler: str) -> None:
+        """An admission line: the scheduler's id ``label`` (its rows' ``id``) answers the HTTP
+        exchange whose reply carries ``reply_id``."""
+        line = {"admit": label, "reply": reply_id, "by": scheduler, "pid": os.getpid()}
+        with self.lock, open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def write(
         self, cls: str, n: int, batch: int, offset: int, rows: list[dict[str, Any]], key: str
@@ -110,6 +117,24 @@ def _offset(cache: Any, n: int) -> int:
     return int(np.asarray(layer.offset).max())
 
 
+def _pads(layer: Any, batch: int) -> list[int] | None:
+    """The right padding of each row of a batch cache's layer: a ``BatchKVCache`` keeps it
+    (``_right_padding``); a ``BatchRotatingKVCache`` (a sliding-window layer, the first offset
+    layer of Gemma 3) keeps each row's real end instead (``_lengths``: padding is what its
+    offset counts past it). None when the layer says neither."""
+    if layer is None:
+        return None
+    right = getattr(layer, "_right_padding", None)
+    if right is not None:
+        return _per_row(right, batch)
+    ends = getattr(layer, "_lengths", None)
+    if ends is None or isinstance(layer.offset, int):
+        return None
+    import numpy as np
+
+    return _per_row(np.maximum(0, np.asarray(layer.offset) - np.asarray(ends)), batch)
+
+
 def _offsets(cache: Any) -> Any:
     """The first offset layer's offset now (an int or a batch cache's array), or None."""
     layer = _layer(cache)
@@ -143,7 +168,8 @@ def _rows(
 ) -> list[dict[str, Any]]:
     """One entry per batch row: its KV offset before and after the call (``b``, ``a``), its
     right padding (``pad``: the row's last positions are padding, its logits not a real
-    position's), its input token ids (``ids``) and its last position's log-softmax (``lp``)."""
+    position's), its input token ids (``ids``), its last position's log-softmax (``lp``) and,
+    where the server's scheduler says (:mod:`.identity`), the id of its request (``id``)."""
     import mlx.core as mx
     import numpy as np
 
@@ -154,11 +180,14 @@ def _rows(
     layer = _layer(cache)
     after = _per_row(None if layer is None else layer.offset, batch)
     first = _per_row(before, batch)
-    pads = _per_row(getattr(layer, "_right_padding", None), batch) or [0] * batch
+    pads = _pads(layer, batch) or [0] * batch
+    labels = identity.current_labels()
+    if labels is not None and len(labels) != batch:
+        labels = None  # the scheduler's rows are not this call's: no label beats a wrong one
     ids: list[list[int]] | None = None
     if inputs is not None and getattr(inputs, "ndim", 0) == 2 and "int" in str(inputs.dtype):
         ids = [[int(t) for t in row] for row in np.asarray(inputs).tolist()]
-    out = []
+    out: list[dict[str, Any]] = []
     for i in range(batch):
         a = after[i] if after else (n if not cache else -1)
         b = first[i] if first else (a - n if a >= 0 else -1)
@@ -173,6 +202,8 @@ def _rows(
                 "lp": base64.b64encode(data[i].tobytes()).decode("ascii"),
             }
         )
+        if labels is not None:
+            out[-1]["id"] = labels[i]
     return out
 
 
@@ -217,13 +248,34 @@ def _wrap(cls: type, sink: _Sink) -> None:
     cls.__call__ = __call__  # type: ignore[method-assign]
 
 
+#: The records file of :func:`install` (the identity hooks write their admissions there).
+_SINK: _Sink | None = None
+
+
+def install_identity() -> list[str]:
+    """Install the scheduler hooks (:mod:`.identity`) on the modules imported now (and later),
+    writing to :func:`install`'s file; a header line names them. Returns what was patched."""
+    if _SINK is None:
+        raise RuntimeError("install the tap first")
+    sink = _SINK
+
+    def header(done: list[str]) -> None:
+        with sink.lock, open(sink.path, "a") as f:
+            f.write(json.dumps({"identity": done, "pid": os.getpid()}) + "\n")
+
+    done = identity.install(sink, header)  # those a later import patches: another line
+    header(done)
+    return done
+
+
 def install(path: str | None = None, targets: Sequence[str] = DEFAULT_TARGETS) -> list[str]:
     """Wrap every importable target class; records go to ``path`` (default ``$PREFIXCACHE_TAP``).
     Returns the classes wrapped."""
     path = path or os.environ.get(ENV)
     if not path:
         raise RuntimeError(f"set ${ENV} to the file the tap records go to")
-    sink = _Sink(path)
+    global _SINK
+    sink = _SINK = _Sink(path)
     done = []
     for target in targets:
         module, _, attr = target.partition(":")

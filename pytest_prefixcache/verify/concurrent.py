@@ -5,16 +5,21 @@ For each wave (:class:`~pytest_prefixcache.types.Wave`) the verifier
 1. sends every request with ``use_cache=True`` from its own thread, each at its arrival offset,
    all in flight together (the engine declares ``max_concurrency``);
 2. serves each request alone with ``use_cache=False``, one after the other: the reference;
-3. sends the wave again with ``use_cache=False``, concurrently: the noise control. A cold
-   reply in a wave that differs from the same cold reply alone is batch non-invariance (the
-   numerics of a batch, not a cache): reported as the finding :data:`BATCH_NOISE`, and the
-   cached replies of that wave are then judged within :data:`NOISE_FACTOR` times the
-   measured noise (a wrong KV row is orders of magnitude above it);
+3. sends the wave again with ``use_cache=False``, concurrently: the noise control, which
+   tells a batching fault from a cache fault (:mod:`.wave_judge`): a cold reply in the wave
+   that differs from the same request alone is a batching fault on an engine that declares
+   ``batch_invariant = True``, else batch non-invariance (the finding :data:`BATCH_NOISE`,
+   the cached replies of that wave then judged within :data:`NOISE_FACTOR` times the
+   measured noise); a cached reply that differs where the cold wave did not is a cache fault;
 4. checks each request as the stream path does: faults, the cold baseline, the pair's
-   agreement, shapes (merges), equivalence (first and worst position, both values), the
+   agreement, shapes (merges), equivalence at every step, the first token's and each decode
+   step's (first and worst position, both values; counted in the coverage row
+   ``wave decode steps``, compared / generated), the
    reuse bound, judged in the order the engine served the wave (``Outcome.served``; when the
    engine does not say, against every other request of the wave, since any order was
-   possible), and the engine's claims against what its model computed (the logit tap);
+   possible), and the engine's claims against what its model computed (the logit tap); a
+   failure that rests on the tap's guess of which rows were a request's is confirmed by a
+   sequential replay first, else recorded as inconclusive (:mod:`.confirm`);
 5. asks an engine that counts them (``request_count_problems()``: the HTTP adapter with the
    tap) whether its servers ran as many prefills as they were sent requests.
 
@@ -46,11 +51,22 @@ from ..checks import (
 )
 from ..checks.baseline import CHECK as COLD_BASELINE
 from ..checks.coverage import APPLIED, NOT_SAMPLED, coverage_of
-from ..checks.equivalence import Comparison, Tolerance
+from ..checks.equivalence import Comparison
 from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
+from .confirm import confirm_guessed
 from .request_count import REQUEST_COUNT, request_count_problems
+from .wave_judge import (
+    BATCH_NOISE,
+    NOISE_FACTOR,
+    Noise,
+    batch_invariant,
+    batching_problems,
+    decode_coverage,
+    judge,
+    measure_noise,
+)
 from .wave_messages import (
     WaveContext,
     check_wave,
@@ -77,10 +93,6 @@ __all__ = [
 
 #: The coverage row of the requests served in waves.
 CONCURRENT = "concurrent"
-#: The finding of a cache-off wave whose replies differ from the same requests alone.
-BATCH_NOISE = "batch non-invariance"
-#: Under measured batch noise, a cached reply passes within this many times the noise.
-NOISE_FACTOR = 4.0
 #: Cold waves sent at most, when a cached reply differs and the cold wave did not.
 NOISE_WAVES = 3
 NO_ORDER = "no served order (judged against every other request of the wave)"
@@ -183,43 +195,18 @@ def _matches(
     return matches
 
 
-def _noise(tol: Tolerance, alone: Sequence[Outcome], noise: Sequence[Outcome]) -> float:
-    """The largest difference of a cold reply in the wave from the same reply alone, beyond
-    the tolerance (0.0: the engine answered the cold wave as it answers requests alone)."""
-    worst = 0.0
-    for a, n in zip(alone, noise):
-        c = compare(n, a, tol)
-        if c.problems:
-            worst = max(worst, c.worst_diff if c.worst_diff > 0 else float("inf"))
-    return worst
-
-
-def _judge(
-    tol: Tolerance, noise: float, cached: Outcome, alone: Outcome
-) -> tuple[Comparison, str | None]:
-    """The cached reply against the alone one; under batch noise, within the measured noise."""
-    comparison = compare(cached, alone, tol)
-    if not comparison.problems or noise == 0.0 or tol.kl is not None or noise == float("inf"):
-        return comparison, None
-    wide = Tolerance(atol=max(tol.atol, NOISE_FACTOR * noise), rtol=tol.rtol)
-    again = compare(cached, alone, wide)
-    note = (
-        f"the cache-off wave differs from the same requests alone by up to {noise:.3g} "
-        f"(batch non-invariance); cached replies judged within atol={wide.atol:.3g}"
-    )
-    return (again if not again.problems else comparison), note
-
-
 #: Rows of the stream path's coverage that the waves do not run (each is counted there).
 NOT_IN_WAVES = frozenset({"positive control", "render stability"})
 
 
 def _count(
-    verifier: Verifier, request: Request, cached: Outcome, alone: Outcome, compared: int
+    verifier: Verifier, request: Request, cached: Outcome, alone: Outcome, comparison: Comparison
 ) -> None:
     """Count one wave request: in the report's requests, the coverage rows of the checks
-    it ran (the fresh-instance audit samples the streams' requests, not the waves')."""
+    it ran (the fresh-instance audit samples the streams' requests, not the waves'), and
+    its decode steps compared."""
     report = verifier.report
+    compared = comparison.steps
     report.requests += 1
     report.cache_hits += bool(cached.cached_tokens)
     report.merges_checked += len(cached.merges or ()) + len(alone.merges or ())
@@ -229,6 +216,8 @@ def _count(
             report.count(check, outcome)
     report.count(COLD_BASELINE, NOT_SAMPLED)
     report.count(CONCURRENT, APPLIED if cached.served is not None else NO_ORDER)
+    for row, outcome, n in decode_coverage(cached, alone, comparison):
+        report.count(row, outcome, n)
 
 
 def run_waves(verifier: Verifier, waves: Sequence[Wave], *, reset: bool = True) -> list[WaveStep]:
@@ -271,40 +260,41 @@ def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
         assert isinstance(out, Outcome)
         check_wave(verifier, baseline_problems(out), ctx, i, "uncached run alone: ")
         alone.append(out)
-    measured = 0.0
+    measured = Noise((), ())
     for _ in range(NOISE_WAVES):
         noise = _fire(verifier, wave, use_cache=False, ctx=ctx)
         for i, out in enumerate(noise):
             check_wave(verifier, baseline_problems(out), ctx, i, "cold run in a wave: ")
-        measured = _noise(tol, alone, noise)
+        measured = measure_noise(tol, alone, noise)
         # batches are made by timing: when a cached reply differs and this cold wave did not,
         # send the cold wave again before calling it a cache bug
-        if measured or all(not compare(c, a, tol).problems for c, a in zip(cached, alone)):
+        if measured.worst or all(not compare(c, a, tol).problems for c, a in zip(cached, alone)):
             break
-    if measured:
+    batching = batching_problems(measured)
+    if batching is not None and batch_invariant(verifier.engine):
+        check_wave(verifier, batching[1], ctx, batching[0])
+    if batching is not None:
         verifier.report.add_finding(
             BATCH_NOISE,
             f"wave of {len(wave)} requests {ctx.first}-{ctx.first + len(wave) - 1}: cache-off "
-            f"replies in the wave differ from the same requests alone by up to {measured:.3g}",
+            f"replies in the wave differ from the same requests alone by up to "
+            f"{measured.worst:.3g}",
         )
     matches = _matches(verifier.oracle, ctx.first, wave, cached)
     steps = []
     for i, request in enumerate(wave.requests):
         c, a, m = cached[i], alone[i], matches[i]
         check_wave(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
-        comparison, note = _judge(tol, measured, c, a)
-        problems = merge_problems(c) + merge_problems(a) + comparison.problems
-        if note and comparison.problems:
-            problems = [
-                Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems
-            ]
-        check_wave(verifier, problems + reuse_problems(c, m), ctx, i, cached=c, match=m)
+        comparison, differs = judge(tol, measured, i, c, a)
+        problems = merge_problems(c) + merge_problems(a) + differs
+        problems = confirm_guessed(verifier, ctx, i, c, a, m, problems + reuse_problems(c, m))
+        check_wave(verifier, problems, ctx, i, cached=c, match=m)
         for side, said in (("cached run: ", c), ("uncached run alone: ", a)):
             figures, aligned = claims_counts(said)
             verifier.report.claims_checked += figures
             verifier.report.steps_aligned += aligned
             check_wave(verifier, claim_problems(said), ctx, i, side, cached=c, match=m)
-        _count(verifier, request, c, a, comparison.steps)
+        _count(verifier, request, c, a, comparison)
         verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
         steps.append(WaveStep(request, c, a, noise[i], m, comparison))
     # every reply of the wave is in: nothing in flight

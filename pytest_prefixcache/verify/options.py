@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +17,10 @@ __all__ = ["Step", "VerifyOptions", "default_replay_command"]
 
 
 def default_replay_command(path: str) -> str:
-    return f"pytest --prefixcache-verify --prefixcache-replay={path}"
+    """A verifier's replay line outside a pytest session (which names its own, with the
+    run's settings): this interpreter's pytest, so that the plugin is the one installed."""
+    python = shlex.quote(sys.executable)
+    return f"{python} -m pytest --prefixcache-verify --prefixcache-replay={shlex.quote(path)}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,9 @@ and the variables below (docs/adapters.md, "Your block manager under the harness
 ``PREFIXCACHE_SEQUENCE``                  ``pkg.mod:Sequence``; default: ``Sequence`` of the
                                           block manager's module
 ``PREFIXCACHE_SCHEDULER``                 ``pkg.mod:Scheduler`` (optional): driven in its
-                                          call order, with your block manager in it
+                                          call order, with your block manager in it;
+                                          nano-vllm's ``(seqs, is_prefill)`` or ATOM's
+                                          batch objects (batches.py)
 ``PREFIXCACHE_BLOCK_SIZE``                tokens per block (default 16)
 ``PREFIXCACHE_NUM_BLOCKS``                physical blocks (default 256)
 ``PREFIXCACHE_BATCHED_TOKENS``            the scheduler's token budget per step (default

@@ -1,11 +1,14 @@
 """The call order of a paged engine's scheduler, on one sequence at a time.
 
-Two ways to drive a block manager, both in nano-vllm's order:
+Two ways to drive a block manager:
 
 - with the engine's own **scheduler** (``Scheduler(config)``: ``add`` -> ``schedule()`` ->
-  the model's step on the scheduled sequences -> ``postprocess``), its block manager replaced
-  by the one under test;
-- without one (a block manager alone, e.g. ATOM's, whose scheduler needs the GPU runtime):
+  the model's step on what it scheduled -> ``postprocess``), its block manager replaced by the
+  one under test. ``schedule()`` returns either nano-vllm's ``(sequences, is_prefill)``, or a
+  batch object and its sequences (ATOM's ``(ScheduledBatch, {id: seq})``, or None), which
+  ``batches.py`` runs as ATOM's engine core does: read from the batch what ATOM's model runner
+  reads, answer with its ``ScheduledBatchOutput``, ``postprocess(seqs, output, batch=batch)``;
+- without one (a block manager alone):
   ``can_allocate`` -> ``allocate`` -> prefill -> ``hash_blocks`` -> then per generated token
   ``can_append`` -> ``may_append`` -> decode step -> ``hash_blocks`` -> ``deallocate``.
 
@@ -28,6 +31,8 @@ from typing import Any
 
 from pytest_prefixcache.errors import EngineError
 
+from .batches import BatchRunner
+
 __all__ = ["Sampling", "Step", "drive", "scheduler_config"]
 
 
@@ -49,8 +54,9 @@ class Sampling:
 
 
 #: The model's step: (sequence, first position, end position, is_prefill) -> the greedy
-#: token after ``end`` (None when [first, end) is a prefill chunk that does not end the prompt).
-Step = Callable[[Any, int, int, bool], "int | None"]
+#: token after ``end`` (None when [first, end) is a prefill chunk that does not end the prompt);
+#: a batch scheduler's step also passes ``table=``, ``tokens=`` and ``images=`` (batches.py).
+Step = Callable[..., "int | None"]
 
 
 def scheduler_config(num_blocks: int, block_size: int, batched_tokens: int) -> SimpleNamespace:
@@ -105,33 +111,57 @@ def drive(
     scheduler: Any | None,
     prompt_len: int,
     eos: frozenset[int],
+    runner: BatchRunner | None = None,
 ) -> int:
     """Serve ``seq`` to the end through ``scheduler`` (or ``block_manager`` alone); return the
-    prompt tokens the block manager reported as cached when it allocated the sequence."""
+    prompt tokens the block manager reported as cached when it allocated the sequence.
+    ``runner`` runs the batches of a scheduler that returns batch objects (a new one when
+    not given: no previous forward)."""
     if scheduler is not None:
-        return _with_scheduler(seq, step, scheduler, prompt_len, eos)
+        return _with_scheduler(seq, step, scheduler, prompt_len, eos, runner or BatchRunner())
     return _alone(seq, step, block_manager, prompt_len, eos)
 
 
-def _stop_at(seq: Any, token: int, eos: frozenset[int]) -> None:
-    """Make the scheduler finish ``seq`` once ``token`` is appended when it is an EOS id."""
+def _stop_at(seq: Any, token: int, at: int, eos: frozenset[int]) -> None:
+    """Make the scheduler finish ``seq`` at the token of position ``at`` when it is an EOS id."""
     if token in eos:
-        seq.max_tokens = len(seq) - seq.num_prompt_tokens + 1
+        seq.max_tokens = min(seq.max_tokens, at - seq.num_prompt_tokens + 1)
 
 
 def _with_scheduler(
-    seq: Any, step: Step, scheduler: Any, prompt_len: int, eos: frozenset[int]
+    seq: Any,
+    step: Step,
+    scheduler: Any,
+    prompt_len: int,
+    eos: frozenset[int],
+    runner: BatchRunner,
 ) -> int:
     scheduler.add(seq)
     cached: int | None = None
     postprocess = scheduler.postprocess
     with_flag = _positional(postprocess) >= 3
     for _ in range(prompt_len + seq.max_tokens + 8):
-        seqs, is_prefill = scheduler.schedule()
+        result = scheduler.schedule()
+        if result is not None and not isinstance(result[0], (list, tuple)):
+            start = runner.run(
+                result, seq, step, scheduler=scheduler, stop=lambda t, at: _stop_at(seq, t, at, eos)
+            )
+            if cached is None and start is not None:
+                cached = start
+            if _finished(seq):
+                if cached is None:
+                    raise EngineError(
+                        f"the scheduler finished a prompt of {prompt_len} tokens without "
+                        f"running it ({getattr(seq, 'leave_reason', '') or 'no reason given'})"
+                    )
+                return cached
+            continue
+        seqs, is_prefill = result if result is not None else ([], False)
         if not seqs:
+            reason = getattr(seq, "leave_reason", "") or "no room in the block manager?"
             raise EngineError(
                 f"the scheduler scheduled nothing for a prompt of {prompt_len} tokens with "
-                f"nothing else running (no room in the block manager?)"
+                f"nothing else running ({reason})"
             )
         if list(seqs) != [seq]:
             raise EngineError(f"the scheduler scheduled {len(seqs)} sequences, not the one added")
@@ -144,12 +174,16 @@ def _with_scheduler(
         else:
             token = step(seq, len(seq) - 1, len(seq), False)
         if token is not None:
-            _stop_at(seq, token, eos)
+            _stop_at(seq, token, len(seq), eos)
         args = (seqs, [0 if token is None else token])
         postprocess(*args, is_prefill) if with_flag else postprocess(*args)
         if _finished(seq):
             return cached or 0
-    raise EngineError(f"the scheduler did not finish a sequence of {prompt_len} prompt tokens")
+    reason = getattr(seq, "leave_reason", "")
+    raise EngineError(
+        f"the scheduler did not finish a sequence of {prompt_len} prompt tokens"
+        + (f" ({reason})" if reason else "")
+    )
 
 
 def _alone(seq: Any, step: Step, bm: Any, prompt_len: int, eos: frozenset[int]) -> int:
@@ -169,7 +203,7 @@ def _alone(seq: Any, step: Step, bm: Any, prompt_len: int, eos: frozenset[int]) 
         assert token is not None
         _publish(bm, seq, prompt_len - cached)
         while True:
-            _stop_at(seq, token, eos)
+            _stop_at(seq, token, len(seq), eos)
             seq.append_token(token)
             if token in eos or len(seq) - prompt_len >= seq.max_tokens:
                 break

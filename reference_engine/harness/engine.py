@@ -31,6 +31,7 @@ from pytest_prefixcache.types import Outcome, Request
 
 from ..engine import Engine as ReferenceEngine
 from ..model import LoadedModel
+from .batches import BatchRunner
 from .driver import Sampling, drive, scheduler_config
 from .paged import PagedKV
 
@@ -45,7 +46,8 @@ class BlockManagerEngine:
         block_manager: the block manager class, or any callable ``(num_blocks, block_size)``
             returning one (nano-vllm's ``BlockManager``).
         sequence: the sequence class, or a callable ``(token_ids, sampling_params)`` (and
-            ``images=`` digests when it takes that keyword) returning one (nano-vllm's
+            ``images=`` digests, ``image_spans=`` ``(start, end, digest)`` placeholder runs,
+            when it takes those keywords) returning one (nano-vllm's
             ``Sequence``; its ``block_size`` class attribute is set to ``block_size``).
         scheduler: optional scheduler class ``(config)`` (nano-vllm's ``Scheduler``): driven
             in its call order, its block manager replaced by a ``block_manager`` instance.
@@ -92,7 +94,7 @@ class BlockManagerEngine:
         self._make_block_manager = block_manager
         self._make_sequence = sequence
         self._make_scheduler = scheduler
-        self._takes_images = "images" in _parameters(sequence)
+        self._takes = _parameters(sequence) & {"images", "image_spans"}
         if isinstance(sequence, type) and hasattr(sequence, "block_size"):
             sequence.block_size = block_size  # nano-vllm: a class attribute, 256 by default
         self._ref = ReferenceEngine(model, block_size=block_size)
@@ -104,6 +106,7 @@ class BlockManagerEngine:
         with self._lock:
             self.block_manager = self._make_block_manager(self.num_blocks, self.block_size)
             self.scheduler = None
+            self.runner = BatchRunner()
             if self._make_scheduler is not None:
                 config = scheduler_config(self.num_blocks, self.block_size, self.batched_tokens)
                 self.scheduler = self._make_scheduler(config)
@@ -129,19 +132,34 @@ class BlockManagerEngine:
         positions, delta = model.positions(ids, grids)
         # a sequence samples one token at least; the Outcome keeps max_new_tokens of them
         sampling = Sampling(max_tokens=max(1, request.max_new_tokens))
-        kwargs = {"images": [img.digest for img in rendered.images]} if self._takes_images else {}
+        kwargs: dict[str, Any] = {
+            "images": [img.digest for img in rendered.images],
+            "image_spans": list(rendered.spans),
+        }
+        kwargs = {k: v for k, v in kwargs.items() if k in self._takes}
         seq = self._make_sequence(ids, sampling, **kwargs)
-        steps: list[np.ndarray] = []
-        tokens: list[int] = []
+        logits_at: dict[int, np.ndarray] = {}  # position -> the logits predicting its token
         state: dict[str, Any] = {}
 
-        def step(seq: Any, start: int, end: int, prefill: bool) -> int | None:
+        def step(
+            seq: Any,
+            start: int,
+            end: int,
+            prefill: bool,
+            *,
+            table: Any = None,
+            tokens: list[int] | None = None,
+            images: bool = True,
+        ) -> int | None:
+            """The model runner on one row: ``table``, ``tokens`` and ``images`` (does the
+            batch carry this row's image data?) are what a batch scheduler's batch says;
+            without them the sequence's own block table and tokens are read."""
             if end <= start:
                 raise EngineError(
                     f"{self.name}: the block manager reported {start} of {len(ids)} prompt "
                     f"tokens as cached: no position left to compute the next token's logits"
                 )
-            table = list(seq.block_table)
+            table = list(seq.block_table if table is None else table)
             cache = model.restore(self.paged.windows(table, start), start, end)
             if prefill:
                 if end > len(ids) or start < state.get("first", start):
@@ -156,20 +174,24 @@ class BlockManagerEngine:
                         rendered, prepared, start, use_cache=False
                     )
                 first = state["first"]
-                embeds = state["embeds"][start - first : end - first]
+                chunk = ids[start:end] if tokens is None else list(tokens)
+                if images and chunk == ids[start:end]:
+                    embeds = state["embeds"][start - first : end - first]
+                else:  # the runner's text path: placeholders embedded as plain tokens
+                    embeds = model.embed(chunk)
+                    if any(a < end and b > start for a, b, *_ in rendered.spans):
+                        state["merges"] = []  # this chunk's image rows were never merged
                 pos = None if positions is None else positions[:, :, start:end]
-                chunk = ids[start:end]
             else:
-                chunk = [int(seq.last_token)]
+                chunk = [int(seq.last_token)] if tokens is None else list(tokens)
                 embeds = model.embed(chunk)
                 pos = model.family.step_positions(start + delta)
             logits = model.forward(chunk, embeds, cache, pos)
             self.paged.write(table, cache, start, end)
             if prefill and end < len(ids):
                 return None
-            steps.append(np.array(logits))
-            tokens.append(int(np.argmax(steps[-1])))
-            return tokens[-1]
+            logits_at[end] = np.array(logits)  # a recomputed position: its latest logits
+            return int(np.argmax(logits_at[end]))
 
         cached = drive(
             seq,
@@ -178,8 +200,19 @@ class BlockManagerEngine:
             scheduler=self.scheduler,
             prompt_len=len(ids),
             eos=model.eos_token_ids,
+            runner=self.runner,
         )
-        kept = tuple(tokens[: request.max_new_tokens])
+        # the tokens the engine emitted (its sequence's completion), each with the logits the
+        # model computed for its position
+        kept = tuple(int(t) for t in list(seq.token_ids)[len(ids) : len(seq)])
+        kept = kept[: request.max_new_tokens]
+        missing = [len(ids) + k for k in range(max(1, len(kept))) if len(ids) + k not in logits_at]
+        if missing:
+            raise EngineError(
+                f"{self.name}: the engine emitted tokens at positions {missing} (prompt of "
+                f"{len(ids)}) that the model never computed logits for"
+            )
+        steps = [logits_at[len(ids) + k] for k in range(max(1, len(kept)))]
         return Outcome(
             logits=steps[0],
             tokens=kept,

@@ -31,7 +31,7 @@ from .accounting import (
     SlowRestore,
     ZeroByteAccounting,
 )
-from .concurrency import EvictInUse, RaggedBatch, ReadBeforeWrite, WrongBatchRow
+from .concurrency import EvictInUse, RaggedBatch, RaggedDecode, ReadBeforeWrite, WrongBatchRow
 from .keys import (
     ImageOrderIgnored,
     NamespaceMissing,
@@ -176,6 +176,8 @@ _ALL = (
            "memory reused", "equivalence", EvictInUse, {"max_bytes": SMALL_BUDGET}),
     Mutant("ragged_batch", 10, "cached prefixes of different lengths batched left-padded, "
            "the padding attended (no mask)", "equivalence", RaggedBatch),
+    Mutant("ragged_decode", 10, "decode steps after the first token take the batch's "
+           "length as a shorter row's position", "equivalence", RaggedDecode),
     Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
            NamespaceMissing),
     Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "

@@ -13,12 +13,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..blocks import BlockKey
 from ..engine import Engine
 from ..model import LoadedModel
 from ..pool import Block, BlockPool, Reuse
 
-__all__ = ["EvictInUse", "RaggedBatch", "ReadBeforeWrite", "WrongBatchRow"]
+__all__ = ["EvictInUse", "RaggedBatch", "RaggedDecode", "ReadBeforeWrite", "WrongBatchRow"]
 
 
 def _rows(cache: list[Any], layers: Sequence[int]) -> int:
@@ -273,3 +275,53 @@ class RaggedBatch(Engine):
             layer.keys, layer.values = layer.keys[..., pad:, :], layer.values[..., pad:, :]
             layer.offset -= pad
         return logits
+
+
+class RaggedDecode(Engine):
+    """Class 10, concurrency: the requests decoding at the same time form one batch, its
+    rows aligned at their last position (left-padded to the longest), and every decode step
+    takes its rotary position from the batch's length, not from the row's own (the padding
+    is not subtracted). The first token, from the request's own prefill, is right; each
+    token after it is computed at a wrong position in a row shorter than the longest.
+
+    Alone, or as the longest row, there is no padding: the streams see nothing, and neither
+    does a wave whose requests never decode side by side. A cold wave is batched the same way,
+    so the cache-off wave already differs from the requests alone (a batching fault, not a
+    cache one). It needs position ids (the Qwen-VL family of the default fixture). Reproduces
+    the per-row offsets of ragged batches (mlx-lm's ``BatchKVCache`` keeps each row's
+    ``offset`` as the batch's length minus its ``left_padding``; ml-explore/mlx-lm #1776's
+    requests with different histories in one batch).
+    """
+
+    def __init__(self, model: LoadedModel, **kwargs: Any) -> None:
+        super().__init__(model, **kwargs)
+        self._decoding: dict[int, int] = {}
+        """The position of the next decode step of each request decoding, by thread: the
+        batch's rows."""
+
+    def decode(
+        self, logits: Any, cache: list[Any], prompt_len: int, delta: int, max_new: int
+    ) -> tuple[tuple[int, ...], list[np.ndarray]]:
+        me = threading.get_ident()
+        m = self.model
+        steps = [np.array(logits)]
+        tokens: list[int] = []
+        try:
+            for i in range(max_new):
+                token = int(np.argmax(steps[-1]))
+                tokens.append(token)
+                if token in m.eos_token_ids or i == max_new - 1:
+                    break
+                self._decoding[me] = prompt_len + i
+                self.interleave()  # the other rows of the batch take their step
+                # BUG: the batch's length (its longest row), not this row's own position
+                position = max(self._decoding.values())
+                pos = m.family.step_positions(position + delta)
+                steps.append(np.array(m.forward([token], m.embed([token]), cache, pos)))
+        finally:
+            self._decoding.pop(me, None)
+        return tuple(tokens), steps
+
+    def reset(self) -> None:
+        super().reset()
+        self._decoding.clear()

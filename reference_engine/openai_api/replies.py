@@ -164,8 +164,8 @@ def extension_field(out: Outcome, body: dict[str, Any]) -> dict[str, Any]:
 
 def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
     """What only this server tells (asked for by ``"prefixcache": {"logits": true}`` in the
-    body): prompt token ids, image spans, vision merges, message starts and, with ``logits``,
-    the float32 logits before each generated token as base64."""
+    body): prompt token ids, image spans, vision merges, message starts, the time to first
+    token and, with ``logits``, the float32 logits before each generated token as base64."""
     ext: dict[str, Any] = {
         "token_ids": list(out.token_ids or ()),
         "image_spans": [list(s) for s in out.image_spans or ()],
@@ -175,6 +175,8 @@ def extension(out: Outcome, *, logits: bool) -> dict[str, Any]:
         ext["message_starts"] = list(out.message_starts)
     if out.served is not None:  # the engine's admission order among requests in flight
         ext["served"] = out.served
+    if out.first_token_seconds is not None:  # what --prefixcache-min-speedup judges
+        ext["first_token_seconds"] = out.first_token_seconds
     if logits:
         ext["step_logits"] = [
             base64.b64encode(np.asarray(x, dtype=np.float32).tobytes()).decode("ascii")

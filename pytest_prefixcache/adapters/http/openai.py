@@ -326,7 +326,8 @@ class OpenAIEngine(EngineSettings):
                 raise EngineError("; ".join(problems))
         out = self._outcome(parsed, reply, request, target)
         if read.tap:
-            out = self._tapped(out, parsed, request, target, use_cache)
+            reply_id = reply.get("id") if isinstance(reply, dict) else None
+            out = self._tapped(out, parsed, request, target, use_cache, reply_id)
         return out if pending is None else pending.finish(out, reply, vocab)
 
     def _route(self, request: Request, use_cache: bool) -> tuple[Server | None, str]:
@@ -365,6 +366,7 @@ class OpenAIEngine(EngineSettings):
             prompt_tokens=parsed.prompt_tokens,
             # max_tokens is at least 1: a request for none sends no reply back
             text=parsed.text if request.max_new_tokens else "",
+            first_token_seconds=parsed.prompt_seconds,
         )
         if self.readout.extensions:
             return with_extension(out, reply, request.max_new_tokens)
@@ -380,7 +382,13 @@ class OpenAIEngine(EngineSettings):
         return out
 
     def _tapped(
-        self, out: Outcome, parsed: Reply, request: Request, target: Server | None, use_cache: bool
+        self,
+        out: Outcome,
+        parsed: Reply,
+        request: Request,
+        target: Server | None,
+        use_cache: bool,
+        reply_id: object,
     ) -> Outcome:
         assert isinstance(target, ServerProcess)
         api = out
@@ -391,6 +399,7 @@ class OpenAIEngine(EngineSettings):
             parsed.completion_tokens,
             request.max_new_tokens,
             decode=None if vocab is None else vocab.decode,
+            reply_id=reply_id if isinstance(reply_id, str) else None,
         )
         self.tap_disagreements += problems
         tap_log = self.readout.tap_log

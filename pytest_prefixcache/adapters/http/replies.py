@@ -177,6 +177,9 @@ class Reply:
     text: str | None = None
     """The reply's ``message.content`` (what a chat client sends back as the next assistant
     turn), or None when the reply has none."""
+    prompt_seconds: float | None = None
+    """The prompt-processing seconds the server reports (llama-server's
+    ``timings.prompt_ms``), or None."""
 
 
 def _content(choice: Any) -> str | None:
@@ -221,8 +224,10 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
                 tokens.append(best_id)
         usage = reply.get("usage") or {}
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        timings = reply.get("timings") or {}
         if cached is None:  # llama-server without prompt_tokens_details: timings.cache_n
-            cached = (reply.get("timings") or {}).get("cache_n")
+            cached = timings.get("cache_n")
+        prompt_ms = timings.get("prompt_ms")
         prompt = usage.get("prompt_tokens")
         reported = usage.get("completion_tokens")
         prompt_ids = reply.get("prompt_token_ids", choice.get("prompt_token_ids"))
@@ -241,6 +246,7 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
             # vLLM: the choice's token_ids; SGLang 0.5.23: its response_token_ids
             completion_token_ids=_ids(choice.get("token_ids", choice.get("response_token_ids"))),
             text=_content(choice),
+            prompt_seconds=None if prompt_ms is None else float(prompt_ms) / 1000,
         )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(
@@ -321,4 +327,9 @@ def with_extension(out: Outcome, reply: Any, n: int) -> Outcome:
             None if ext.get("message_starts") is None else tuple(map(int, ext["message_starts"]))
         ),
         served=None if ext.get("served") is None else int(ext["served"]),
+        first_token_seconds=(
+            out.first_token_seconds
+            if ext.get("first_token_seconds") is None
+            else float(ext["first_token_seconds"])
+        ),
     )

@@ -48,12 +48,15 @@ def tapped_outcome(
     completion_tokens: int,
     max_new_tokens: int,
     decode: Decode | None = None,
+    reply_id: str | None = None,
 ) -> tuple[Outcome, list[str]]:
     """The API's Outcome completed from the tap (:func:`apply_tap`), its API per-step
     distributions dropped (the tap's replace them), and the API figures the tap contradicts."""
     # usage.completion_tokens can overcount (vllm-mlx 0.6.0 re-encodes the text)
     expected = min(completion_tokens, max(1, max_new_tokens))
-    tapped, problems = apply_tap(reader, out, expected, max_new_tokens, decode=decode)
+    tapped, problems = apply_tap(
+        reader, out, expected, max_new_tokens, decode=decode, reply_id=reply_id
+    )
     return dataclasses.replace(tapped, step_top_logprobs=()), problems
 
 
@@ -93,11 +96,14 @@ def apply_tap(
     *,
     wait: float = 5.0,
     decode: Decode | None = None,
+    reply_id: str | None = None,
 ) -> tuple[Outcome, list[str]]:
-    """``out`` with the tap's logits, step logits, greedy tokens, really reused count and
-    served order, and the list of API figures the tap contradicts. Waits up to ``wait``
-    seconds for the ``expected`` steps to be written. ``decode``: how the server writes
-    token ids as text (tells apart prompts with the same ids by their replies' text)."""
+    """``out`` with the tap's logits, step logits, greedy tokens, really reused count, served
+    order and how its rows were attributed (``Outcome.attribution``), and the list of API
+    figures the tap contradicts. Waits up to ``wait`` seconds for the ``expected`` steps to be
+    written. ``decode``: how the server writes token ids as text (tells apart prompts with
+    the same ids by their replies' text). ``reply_id``: the reply's ``id``, under which a
+    server whose scheduler the tap labels admitted the request (its rows, no inference)."""
     from ...tap import missing_reason
 
     if out.prompt_tokens is None:
@@ -106,7 +112,9 @@ def apply_tap(
     fits = reply_fits(out, decode)
     found: Found | None = None
     while True:
-        found = ledger.find(out.prompt_tokens, out.token_ids, expected, out.cached_tokens, fits)
+        found = ledger.find(
+            out.prompt_tokens, out.token_ids, expected, out.cached_tokens, fits, reply_id
+        )
         late = time.monotonic() >= deadline
         ready = found is not None and len(found.steps) >= expected and found.settled
         if found is not None and (late or ready) and ledger.claim(found):
@@ -123,6 +131,8 @@ def apply_tap(
     logits = [np.asarray(r.logprobs, dtype=np.float32) for r in steps]
     real_tokens = tuple(int(np.argmax(lp)) for lp in logits)
     problems: list[str] = []
+    if found.note:
+        problems.append(f"the tap's labels contradict its KV offsets: {found.note}")
     if found.ids_checked is False:
         problems.append(
             f"the tap's rows ending at the prompt length {out.prompt_tokens} hold other token "
@@ -146,6 +156,7 @@ def apply_tap(
         step_logits=tuple(logits[: min(n, len(steps))]),
         cached_tokens=reused,
         served=found.served,
+        attribution=found.attribution,
     )
     return tapped, problems
 

@@ -1,0 +1,139 @@
+"""One request's rows in a tapped server's forward calls (:class:`Track`), and a reply's
+answer read from them (:class:`Found`, :func:`answer`); :mod:`.tracks` builds the tracks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import TapRow
+
+__all__ = ["Found", "Track", "answer"]
+
+
+@dataclass(eq=False)
+class Track:
+    """One request's rows, in call order; ``index`` is its place among the server's prefills."""
+
+    index: int
+    pid: int
+    key: str
+    row: int
+    last_order: int
+    rows: list[tuple[int, TapRow]] = field(default_factory=list)
+    """(input positions of the call, row) per call."""
+    claimed: bool = False
+    label: str | None = None
+    """The server scheduler's id of the request (its rows' label), None for an inferred track."""
+    doubt: str = ""
+    """Why a labelled row contradicted this track's KV offsets ('' when none did)."""
+    interleaved: bool = False
+    """Another request's rows ran in the same call as this track's, or between two of its
+    calls: an inferred attribution of it is a guess, not a sequence."""
+
+    kinds: list[str] = field(default_factory=list)
+    """Per row: ``prefill`` (the track's first row, a padded or several-position row, or a
+    one-position prefill chunk that the next row showed to be one), ``prompt?`` (a
+    one-position row after a prefill row, not fed its greedy token: a prompt token, the
+    prompt's last one or a last chunk of one position) or ``step`` (fed its greedy token)."""
+
+    @property
+    def last(self) -> TapRow:
+        return self.rows[-1][1]
+
+    def follows(self, row: TapRow, n: int) -> bool:
+        """Whether ``row`` (of a call with ``n`` input positions) continues this track: after
+        a prefill row (``kinds``) or a prompt token, any row starting where its real positions
+        end; after a decode step, a one-position row fed its greedy token."""
+        last = self.last
+        if row.before < 0 or row.real_before != last.real_after:
+            return False
+        if self.kinds[-1] != "step":
+            return True
+        if n != 1 or not row.ids:
+            return n == 1 and row.ids is None
+        return self._greedy(row)
+
+    def add(self, row: TapRow, n: int) -> None:
+        """Append ``row`` (that :meth:`follows`, or the first), classifying it (``kinds``);
+        a one-position row not fed the greedy token of a prompt token confirms that one as a
+        prefill chunk (vllm-mlx 0.6.0's chunked prefill ends 2 positions short with a chunk
+        of one, then feeds the last prompt token to its first decode call)."""
+        if not self.rows or n > 1 or row.padded:
+            kind = "prefill"
+        elif self.kinds[-1] == "step" or row.ids is None or self._greedy(row):
+            kind = "step"
+        else:
+            kind = "prompt?"
+            if self.kinds[-1] == "prompt?":
+                self.kinds[-1] = "prefill"
+        self.rows.append((n, row))
+        self.kinds.append(kind)
+
+    def _greedy(self, row: TapRow) -> bool:
+        return row.ids is not None and int(row.ids[-1]) == int(np.argmax(self.last.logprobs))
+
+
+@dataclass(frozen=True)
+class Found:
+    """A reply's track: its first-token row and decode rows, the reuse it shows, its order."""
+
+    track: Track
+    steps: tuple[TapRow, ...]
+    reused: int
+    served: int
+    ids_checked: bool | None
+    """True: the track's input ids are the prompt's; None: not known; False: they differ."""
+    settled: bool = True
+    """False while another track the ids do not tell from this one still runs short of the
+    steps asked for: what it generates may still fit the reply better."""
+    attribution: str = "guessed"
+    """How the track was given to the reply: ``id`` (the server's scheduler labelled its rows
+    and admitted it under the reply's id), ``sequential`` (inferred, but it was the only track
+    answering the prompt and no other request's rows ran while it did) or ``guessed``."""
+    note: str = ""
+    """Why an id did not settle it (a labelled row that contradicts the track), '' otherwise."""
+
+    @property
+    def greedy(self) -> tuple[int, ...]:
+        """The greedy token of each step: what the model generated on this track."""
+        return tuple(int(np.argmax(r.logprobs)) for r in self.steps)
+
+
+def answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) -> Found | None:
+    """The track's answer to a ``prompt_tokens`` long prompt: its first unpadded row that ends
+    there, right after the prefill (not a decode step); None when it has none."""
+    first = next(
+        (k for k, (_, r) in enumerate(t.rows) if r.after == prompt_tokens and not r.padded),
+        None,
+    )
+    if first is None:
+        return None
+    # a decode step of a longer request, not a prompt's end (a labelled track is one request's
+    # from its admission: what comes before its prompt's end is its prompt, whatever its
+    # one-position chunks look like)
+    if first and t.label is None and t.rows[first - 1][0] == 1 and t.kinds[first - 1] != "prefill":
+        return None
+    start = t.rows[0][1].real_before
+    checked: bool | None = None
+    if ids is not None and len(ids) == prompt_tokens:
+        seen: list[int] = []
+        for _, r in t.rows[: first + 1]:
+            real = r.real_ids
+            if real is None:
+                seen = []
+                break
+            seen += real
+        if seen or first == 0:
+            checked = tuple(seen) == tuple(int(x) for x in ids[start:prompt_tokens])
+    out = [t.rows[first][1]]
+    for _, r in t.rows[first + 1 :]:
+        if len(out) >= steps:
+            break
+        if r.before == out[-1].after and r.after == r.before + 1 and not r.padded:
+            out.append(r)
+        else:
+            break
+    return Found(t, tuple(out), start, t.index, checked)

@@ -1,0 +1,77 @@
+"""A wave failure that rests on a guessed attribution is confirmed one request at a time.
+
+Under concurrency, the logit tap ties each reply to the rows its model computed. Where the
+server's scheduler named each row's request (``Outcome.attribution == "id"``) that is a fact;
+for an unknown server it is inferred among the requests in flight (``"guessed"``), and a wrong
+guess reads exactly like a wrong batch row. Before such a failure may FAIL, the engine's cache
+is emptied (:meth:`Engine.reset`: a fresh server where the server has no reset endpoint) and the
+stream through the failing wave is replayed one request at a time (nothing in flight, so nothing
+is guessed); the failing request's replay is judged against the same cold reply. When the
+replay fails too, the failure stands, saying so; when it does not, the wave's failure is not
+proven: it is recorded as :data:`INCONCLUSIVE` with the reason (the verdict reads
+INCONCLUSIVE, not PASS), and the wave goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..checks import Problem, compare, reuse_problems
+from ..checks.oracle import Match
+from ..output.report import INCONCLUSIVE
+from ..types import Outcome
+from .wave_messages import WaveContext, wave_context
+
+if TYPE_CHECKING:
+    from .verifier import Verifier
+
+__all__ = ["INCONCLUSIVE", "confirm_guessed"]
+
+
+def confirm_guessed(
+    verifier: Verifier,
+    ctx: WaveContext,
+    i: int,
+    cached: Outcome,
+    alone: Outcome,
+    match: Match | None,
+    problems: Sequence[Problem],
+) -> list[Problem]:
+    """The problems the wave's request ``i`` may fail with: ``problems`` as they are when its
+    attribution was not guessed (or there are none); else, after a sequential replay, those
+    problems with the replay's confirmation, or none (the failure recorded as inconclusive)."""
+    __tracebackhide__ = True
+    if not problems or cached.attribution != "guessed":
+        return list(problems)
+    engine = verifier.engine
+    index = ctx.first + i
+    where = wave_context(ctx, i)
+    verifier._call("reset() before the sequential replay", engine.reset, where)
+    replayed: Outcome | None = None
+    for k, request in enumerate(ctx.stream):  # the whole wave: the cache holds it after
+        what = f"run(request {k}, use_cache=True) in the sequential replay"
+        out = verifier._call(what, functools.partial(engine.run, request, use_cache=True), where)
+        if k == index:
+            replayed = out if isinstance(out, Outcome) else None
+    assert replayed is not None
+    again = compare(replayed, alone, verifier.options.tolerance).problems
+    again += reuse_problems(replayed, match)
+    how = replayed.attribution or "not observed"
+    if again:
+        note = (
+            f"confirmed one request at a time: the stream up to request {index} replayed "
+            f"sequentially on an emptied cache (attribution {how}) fails too: "
+            f"{again[0].headline}"
+        )
+        return [Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems]
+    first = problems[0]
+    verifier.report.add_finding(
+        INCONCLUSIVE,
+        f"wave {ctx.number}, request {index}: {first.check}: {first.headline}; the tap guessed "
+        "which rows were this request's among the requests in flight, and the stream replayed "
+        f"one request at a time on an emptied cache (attribution {how}) does not fail: the "
+        "failure may be the guess's, not the engine's",
+    )
+    return []
