@@ -189,3 +189,20 @@ def test_the_oracle_learns_every_token_a_claims_extended_decode_produced() -> No
     cut = Outcome(tokens=(3,), claims=Claims(reuse=(), computed_steps=steps))
     assert decoded_tokens(cut) == (3, 5, 7)
     assert decoded_tokens(Outcome(tokens=(3,))) == (3,)  # no extension: the reply's own
+
+
+def test_the_oracle_learns_the_tokens_a_wave_request_decoded() -> None:
+    """A wave's replies go into the oracle with their decoded tokens, as a stream's do: a later
+    request that continues a wave reply by its tokens (a closed loop) may reuse them. The
+    negative control: the same wave added without them bounds that reuse at the prompt."""
+    from pytest_prefixcache.types import Wave
+    from pytest_prefixcache.verify.concurrent import _matches
+
+    wave = Wave((FIRST,))
+    cached = [Outcome(token_ids=(1, 2, 3, 4), tokens=(5,), served=0)]
+    oracle = ReuseOracle(design=CacheDesign(last_kv=True))
+    _matches(oracle, 0, wave, cached)
+    assert oracle.match("", [1, 2, 3, 4, 5, 9], []).limit == 5
+    bare = ReuseOracle(design=CacheDesign(last_kv=True))
+    bare.add(0, "", [1, 2, 3, 4], [], None)
+    assert bare.match("", [1, 2, 3, 4, 5, 9], []).limit == 4

@@ -56,6 +56,7 @@ from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..types import Outcome, Request, Wave
 from .confirm import confirm_guessed
+from .decode_kv import decoded_tokens
 from .request_count import REQUEST_COUNT, request_count_problems
 from .wave_judge import (
     BATCH_NOISE,
@@ -191,7 +192,10 @@ def _matches(
         spans = o.image_spans or ()
         if known:
             matches[i] = oracle.match(req.namespace, o.token_ids, spans)
-        oracle.add(first + i, req.namespace, o.token_ids, spans, o.message_starts)
+        # the KV of every token it decoded: a later request may continue its reply
+        oracle.add(
+            first + i, req.namespace, o.token_ids, spans, o.message_starts, decoded_tokens(o)
+        )
     return matches
 
 
