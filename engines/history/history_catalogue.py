@@ -7,12 +7,11 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm`` and ``mlx-vlm`` (history_runner.py installs the
-version and runs the stock verifier against it), or ``none`` with ``why``: the entry is
+``runner`` says how it is run: ``mlx-lm`` (history_runner.py installs the version and runs
+the stock verifier against it), or ``none`` with ``why``: the entry is
 catalogued but not run (its engine needs an install this lab does not make yet, or it is a
 regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
-budget when the default (30) is not the one to use; ``mlx``: the MLX release an mlx-vlm entry
-runs on (an mlx-lm entry's follows its version); ``note``: what an earlier run of the entry
+budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
 showed (a miss and the capability that turned it into a catch), printed under the table.
 """
 
@@ -35,7 +34,7 @@ CATALOGUE = HERE / "bugs.toml"
 
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
-RUNNERS = ("mlx-lm", "mlx-vlm", "none")
+RUNNERS = ("mlx-lm", "none")
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
     "tiny-llama",
@@ -70,7 +69,7 @@ REQUIRED = {
     "check": str,
     "runner": str,
 }
-OPTIONAL = {"why": str, "guard": str, "examples": int, "mlx": str, "note": str}
+OPTIONAL = {"why": str, "guard": str, "examples": int, "note": str}
 
 
 class CatalogueError(ValueError):
@@ -99,7 +98,6 @@ class Bug:
     why: str = ""
     guard: str = ""
     examples: int = 0
-    mlx: str = ""
     note: str = ""
 
     @property

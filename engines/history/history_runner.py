@@ -2,13 +2,13 @@
 keep what it found.
 
 ``install`` makes ``.engines/history/<package>-<version>/`` (git-ignored, kept between runs): a
-virtual environment holding only that version of the package (``pip install --no-deps``) over
-this project's environment (a ``.pth`` line adds its site-packages after the venv's own, so
-the old package shadows the project's and everything else, MLX included, is the project's).
-The verifier then runs in that interpreter: the preset's ``{python}`` is the old version's, and
-``presets.mlx_lm_server`` / ``presets.mlx_vlm_server`` start its server exactly as they start
-the project's own, under the logit tap, this checkout's ``pytest_prefixcache`` first on
-``PYTHONPATH``.
+virtual environment holding only that version of the package and the MLX of its series
+(:data:`MLX`; ``pip install --no-deps``) over this project's environment (a ``.pth`` line adds
+its site-packages after the venv's own: the old package and MLX shadow the project's, and
+everything else, transformers included, is the project's). The verifier then runs in that
+interpreter: the preset's ``{python}`` is the old version's, and ``presets.mlx_lm_server``
+starts its server exactly as it starts the project's own, under the logit tap, this
+checkout's ``pytest_prefixcache`` first on ``PYTHONPATH``.
 
 ``command`` builds that pytest run for one side (``buggy`` or ``fixed``) of an entry: the
 preset, the fixture, a fixed seed, a bounded example budget, the entry's ``select``, its
@@ -35,9 +35,11 @@ from history_catalogue import Bug
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGES = {"mlx-lm": "mlx-lm", "mlx-vlm": "mlx-vlm"}
+PACKAGES = {"mlx-lm": "mlx-lm"}
 #: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
-#: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on).
+#: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
+#: or of a later one where the series' wheels require it (mlx-lm 0.28.4 and 0.29.1 require
+#: mlx>=0.29.2 in their METADATA; 0.30.2 mlx>=0.29.2, 0.30.4 >=0.30.3, 0.31.3 >=0.31.2).
 #: The project's MLX 0.32.4 does not run older servers: mlx-lm 0.31.0's BatchGenerator
 #: raised "There is no Stream(cpu, 0) in current thread" on its first batch.
 MLX = {
@@ -45,14 +47,11 @@ MLX = {
     "0.31": "0.31.2",
     "0.30": "0.30.6",
     "0.29": "0.29.4",
-    "0.28": "0.28.0",
+    "0.28": "0.29.4",
     "0.27": "0.27.1",
     "0.26": "0.26.5",
 }
-PRESETS = {
-    "mlx-lm": "pytest_prefixcache.adapters.presets:mlx_lm_server",
-    "mlx-vlm": "pytest_prefixcache.adapters.presets:mlx_vlm_server",
-}
+PRESETS = {"mlx-lm": "pytest_prefixcache.adapters.presets:mlx_lm_server"}
 EXAMPLES = 30
 SEED = 1
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
@@ -78,7 +77,7 @@ def version_of(bug: Bug, side: str) -> str:
 
 def mlx_for(bug: Bug, side: str) -> str:
     """The MLX release a side runs on (:data:`MLX`, by the mlx-lm series it needs)."""
-    version = version_of(bug, side) if bug.runner == "mlx-lm" else bug.mlx
+    version = version_of(bug, side)
     series = ".".join(version.split(".")[:2])
     if series not in MLX:
         raise ValueError(f"{bug.name}: no MLX release known for the {series} series")
@@ -243,7 +242,8 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     report = out / "suite.json"
     suite = json.loads(report.read_text()) if report.is_file() else None
     result = parse(suite, log, code)
-    result.update(version=version_of(bug, side), seconds=seconds, command=run.shell())
+    shell = run.shell().replace(f"{ROOT}/", "")  # paths from the checkout's root
+    result.update(version=version_of(bug, side), seconds=seconds, command=shell)
     return result
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from history_catalogue import Bug
+from history_catalogue import OURS, Bug
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
@@ -76,10 +76,12 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     ]
     times = [s for s in caught if s is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
-    engines = sorted({b.engine for b in bugs})
+    public = [b for b in bugs if b.engine != OURS]
+    engines = sorted({b.engine for b in public})
     return [
-        f"- catalogued: {len(bugs)} bugs across {len(engines)} engines ({', '.join(engines)}); "
-        f"{sum(b.installable for b in bugs)} with both versions seen installable",
+        f"- catalogued: {len(public)} public bugs across {len(engines)} engines "
+        f"({', '.join(engines)}), {sum(b.installable for b in public)} with both versions seen "
+        f"installable; and {len(bugs) - len(public)} regression rows of this repository",
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
         f"{kinds.count('caught')}; missed: {kinds.count('missed')}; other: "
         f"{len(ran) - kinds.count('caught') - kinds.count('missed')}",
@@ -96,8 +98,10 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "Each run: the stock verifier with the engine's preset on the version with the bug, then",
         "on the version with the fix (`engines/history/run.sh NAME`), seed 1, a bounded example",
         "budget, stopping at the first failing test; the command of every run is in its",
-        "results file. Seconds to the first failure: the plugin's first progress line (one a",
-        "second) that counts a failing example, from the session's start, installs excluded.",
+        "results file (run from the checkout's root with `PYTHONPATH=.`, as run.sh does).",
+        "Seconds to the first failure: the plugin's first progress line (one a second) that",
+        "counts a failing example, from the session's start (servers included), installs",
+        "excluded; on a shared 2-core machine at a load average of 8-11.",
         "",
         *summary(bugs, results),
         "",

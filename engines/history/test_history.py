@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -266,6 +267,33 @@ def test_the_page_is_not_stale() -> None:
     assert DOC.read_text() == render(load(CHECKS), load_results(RESULTS)), (
         "docs/public-record.md is stale: run engines/history/run.sh table"
     )
+
+
+def check_results(bugs: list[Bug], results: dict[str, dict[str, Any]]) -> list[str]:
+    """Problems of the results against the catalogue: a result of no entry, or of other
+    versions than the entry's (a result left behind by an edit of the catalogue)."""
+    by_name = {b.name: b for b in bugs}
+    problems = []
+    for name, r in results.items():
+        bug = by_name.get(name)
+        if bug is None:
+            problems.append(f"results/{name}.json: no entry of that name")
+        elif (r["buggy"]["version"], r["fixed"]["version"]) != (bug.buggy, bug.fixed):
+            problems.append(f"results/{name}.json: versions differ from the entry's")
+        elif f"fixtures/{bug.model} " not in r["buggy"]["command"].replace("=", " ") + " ":
+            problems.append(f"results/{name}.json: not run on the entry's model {bug.model}")
+    return problems
+
+
+def test_every_result_belongs_to_its_entry() -> None:
+    from history_runner import RESULTS
+
+    bugs, results = load(CHECKS), load_results(RESULTS)
+    assert check_results(bugs, results) == []
+    name = next(iter(results))
+    moved = {name: {**results[name], "fixed": {**results[name]["fixed"], "version": "9.9.9"}}}
+    assert check_results(bugs, moved)  # the control: another version is caught
+    assert check_results(bugs, {"gone": results[name]})
 
 
 def test_the_command_line_refuses_bad_words(capsys) -> None:
