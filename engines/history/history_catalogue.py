@@ -35,6 +35,9 @@ CATALOGUE = HERE / "bugs.toml"
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
 RUNNERS = ("mlx-lm", "none")
+#: The oldest version each runner can run: the mlx_lm_server preset's cold server passes
+#: --prompt-cache-size 0, which mlx_lm.server has from 0.31.0 on (#906).
+RUNS_FROM = {"mlx-lm": (0, 31, 0)}
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
     "tiny-llama",
@@ -134,6 +137,12 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.check: {raw['check']!r} is not a check of the plugin")
     if raw["runner"] not in RUNNERS:
         raise CatalogueError(f"{where}.runner: {raw['runner']!r} is not one of {RUNNERS}")
+    oldest = RUNS_FROM.get(raw["runner"])
+    if oldest and min(_release(raw["buggy"]), _release(raw["fixed"])) < oldest:
+        raise CatalogueError(
+            f"{where}.runner: {raw['runner']} runs versions from "
+            f"{'.'.join(map(str, oldest))} on (the preset's cold server); use runner 'none'"
+        )
     if raw["runner"] == "none" and not raw.get("why"):
         raise CatalogueError(f"{where}: runner 'none' needs a 'why'")
     if raw["engine"] == OURS and not raw.get("guard"):
@@ -144,6 +153,10 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}
     return Bug(bug_class=raw["class"], **values)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
 
 
 def classes_of(data: dict[str, Any]) -> dict[int, str]:

@@ -94,6 +94,7 @@ def test_the_plugins_check_names_are_read_from_the_plugin() -> None:
         ('runner = "mlx-lm"', 'runner = "none"', "needs a 'why'"),
         ('model = "tiny-llama"', 'model = "llama-70b"', "is not one of"),
         ('flags = ""', 'flags = ""\ncolour = "red"', "unknown field 'colour'"),
+        ('buggy = "0.31.0"', 'buggy = "0.30.4"', "runs versions from 0.31.0 on"),
     ],
 )
 def test_a_bad_entry_is_refused_naming_it_and_the_field(old: str, new: str, says: str) -> None:
