@@ -12,7 +12,9 @@ the stock verifier against it), or ``none`` with ``why``: the entry is
 catalogued but not run (its engine needs an install this lab does not make yet, or it is a
 regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
 budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
-showed (a miss and the capability that turned it into a catch), printed under the table.
+showed (a miss and the capability that turned it into a catch), printed under the table;
+``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
+as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ REQUIRED = {
     "check": str,
     "runner": str,
 }
-OPTIONAL = {"why": str, "guard": str, "examples": int, "note": str}
+OPTIONAL = {"why": str, "guard": str, "examples": int, "note": str, "tap": bool}
 
 
 class CatalogueError(ValueError):
@@ -102,6 +104,7 @@ class Bug:
     guard: str = ""
     examples: int = 0
     note: str = ""
+    tap: bool = True
 
     @property
     def runs(self) -> bool:

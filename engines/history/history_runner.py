@@ -132,14 +132,20 @@ class Run:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
+def uses_matrix(bug: Bug) -> bool:
+    """Server flags or the preset without the tap: arguments only a matrix file passes."""
+    return bool(bug.flags) or not bug.tap
+
+
 def matrix_text(bug: Bug) -> str:
-    """A one-combination matrix file for an entry with server flags."""
-    flags = json.dumps(bug.flags)
-    return (
-        f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\n'
-        f"args = {{ concurrency = {bug.concurrency} }}\n\n[config.flags]\n"
-        f"bug = {{ on = {flags} }}\n"
+    """A one-combination matrix file for an entry with server flags or without the tap."""
+    args = f"concurrency = {bug.concurrency}" + ("" if bug.tap else ", tap = false")
+    text = (
+        f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\nargs = {{ {args} }}\n'
     )
+    if bug.flags:
+        text += f"\n[config.flags]\nbug = {{ on = {json.dumps(bug.flags)} }}\n"
+    return text
 
 
 def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> Run:
@@ -149,7 +155,7 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     if bug.select:
         argv += ["-k", bug.select]
     argv += ["--prefixcache-verify", "--pyargs", "pytest_prefixcache.suite"]
-    if bug.flags:
+    if uses_matrix(bug):
         argv.append(f"--prefixcache-matrix={out / 'matrix.toml'}")
     else:
         argv.append(f"--prefixcache-engine={PRESETS[bug.runner]}")
@@ -216,7 +222,7 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
-    if bug.flags:
+    if uses_matrix(bug):
         (out / "matrix.toml").write_text(matrix_text(bug))
     run = command(bug, side, python, out, examples)
     env = {**os.environ, **run.env}

@@ -141,6 +141,14 @@ def test_an_entry_with_flags_runs_a_one_combination_matrix(tmp_path: Path) -> No
     run = command(bug, "buggy", Path("p"), tmp_path)
     assert f"--prefixcache-matrix={tmp_path / 'matrix.toml'}" in run.argv
     assert not any(w.startswith("--prefixcache-engine") for w in run.argv)
+    untapped = stub_bug(tap=False)
+    (tmp_path / "matrix.toml").write_text(matrix_text(untapped))
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    assert target.args == {"concurrency": 8, "tap": False} and not target.flags
+    assert any(
+        w.startswith("--prefixcache-matrix")
+        for w in command(untapped, "buggy", Path("p"), tmp_path).argv
+    )
 
 
 def test_each_series_runs_on_its_own_mlx() -> None:
