@@ -61,6 +61,8 @@ def row(bug: Bug, result: dict[str, Any] | None) -> str:
     else:
         b, f = result["buggy"], result["fixed"]
         seconds = b.get("seconds_to_failure")
+        if seconds is None and b["verdict"].startswith("FAIL"):
+            seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a timeout: no progress
         cells = [title, where, b["version"], b["verdict"], b.get("check"), f["version"]]
         cells += [f["verdict"], seconds]
     return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result)]) + " |"
@@ -85,7 +87,9 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
         f"{kinds.count('caught')}; missed: {kinds.count('missed')}; other: "
         f"{len(ran) - kinds.count('caught') - kinds.count('missed')}",
-        f"- median seconds to the first failure over the caught rows: {median}",
+        f"- median seconds to the first failure over the caught rows: {median} (over "
+        f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
+        "counts it, so only the run's wall time bounds it)",
     ]
 
 
