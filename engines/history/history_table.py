@@ -51,9 +51,12 @@ def _cell(text: Any) -> str:
 
 
 def row(bug: Bug, result: dict[str, Any] | None) -> str:
-    reach = [f"`{bug.flags}`"] if bug.flags else []
+    reach = [bug.model] if bug.model not in ("none", "hf", "gguf") else []
+    reach += [f"`{bug.flags}`"] if bug.flags else []
     if bug.concurrency > 1:
         reach.append(f"waves of {bug.concurrency}")
+    if not bug.tap:
+        reach.append("no tap")
     where = f"{bug.engine}" + (f" ({', '.join(reach)})" if reach else "")
     title = f"{bug.reference}: {bug.description} (class {bug.bug_class})"
     if result is None:
@@ -81,9 +84,11 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     public = [b for b in bugs if b.engine != OURS]
     engines = sorted({b.engine for b in public})
     return [
-        f"- catalogued: {len(public)} public bugs across {len(engines)} engines "
-        f"({', '.join(engines)}), {sum(b.installable for b in public)} with both versions seen "
-        f"installable; and {len(bugs) - len(public)} regression rows of this repository",
+        f"- catalogued: {len({b.reference for b in public})} public bugs across {len(engines)} "
+        f"engines ({', '.join(engines)}) in {len(public)} entries (a bug run in several "
+        f"configurations has one each), {sum(b.installable for b in public)} entries with both "
+        f"versions seen installable; and {len(bugs) - len(public)} regression rows of this "
+        "repository",
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
         f"{kinds.count('caught')}; missed: {kinds.count('missed')}; other: "
         f"{len(ran) - kinds.count('caught') - kinds.count('missed')}",
