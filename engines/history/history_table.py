@@ -123,7 +123,8 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         *(f"- {b.name}: {b.note}" for b in bugs if b.note),
         "",
         "Every entry's source (what was read to find it) and the reason an entry is not run are",
-        "in engines/history/bugs.toml.",
+        "in engines/history/bugs.toml; the shrunk counterexamples the notes cite are in",
+        "engines/history/counterexamples/ (replay one with `--prefixcache-replay=FILE`).",
         "",
     ]
     return "\n".join(lines)
