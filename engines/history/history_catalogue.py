@@ -14,7 +14,8 @@ regression row of this repository, guarded by the test ``guard`` names). ``examp
 budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
 showed (a miss and the capability that turned it into a catch), printed under the table;
 ``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
-as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves.
+as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``fixed_fails``: what the failure
+of the version with the fix was classified as (another bug, or the tap's), once a run showed it.
 """
 
 from __future__ import annotations
@@ -74,7 +75,14 @@ REQUIRED = {
     "check": str,
     "runner": str,
 }
-OPTIONAL = {"why": str, "guard": str, "examples": int, "note": str, "tap": bool}
+OPTIONAL = {
+    "why": str,
+    "guard": str,
+    "examples": int,
+    "note": str,
+    "tap": bool,
+    "fixed_fails": str,
+}
 
 
 class CatalogueError(ValueError):
@@ -105,6 +113,7 @@ class Bug:
     examples: int = 0
     note: str = ""
     tap: bool = True
+    fixed_fails: str = ""
 
     @property
     def runs(self) -> bool:

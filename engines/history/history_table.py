@@ -40,6 +40,8 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
     if not buggy["verdict"].startswith("FAIL"):
         return "missed"
     if fixed["verdict"].startswith("FAIL"):
+        if bug.fixed_fails:
+            return f"the fixed version fails ({fixed.get('check')}): {bug.fixed_fails}"
         return f"false alarm? the fixed version fails ({fixed.get('check')})"
     if buggy.get("check") != bug.check:
         return f"caught by another check (expected {bug.check})"
