@@ -15,7 +15,9 @@ budget when the default (30) is not the one to use; ``note``: what an earlier ru
 showed (a miss and the capability that turned it into a catch), printed under the table;
 ``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
 as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``fixed_fails``: what the failure
-of the version with the fix was classified as (another bug, or the tap's), once a run showed it.
+of the version with the fix was classified as (another bug, or the tap's), once a run showed it;
+``replays``: how often the buggy side's saved stream failed again when replayed alone on fresh
+servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ OPTIONAL = {
     "note": str,
     "tap": bool,
     "fixed_fails": str,
+    "replays": str,
 }
 
 
@@ -114,6 +117,7 @@ class Bug:
     note: str = ""
     tap: bool = True
     fixed_fails: str = ""
+    replays: str = ""
 
     @property
     def runs(self) -> bool:

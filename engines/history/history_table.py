@@ -45,6 +45,8 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
         return f"false alarm? the fixed version fails ({fixed.get('check')})"
     if buggy.get("check") != bug.check:
         return f"caught by another check (expected {bug.check})"
+    if bug.replays.startswith("0 of"):
+        return f"caught once, unconfirmed: its saved stream failed {bug.replays} replays"
     return "caught"
 
 
@@ -79,7 +81,7 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     caught = [
         results[b.name]["buggy"].get("seconds_to_failure")
         for b, k in zip(ran, kinds)
-        if k == "caught"
+        if k == "caught" or k.startswith("caught once")
     ]
     times = [s for s in caught if s is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
@@ -92,8 +94,9 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"versions seen installable; and {len(bugs) - len(public)} regression rows of this "
         "repository",
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
-        f"{kinds.count('caught')}; missed: {kinds.count('missed')}; other: "
-        f"{len(ran) - kinds.count('caught') - kinds.count('missed')}",
+        f"{len(caught)}, of which {len(caught) - kinds.count('caught')} unconfirmed (the saved "
+        f"stream did not fail again alone); missed: {kinds.count('missed')}; other: "
+        f"{len(ran) - len(caught) - kinds.count('missed')}",
         f"- median seconds to the first failure over the caught rows: {median} (over "
         f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
         "counts it, so only the run's wall time bounds it)",

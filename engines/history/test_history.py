@@ -260,6 +260,8 @@ def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
     assert outcome(bug, _result("PASS", None, "PASS")) == "missed"
     assert outcome(bug, _result("FAIL", "fault", "PASS")).startswith("caught by another check")
     assert outcome(bug, _result("FAIL", "equivalence", "FAIL")).startswith("false alarm")
+    once = replace(bug, replays="0 of 2")
+    assert outcome(once, _result("FAIL", "equivalence", "PASS")).startswith("caught once")
     known = replace(bug, fixed_fails="another bug, #2")
     assert outcome(known, _result("FAIL", "equivalence", "FAIL")).endswith(": another bug, #2")
     assert outcome(bug, None) == "not run"
