@@ -1,0 +1,231 @@
+"""The public record's catalogue (``bugs.toml``): one entry per public prefix-cache bug, read and
+checked.
+
+An entry names the engine, the issue or PR (``owner/repo#N``, or a commit), what was read to
+find it (``source``), the version that has the bug and the first that fixes it (PyPI versions:
+``installable`` says whether both were seen installable with pip), the fixture model it needs,
+the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
+pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
+class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
+``runner`` says how it is run: ``mlx-lm`` (history_runner.py installs the version and runs
+the stock verifier against it), or ``none`` with ``why``: the entry is
+catalogued but not run (its engine needs an install this lab does not make yet, or it is a
+regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
+budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
+showed (a miss and the capability that turned it into a catch), printed under the table;
+``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
+as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``fixed_fails``: what the failure
+of the version with the fix was classified as (another bug, or the tap's), once a run showed it;
+``replays``: how often the buggy side's saved stream failed again when replayed alone on fresh
+servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+HERE = Path(__file__).resolve().parent
+CATALOGUE = HERE / "bugs.toml"
+
+#: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
+ZOO_CLASSES = range(1, 31)
+RUNNERS = ("mlx-lm", "none")
+#: The oldest version each runner can run: the mlx_lm_server preset's cold server passes
+#: --prompt-cache-size 0, which mlx_lm.server has from 0.31.0 on (#906).
+RUNS_FROM = {"mlx-lm": (0, 31, 0)}
+#: The fixtures the runners can load (fixtures/ of this repository).
+MODELS = (
+    "tiny-llama",
+    "tiny-gemma3-text",
+    "tiny-qwen3.5",
+    "tiny-qwen2-vl",
+    "tiny-gemma3",
+    "tiny-qwen3.5-vl",
+    "gguf",
+    "hf",
+    "none",
+)
+VERSION = re.compile(r"^\d+(\.\d+){1,3}([.-]?(post|dev|rc)\d+)?$")
+#: A regression row of this repository names commits instead of versions.
+COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+OURS = "pytest-prefixcache"
+REFERENCE = re.compile(r"^([\w.-]+/[\w.-]+|this repository)(#\d+| [0-9a-f]{7,40})$")
+REQUIRED = {
+    "name": str,
+    "engine": str,
+    "reference": str,
+    "source": str,
+    "description": str,
+    "class": int,
+    "buggy": str,
+    "fixed": str,
+    "installable": bool,
+    "model": str,
+    "flags": str,
+    "concurrency": int,
+    "select": str,
+    "check": str,
+    "runner": str,
+}
+OPTIONAL = {
+    "why": str,
+    "guard": str,
+    "examples": int,
+    "note": str,
+    "tap": bool,
+    "fixed_fails": str,
+    "replays": str,
+}
+
+
+class CatalogueError(ValueError):
+    """The catalogue is malformed; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One entry of the catalogue (see the module's docstring for the fields)."""
+
+    name: str
+    engine: str
+    reference: str
+    source: str
+    description: str
+    bug_class: int
+    buggy: str
+    fixed: str
+    installable: bool
+    model: str
+    flags: str
+    concurrency: int
+    select: str
+    check: str
+    runner: str
+    why: str = ""
+    guard: str = ""
+    examples: int = 0
+    note: str = ""
+    tap: bool = True
+    fixed_fails: str = ""
+    replays: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return self.runner != "none"
+
+
+def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> Bug:
+    where = f"bug[{i}]" + (f" ({raw.get('name')!r})" if isinstance(raw, dict) else "")
+    if not isinstance(raw, dict):
+        raise CatalogueError(f"{where}: not a table")
+    for key in raw:
+        if key not in REQUIRED and key not in OPTIONAL:
+            raise CatalogueError(f"{where}: unknown field {key!r}")
+    for key, kind in {**REQUIRED, **OPTIONAL}.items():
+        if key not in raw:
+            if key in REQUIRED:
+                raise CatalogueError(f"{where}: no {key!r}")
+            continue
+        if not isinstance(raw[key], kind) or (kind is int and isinstance(raw[key], bool)):
+            raise CatalogueError(f"{where}.{key}: {raw[key]!r} is not a {kind.__name__}")
+    for key in ("buggy", "fixed"):
+        if not VERSION.match(raw[key]) and not (raw["engine"] == OURS and COMMIT.match(raw[key])):
+            raise CatalogueError(f"{where}.{key}: {raw[key]!r} does not look like a version")
+    if not REFERENCE.match(raw["reference"]):
+        raise CatalogueError(
+            f"{where}.reference: {raw['reference']!r} is not owner/repo#N or owner/repo COMMIT"
+        )
+    if raw["class"] not in classes:
+        raise CatalogueError(
+            f"{where}.class: {raw['class']} is not a bug class ({sorted(classes)})"
+        )
+    if raw["check"] not in checks:
+        raise CatalogueError(f"{where}.check: {raw['check']!r} is not a check of the plugin")
+    if raw["runner"] not in RUNNERS:
+        raise CatalogueError(f"{where}.runner: {raw['runner']!r} is not one of {RUNNERS}")
+    oldest = RUNS_FROM.get(raw["runner"])
+    if oldest and min(_release(raw["buggy"]), _release(raw["fixed"])) < oldest:
+        raise CatalogueError(
+            f"{where}.runner: {raw['runner']} runs versions from "
+            f"{'.'.join(map(str, oldest))} on (the preset's cold server); use runner 'none'"
+        )
+    if raw["runner"] == "none" and not raw.get("why"):
+        raise CatalogueError(f"{where}: runner 'none' needs a 'why'")
+    if raw["engine"] == OURS and not raw.get("guard"):
+        raise CatalogueError(f"{where}: a regression row of this repository needs a 'guard'")
+    if raw["model"] not in MODELS:
+        raise CatalogueError(f"{where}.model: {raw['model']!r} is not one of {MODELS}")
+    if raw["concurrency"] < 1:
+        raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
+    values = {k: v for k, v in raw.items() if k != "class"}
+    return Bug(bug_class=raw["class"], **values)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+
+
+def classes_of(data: dict[str, Any]) -> dict[int, str]:
+    """The bug zoo's classes plus the ``[classes]`` this catalogue adds (``31 = "..."``)."""
+    extra = data.get("classes", {})
+    if not isinstance(extra, dict):
+        raise CatalogueError("classes: not a table")
+    out: dict[int, str] = {n: "bug zoo" for n in ZOO_CLASSES}
+    for key, text in extra.items():
+        if not key.isdigit() or int(key) in out or not isinstance(text, str):
+            raise CatalogueError(f"classes.{key}: not a new class number with a description")
+        out[int(key)] = text
+    return out
+
+
+def load(checks: Iterable[str], path: Path = CATALOGUE) -> list[Bug]:
+    """Every entry of the catalogue at ``path``, checked; ``checks``: the plugin's check names.
+    Raises :class:`CatalogueError` naming the first bad entry and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogueError(f"{path}: {exc}") from None
+    return loads(checks, text, str(path))
+
+
+def loads(checks: Iterable[str], text: str, where: str = "bugs.toml") -> list[Bug]:
+    """:func:`load` on the catalogue's text ``text`` (``where`` names it in errors)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogueError(f"{where}: {exc}") from None
+    for key in data:
+        if key not in ("bug", "classes"):
+            raise CatalogueError(f"{where}: unknown key {key!r} (the keys: bug, classes)")
+    classes = classes_of(data)
+    names = set(checks)
+    bugs = [_entry(i, raw, classes, names) for i, raw in enumerate(data.get("bug", []))]
+    seen: set[str] = set()
+    for bug in bugs:
+        if bug.name in seen:
+            raise CatalogueError(f"bug {bug.name!r}: the name is given twice")
+        seen.add(bug.name)
+    return bugs
+
+
+def plugin_checks(package: Path) -> set[str]:
+    """The check names the plugin can fail with: its coverage table's (``REQUIRED``,
+    ``DECLARED``), the checks' named constants and every ``Problem("name"`` in its source."""
+    from pytest_prefixcache.checks import baseline, claims, coverage, memory, render, reuse
+
+    names = {*coverage.REQUIRED, *coverage.DECLARED, baseline.CHECK, memory.CHECK}
+    names |= {claims.CLAIMS, claims.STEPS, render.HYGIENE}
+    names |= {reuse.NO_SNAPSHOT, reuse.UNDER_ONE_BLOCK, reuse.OLDER_ENTRY, reuse.CAPACITY}
+    for path in package.rglob("*.py"):
+        names |= set(re.findall(r'Problem\(\s*"([^"]+)"', path.read_text(encoding="utf-8")))
+    return names

@@ -1,0 +1,265 @@
+"""The public record's runner: install a catalogued version, run the stock verifier against it,
+keep what it found.
+
+``install`` makes ``.engines/history/<package>-<version>/`` (git-ignored, kept between runs): a
+virtual environment holding only that version of the package and the MLX of its series
+(:data:`MLX`; ``pip install --no-deps``) over this project's environment (a ``.pth`` line adds
+its site-packages after the venv's own: the old package and MLX shadow the project's, and
+everything else, transformers included, is the project's). The verifier then runs in that
+interpreter: the preset's ``{python}`` is the old version's, and ``presets.mlx_lm_server``
+starts its server exactly as it starts the project's own, under the logit tap, this
+checkout's ``pytest_prefixcache`` first on ``PYTHONPATH``.
+
+``command`` builds that pytest run for one side (``buggy`` or ``fixed``) of an entry: the
+preset, the fixture, a fixed seed, a bounded example budget, the entry's ``select``, its
+``concurrency`` (``PREFIXCACHE_CONCURRENCY``: above 1 the waves property runs) and ``flags``
+(a one-combination matrix file), ``-x`` (the first failing test ends the run) and a progress
+line every second, from which ``parse`` reads the seconds to the first failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from history_catalogue import Bug
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+PACKAGES = {"mlx-lm": "mlx-lm"}
+#: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
+#: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
+#: or of a later one where the series' wheels require it (mlx-lm 0.28.4 and 0.29.1 require
+#: mlx>=0.29.2 in their METADATA; 0.30.2 mlx>=0.29.2, 0.30.4 >=0.30.3, 0.31.3 >=0.31.2).
+#: The project's MLX 0.32.4 does not run older servers: mlx-lm 0.31.0's BatchGenerator
+#: raised "There is no Stream(cpu, 0) in current thread" on its first batch.
+MLX = {
+    "0.32": "0.32.4",
+    "0.31": "0.31.2",
+    "0.30": "0.30.6",
+    "0.29": "0.29.4",
+    "0.28": "0.29.4",
+    "0.27": "0.27.1",
+    "0.26": "0.26.5",
+}
+PRESETS = {"mlx-lm": "pytest_prefixcache.adapters.presets:mlx_lm_server"}
+EXAMPLES = 30
+SEED = 1
+TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
+PROGRESS = re.compile(
+    r"prefixcache: (\d+) requests .*?, (\d+) failed test\(s\)"
+    r"(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
+)
+
+
+def engines_dir() -> Path:
+    return Path(os.environ.get("HISTORY_DIR") or ROOT / ".engines" / "history")
+
+
+def venv_of(bug: Bug, side: str) -> Path:
+    return engines_dir() / f"{PACKAGES[bug.runner]}-{version_of(bug, side)}"
+
+
+def version_of(bug: Bug, side: str) -> str:
+    if side not in ("buggy", "fixed"):
+        raise ValueError(f"side {side!r} is not 'buggy' or 'fixed'")
+    return bug.buggy if side == "buggy" else bug.fixed
+
+
+def mlx_for(bug: Bug, side: str) -> str:
+    """The MLX release a side runs on (:data:`MLX`, by the mlx-lm series it needs)."""
+    version = version_of(bug, side)
+    series = ".".join(version.split(".")[:2])
+    if series not in MLX:
+        raise ValueError(f"{bug.name}: no MLX release known for the {series} series")
+    return MLX[series]
+
+
+def installed(python: Path, package: str) -> str | None:
+    """The version of ``package`` that ``python`` imports, or None."""
+    if not python.is_file():
+        return None
+    probe = f"import importlib.metadata as m; print(m.version({package!r}))"
+    done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def install(bug: Bug, side: str) -> Path:
+    """The interpreter of the side's environment, made (or reused) as the module says."""
+    venv, version = venv_of(bug, side), version_of(bug, side)
+    package = PACKAGES[bug.runner]
+    python = venv / "bin" / "python"
+    mlx = mlx_for(bug, side)
+    if installed(python, package) == version and installed(python, "mlx") == mlx:
+        return python
+    engines_dir().mkdir(parents=True, exist_ok=True)
+    ignore = engines_dir() / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("*\n")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    here = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "zz-project.pth").write_text("\n".join(here) + "\n")
+    pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
+    env = {**os.environ, "PIP_CACHE_DIR": str(engines_dir() / "pip-cache")}
+    wanted = [f"{package}=={version}", f"mlx=={mlx}", f"mlx-cpu=={mlx}"]
+    subprocess.run([*pip, *wanted], check=True, env=env)
+    if installed(python, package) != version or installed(python, "mlx") != mlx:
+        raise RuntimeError(f"{venv}: {' '.join(wanted)} did not install")
+    return python
+
+
+@dataclass(frozen=True)
+class Run:
+    """One side's verifier run: the words, the environment it adds, its directory."""
+
+    argv: list[str]
+    env: dict[str, str]
+    out: Path
+
+    def shell(self) -> str:
+        """The command as a shell line (what the results record)."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+def uses_matrix(bug: Bug) -> bool:
+    """Server flags or the preset without the tap: arguments only a matrix file passes."""
+    return bool(bug.flags) or not bug.tap
+
+
+def matrix_text(bug: Bug) -> str:
+    """A one-combination matrix file for an entry with server flags or without the tap."""
+    args = f"concurrency = {bug.concurrency}" + ("" if bug.tap else ", tap = false")
+    text = (
+        f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\nargs = {{ {args} }}\n'
+    )
+    if bug.flags:
+        text += f"\n[config.flags]\nbug = {{ on = {json.dumps(bug.flags)} }}\n"
+    return text
+
+
+def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> Run:
+    """The verifier run of ``bug``'s ``side`` in the interpreter ``python``, writing to ``out``."""
+    n = examples or bug.examples or EXAMPLES
+    argv = [str(python), "-m", "pytest", "-p", "no:randomly", "-q", "-x", "-rfE"]
+    if bug.select:
+        argv += ["-k", bug.select]
+    argv += ["--prefixcache-verify", "--pyargs", "pytest_prefixcache.suite"]
+    if uses_matrix(bug):
+        argv.append(f"--prefixcache-matrix={out / 'matrix.toml'}")
+    else:
+        argv.append(f"--prefixcache-engine={PRESETS[bug.runner]}")
+    argv += [
+        f"--prefixcache-model={ROOT / 'fixtures' / bug.model}",
+        f"--prefixcache-examples={n}",
+        f"--prefixcache-seed={SEED}",
+        "--prefixcache-progress=1",
+        f"--prefixcache-report={out / 'suite.json'}",
+    ]
+    env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
+    return Run(argv, env, out)
+
+
+def first_failure_seconds(log: str) -> int | None:
+    """The clock of the first progress line that counts a failing example or a failed test."""
+    for m in PROGRESS.finditer(log):
+        if int(m.group(2)) or int(m.group(3) or 0):
+            return int(m.group(4) or 0) * 60 + int(m.group(5))
+    return None
+
+
+def stream_size(stream_dir: str | None) -> int | None:
+    """Requests in a saved (shrunk) stream, or None without one."""
+    path = Path(stream_dir or "") / "stream.json"
+    if not stream_dir or not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    requests = data.get("requests")
+    if isinstance(requests, list):
+        return len(requests)
+    waves = data.get("waves")
+    return sum(len(w) for w in waves) if isinstance(waves, list) else None
+
+
+def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, Any]:
+    """One side's outcome from its report (None: none was written), log and exit code."""
+    if not suite:
+        tail = [x for x in log.strip().splitlines() if x.strip()][-3:]
+        return {"verdict": "ERROR", "check": None, "example": " | ".join(tail)[:400]}
+    failures = suite.get("failures") or []
+    first = failures[0] if failures else {}
+    verdict = str(suite.get("verdict") or ("FAIL" if returncode else "PASS")).upper()
+    if failures and not verdict.startswith("FAIL"):
+        verdict = "FAIL"
+    return {
+        "verdict": verdict,
+        "check": first.get("check"),
+        "example": first.get("summary"),
+        "test": first.get("test"),
+        "shrunk_requests": stream_size(first.get("stream_dir")),
+        "seconds_to_failure": first_failure_seconds(log) if failures else None,
+        "requests": suite.get("requests"),
+        "cache_hits": suite.get("cache_hits"),
+        "failures_by_check": suite.get("failures_by_check") or {},
+        "engine_error": suite.get("engine_error"),
+    }
+
+
+def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
+    """Install, run and parse one side of ``bug``."""
+    python = install(bug, side)
+    out = engines_dir() / "runs" / bug.name / side
+    if out.exists():
+        subprocess.run(["rm", "-rf", str(out)], check=True)
+    out.mkdir(parents=True)
+    if uses_matrix(bug):
+        (out / "matrix.toml").write_text(matrix_text(bug))
+    run = command(bug, side, python, out, examples)
+    env = {**os.environ, **run.env}
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    start = time.monotonic()
+    with open(out / "log.txt", "w") as sink:  # written as it runs: tail it to follow a run
+        child = subprocess.Popen(
+            run.argv,
+            cwd=out,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its servers too: a timeout stops the whole group
+        )
+        try:
+            code = child.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGTERM)
+            code = child.wait()
+            sink.write(f"\ntimed out after {TIMEOUT} s\n")
+    seconds = round(time.monotonic() - start, 1)
+    log = (out / "log.txt").read_text()
+    report = out / "suite.json"
+    suite = json.loads(report.read_text()) if report.is_file() else None
+    result = parse(suite, log, code)
+    shell = run.shell().replace(f"{ROOT}/", "")  # paths from the checkout's root
+    result.update(version=version_of(bug, side), seconds=seconds, command=shell)
+    return result
+
+
+def run_bug(bug: Bug, examples: int = 0) -> dict[str, Any]:
+    """Both sides of ``bug``, written to results/NAME.json."""
+    record: dict[str, Any] = {"name": bug.name, "examples": examples or bug.examples or EXAMPLES}
+    record.update(seed=SEED, mlx={side: mlx_for(bug, side) for side in ("buggy", "fixed")})
+    for side in ("buggy", "fixed"):
+        record[side] = run_side(bug, side, examples)
+        print(f"{bug.name} {side} {record[side]['version']}: {record[side]['verdict']}", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{bug.name}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
