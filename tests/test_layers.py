@@ -18,7 +18,7 @@ LAYERS = (
     ("the contract", {"types", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),
     ("engines", {"adapters", "tap"}),
-    ("generation", {"strategies", "waves", "_moves"}),
+    ("generation", {"strategies"}),
     ("checks", {"checks"}),
     ("output", {"output", "html"}),
     ("driving an engine", {"verify", "stateful"}),

@@ -19,13 +19,13 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from pytest_prefixcache._moves import MOVES, StreamSpec
 from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.output.streams import corpus_files, load_stream, waves_from
 from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, request_waves
+from pytest_prefixcache.strategies._moves import MOVES, StreamSpec
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
