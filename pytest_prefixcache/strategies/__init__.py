@@ -8,11 +8,13 @@ and shrink well.
 
 The public names live here; the private modules hold the rest (``_args``: the argument checks
 the strategies share; ``_images``, ``_streams``, ``_waves``: the strategies; ``_moves``: the
-moves that turn a stream into its next request).
+moves that turn a stream into its next request; ``_engine``: the arguments that keep the
+strategies within one engine's capabilities).
 """
 
 from __future__ import annotations
 
+from ._engine import stream_kwargs, wave_kwargs
 from ._images import image_pools, images
 from ._moves import MOVES
 from ._streams import CLOSED_LOOP_SHARE, conversations, request_streams
@@ -27,4 +29,6 @@ __all__ = [
     "images",
     "request_streams",
     "request_waves",
+    "stream_kwargs",
+    "wave_kwargs",
 ]
