@@ -95,9 +95,12 @@ def test_the_reference_engine_declares_token_and_a_whole_blocks_subclass_block(
     from pytest_prefixcache import CacheDesign
     from reference_engine.mutants.merge import PartialImageMerge
 
-    # it keeps blocks of 16 but reuses to the token: its block size is no declaration
-    assert CacheDesign.of(Engine(model)) == CacheDesign()
-    assert CacheDesign.of(PartialImageMerge(model, block_size=8)) == CacheDesign("block", 8)
+    # it keeps blocks of 16 but reuses to the token: its block size is no declaration; its
+    # decode never computes the KV of the token it ends on (last_token_kv = False)
+    assert CacheDesign.of(Engine(model)) == CacheDesign(last_kv=False)
+    assert CacheDesign.of(PartialImageMerge(model, block_size=8)) == CacheDesign(
+        "block", 8, last_kv=False
+    )
     # on a model with non-trimmable layers (recurrent, sliding window) it resumes at snapshots
     hybrid = SimpleNamespace(model=SimpleNamespace(stateful_layers=(0, 1, 2)), partial_blocks=True)
     assert Engine.reuse_reference.fget(hybrid) == "snapshot"  # type: ignore[attr-defined]
