@@ -32,14 +32,12 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams
-from pytest_prefixcache.suite.verification import _stream_kwargs
+from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, stream_kwargs
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify.closed_loop import markers
 
@@ -50,7 +48,7 @@ REPLY_TOKENS = (3, 8)
 
 def measure(share: float, seeds: int, examples: int) -> dict[str, Any]:
     """The counts over ``seeds`` seeds of ``examples`` streams each."""
-    kwargs = _stream_kwargs(SimpleNamespace(engine=object()))  # type: ignore[arg-type]
+    kwargs = stream_kwargs(object())  # an engine that supports everything
     kwargs.update(closed_loop=share, reply_tokens=REPLY_TOKENS)
     streams = request_streams(**kwargs)
     counts = dict.fromkeys(("streams", "closed", "replied", "requests", "reply_requests"), 0)

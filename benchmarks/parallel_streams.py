@@ -30,8 +30,7 @@ from pytest_prefixcache.checks import CacheDesign, Tolerance
 from pytest_prefixcache.errors import VerificationFailure
 from pytest_prefixcache.output.report import Report
 from pytest_prefixcache.session.fixtures import engine_tolerance, load_engine_with_audit
-from pytest_prefixcache.strategies import request_streams
-from pytest_prefixcache.suite.verification import _stream_kwargs
+from pytest_prefixcache.strategies import request_streams, stream_kwargs
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify.audit import Audit
 from pytest_prefixcache.verify.parallel import lanes_for, run_parallel, separate
@@ -110,7 +109,7 @@ def draw_streams(verifier: Verifier, n: int, seed_value: int) -> list[tuple[Requ
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
-    @given(stream=request_streams(**_stream_kwargs(verifier)))
+    @given(stream=request_streams(**stream_kwargs(verifier.engine)))
     def collect(stream: tuple[Request, ...]) -> None:
         out.append(stream)
 

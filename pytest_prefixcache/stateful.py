@@ -25,8 +25,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from ._moves import StreamSpec, apply_move
 from .strategies import image_pools
+from .strategies._moves import StreamSpec, apply_move
 from .types import Image, Request
 from .verify.verifier import Verifier
 

@@ -15,10 +15,10 @@ from hypothesis.errors import InvalidArgument
 from plugin_engines import FakeEngine
 
 from pytest_prefixcache import Message, Request, VerificationFailure, Verifier
-from pytest_prefixcache._moves import ReplySlot
 from pytest_prefixcache.checks import CacheDesign, ReuseOracle
 from pytest_prefixcache.errors import RequestError
 from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.strategies._moves import ReplySlot
 from pytest_prefixcache.types import ReplyOf
 from pytest_prefixcache.verify.closed_loop import fill_replies, markers
 

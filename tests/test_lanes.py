@@ -137,7 +137,15 @@ ADAPTER_TESTS = {
     "vllm": "tests/test_adapters_vllm_stub.py",
 }
 #: Modules of the package that are not adapters of their own.
-NOT_ADAPTERS = {"__init__", "presets", "tolerances", "omlx_launch", "openai", "flags"}
+NOT_ADAPTERS = {
+    "__init__",
+    "presets",
+    "tolerances",
+    "omlx_launch",
+    "openai",
+    "flags",
+    "environment",
+}
 CHECK_UNITS = "tests/test_checks.py"
 
 

@@ -1,12 +1,15 @@
 """The plugin's folders are layers: a module imports only from its own layer or those above
 it in the table of docs/architecture.md (a back edge would make a layer impossible to read, or
 to import, on its own). The reference engine's modules are layered the same way, and use only
-the plugin's contract (its types, errors and package data): an engine needs nothing else."""
+the plugin's contract (its types, errors and package data): an engine needs nothing else. No
+modules of either package import each other in a circle, through imports inside functions
+either (an import moved into a function to dodge a circle is still one)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import cast
 
 import pytest_prefixcache
 import reference_engine
@@ -18,7 +21,7 @@ LAYERS = (
     ("the contract", {"types", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),
     ("engines", {"adapters", "tap"}),
-    ("generation", {"strategies", "waves", "_moves"}),
+    ("generation", {"strategies"}),
     ("checks", {"checks"}),
     ("output", {"output", "html"}),
     ("driving an engine", {"verify", "stateful"}),
@@ -142,6 +145,126 @@ def test_a_back_edge_is_found(tmp_path: Path) -> None:
     assert back_edges(tmp_path) == [
         "checks/reuse.py:2 (checks) imports session.settings (the pytest session)"
     ]
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """The ids of the import nodes under ``if TYPE_CHECKING:`` (never run, so no circle)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            out |= {id(n) for b in node.body for n in ast.walk(b)}
+    return out
+
+
+def _targets(
+    node: ast.Import | ast.ImportFrom, package: list[str], name: str, modules: set[str]
+) -> list[str]:
+    """The modules of the package ``name`` an import node imports (dotted, inside it)."""
+    if isinstance(node, ast.Import):
+        return [a.name.partition(".")[2] for a in node.names if a.name.split(".")[0] == name]
+    if node.level:
+        base = package[: len(package) - node.level + 1]
+        module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+    elif node.module == name or (node.module or "").startswith(name + "."):
+        module = cast(str, node.module).partition(".")[2]
+    else:
+        return []
+    # ``from PACKAGE import NAME`` imports the module NAME if there is one, else PACKAGE
+    full = [f"{module}.{a.name}".lstrip(".") for a in node.names]
+    return [f if f in modules else module for f in full]
+
+
+def import_edges(
+    root: Path = PACKAGE, name: str = "pytest_prefixcache"
+) -> dict[str, list[tuple[str, int, str]]]:
+    """For each module of the package at ``root`` (dotted, inside it; a package by its folder),
+    (file, line, module) of every import of its own modules that runs: at the top, inside
+    functions and classes, everywhere but under ``if TYPE_CHECKING:``."""
+    paths = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
+    edges: dict[str, list[tuple[str, int, str]]] = {}
+    for mod, path in paths.items():
+        package = [p for p in mod.split(".") if p]
+        if path.name != "__init__.py":
+            package = package[:-1]
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        skip = _type_only(tree)
+        file = path.relative_to(root).as_posix()
+        edges[mod] = [
+            (file, node.lineno, t)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skip
+            for t in dict.fromkeys(_targets(node, package, name, set(paths)))
+            if t in paths and t != mod
+        ]
+    return edges
+
+
+def import_cycles(root: Path = PACKAGE, name: str = "pytest_prefixcache") -> list[str]:
+    """Every set of modules that import each other in a circle (a strongly connected component
+    of :func:`import_edges`), with the imports that close it."""
+    edges = import_edges(root, name)
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        order[v] = low[v] = len(order)
+        stack.append(v)
+        for _, _, w in edges[v]:
+            if w not in order:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], order[w])
+        if low[v] == order[v]:
+            group: list[str] = []
+            while not group or group[-1] != v:
+                group.append(stack.pop())
+            inner = sorted(
+                f"{f}:{n} imports {t}" for m in group for f, n, t in edges[m] if t in group
+            )
+            if len(group) > 1:
+                out.append(f"{', '.join(sorted(group))} ({'; '.join(inner)})")
+
+    for v in edges:
+        if v not in order:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycles() -> None:
+    """Modules import each other in one direction only, inside functions too (an import moved
+    into a function to dodge a circle is still a circle)."""
+    assert import_cycles() == []
+    assert import_cycles(ENGINE, "reference_engine") == []
+
+
+def test_an_import_cycle_inside_a_function_is_found(tmp_path: Path) -> None:
+    """Negative control: a circle closed by an import inside a function (and one through a
+    package's ``__init__``, by ``import``) is reported; one under ``TYPE_CHECKING`` is not."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("from .sub.b import x\n")
+    (tmp_path / "sub" / "__init__.py").write_text("")
+    (tmp_path / "sub" / "b.py").write_text("def x():\n    from ..a import y\n    return y\n")
+    (tmp_path / "sub" / "c.py").write_text("import pkg.sub\n")
+    d = "from typing import TYPE_CHECKING\nfrom . import c\n"
+    d += "if TYPE_CHECKING:\n    from .e import E\n"
+    (tmp_path / "sub" / "d.py").write_text(d)
+    (tmp_path / "sub" / "e.py").write_text("from .d import D\n")
+    assert import_cycles(tmp_path, "pkg") == [
+        "a, sub.b (a.py:1 imports sub.b; sub/b.py:2 imports a)"
+    ]
+    (tmp_path / "sub" / "__init__.py").write_text("from .c import z\n")
+    assert import_cycles(tmp_path, "pkg")[1] == (
+        "sub, sub.c (sub/__init__.py:1 imports sub.c; sub/c.py:1 imports sub)"
+    )
 
 
 ROOT = PACKAGE.parent

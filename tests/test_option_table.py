@@ -4,6 +4,7 @@ the documents' tables must be what the table prints."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -95,6 +96,30 @@ def test_options_fill_the_settings_and_the_replay_repeats_what_is_not_default(
     assert ot.replay_flags(Settings()) == []
     fields = set(Settings.__dataclass_fields__)
     assert all(o.setting in fields for o in ot.OPTIONS if o.setting)
+
+
+def default_drift(options: tuple[ot.Option, ...] = ot.OPTIONS) -> list[str]:
+    """Options whose default is not the default of the :class:`Settings` field they fill (the
+    table reads its defaults from ``session.values``, not from ``Settings``)."""
+    made = Settings()
+    return [
+        f"{o.name}: {o.default!r} != Settings().{o.setting} {getattr(made, o.setting)!r}"
+        for o in options
+        if o.setting and o.default is not None and o.default != getattr(made, o.setting)
+    ]
+
+
+def test_every_default_is_the_settings_default() -> None:
+    assert {"examples", "timeout", "atol", "progress", "parallel-streams"} <= {
+        o.name for o in ot.OPTIONS if o.setting and o.default is not None
+    }
+    assert default_drift() == []
+
+
+def test_a_default_that_drifts_from_the_settings_is_found() -> None:
+    """Negative control: the progress option with a default Settings does not have."""
+    drifted = dataclasses.replace(ot.by_name("progress"), default=5.0)
+    assert default_drift((drifted,)) == ["progress: 5.0 != Settings().progress 30.0"]
 
 
 def test_names_are_unique_and_looked_up() -> None:

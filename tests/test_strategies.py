@@ -14,11 +14,15 @@ from hypothesis.errors import InvalidArgument
 
 from pytest_prefixcache import Image, Message, Request
 from pytest_prefixcache.strategies import (
+    CLOSED_LOOP_SHARE,
     MOVES,
     conversations,
     image_pools,
     images,
     request_streams,
+    request_waves,
+    stream_kwargs,
+    wave_kwargs,
 )
 
 
@@ -241,3 +245,21 @@ def test_max_images_per_message_is_honoured_by_every_move(move: str, limit: int)
         assert max(counts) <= limit, f"move {move!r} made a message with {max(counts)} images"
 
     check()
+
+
+def test_the_engine_kwargs_keep_the_strategies_within_its_capabilities() -> None:
+    """A text-only engine without namespaces gets no image or namespace moves, no images and
+    one namespace; an engine that says nothing gets every move; waves take no stream knobs."""
+
+    class TextOnly:
+        supports_images = False
+        supports_namespaces = False
+
+    kw = stream_kwargs(TextOnly())
+    assert not set(kw["moves"]) & {"replace", "swap", "reencode", "namespace"}
+    assert (kw["max_images_per_message"], kw["namespaces"]) == (0, ("",))
+    assert kw["closed_loop"] == CLOSED_LOOP_SHARE
+    assert stream_kwargs(object()) == {"moves": MOVES, "closed_loop": CLOSED_LOOP_SHARE}
+    assert "closed_loop" not in wave_kwargs(TextOnly())
+    request_waves(**wave_kwargs(TextOnly())).validate()
+    request_streams(**kw).validate()

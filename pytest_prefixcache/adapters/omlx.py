@@ -40,6 +40,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
+from .environment import concurrency_from_env
 from .flags import split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
@@ -238,6 +239,4 @@ def from_env() -> OpenAIEngine:
     audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
     claims = os.environ.get("OMLX_CLAIMS", "1") != "0"
     flags = shlex.split(os.environ.get("OMLX_FLAGS", ""))
-    from .presets import concurrency_from_env
-
     return omlx_server(flags=flags, audit=audit, claims=claims, concurrency=concurrency_from_env())

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import engine_model
+from .environment import audit_share, concurrency_from_env
 from .http.claims import ClaimWatch, sources_from_json
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
@@ -45,14 +46,6 @@ __all__ = [
 
 #: The launcher prefix that runs a server's CLI function under the logit tap.
 TAP = "{python} -m pytest_prefixcache.tap"
-
-
-def concurrency_from_env() -> int:
-    """``PREFIXCACHE_CONCURRENCY``: requests a server is sent at once (default 1)."""
-    value = os.environ.get("PREFIXCACHE_CONCURRENCY", "1").strip()
-    if not value.isdigit() or int(value) < 1:
-        raise EngineError(f"PREFIXCACHE_CONCURRENCY={value!r} is not an int >= 1")
-    return int(value)
 
 
 def reference_server(
@@ -255,16 +248,3 @@ def from_env() -> OpenAIEngine:
 
 def _is_dir(path: str) -> bool:
     return bool(path) and os.path.isdir(path)
-
-
-def audit_share(name: str, default: str) -> int:
-    """The environment variable ``name`` (audited requests one fresh server may answer), an
-    int >= 1, else an :class:`EngineError` naming it."""
-    value = os.environ.get(name, default)
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise EngineError(f"{name}={value!r} is not an integer >= 1")
-    return n

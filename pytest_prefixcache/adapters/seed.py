@@ -28,12 +28,12 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
+from .environment import audit_share, concurrency_from_env
 from .flags import split_flags
 from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
-from .presets import audit_share, concurrency_from_env
 from .tolerances import with_measured_rules
 
 __all__ = [

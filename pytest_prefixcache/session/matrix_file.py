@@ -38,8 +38,8 @@ else:  # pytest depends on tomli before 3.11
 
 from ..errors import EngineError
 from ..package_data import resolve_model
-from .settings import _SPEC
 from .targets import NAME, SERVER_ENGINE, Target
+from .values import ENGINE_SPEC
 
 __all__ = ["MatrixError", "read_matrix"]
 
@@ -161,7 +161,7 @@ def _config(path: Path, i: int, entry: Any, defaults: dict[str, Any]) -> list[Ta
     engine, cmd = entry.get("engine"), entry.get("server_cmd")
     if (engine is None) == (cmd is None):
         raise where.error("engine", "give exactly one of engine and server_cmd")
-    if engine is not None and not (isinstance(engine, str) and _SPEC.match(engine)):
+    if engine is not None and not (isinstance(engine, str) and ENGINE_SPEC.match(engine)):
         raise where.error("engine", f"{engine!r} is not MODULE:ATTR")
     if cmd is not None and not (isinstance(cmd, str) and "{port}" in cmd):
         raise where.error("server_cmd", f"{cmd!r} is not a command with a {{port}} placeholder")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..output.streams import FAILURES_DIR
 from ..verify.worker import DEFAULT_TIMEOUT
-from . import settings, targets
+from . import targets, values
 
 if TYPE_CHECKING:
     from .settings import Settings
@@ -85,16 +85,15 @@ class Option:
         return {"type": self.type, "metavar": self.metavar, "help": self.help, "action": action}
 
 
-DEFAULTS = settings.Settings()
 BOTH = ("verify", "replay")
 
 OPTIONS: tuple[Option, ...] = (
     Option("verify", "Add the built-in prefix-cache verification suite to the session",
            doc="add the built-in verification suite to the session", common=True),
     Option("engine", "Engine under test: an Engine instance or a zero-argument callable "
-           f"returning one (default: ini prefixcache_engine, else {settings.DEFAULT_ENGINE}); "
+           f"returning one (default: ini prefixcache_engine, else {values.DEFAULT_ENGINE}); "
            "repeat it for several configurations (named NAME, else after ATTR)",
-           doc=f"the engine under test (default `{settings.DEFAULT_ENGINE}`); repeatable, one "
+           doc=f"the engine under test (default `{values.DEFAULT_ENGINE}`); repeatable, one "
            "configuration each (named NAME, else after ATTR)",
            type=targets.named_engine, metavar="[NAME=]MODULE:ATTR", repeatable=True, cli=BOTH,
            common=True),
@@ -105,7 +104,7 @@ OPTIONS: tuple[Option, ...] = (
            "`tiny-qwen3.5-vl`, `tiny-gemma3`, and the text-only `tiny-llama`, `tiny-qwen3.5`, "
            "`tiny-gemma3-text`) or a model directory; named in the header, the reports and "
            "every replay command",
-           type=settings.model_dir, metavar="NAME|DIR", cli=BOTH, common=True),
+           type=values.model_dir, metavar="NAME|DIR", cli=BOTH, common=True),
     Option("server-cmd", "Verify an OpenAI-compatible server started from CMD ({port} is "
            "replaced by an ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* "
            "variables; repeatable, as --prefixcache-engine",
@@ -118,7 +117,7 @@ OPTIONS: tuple[Option, ...] = (
            "PREFIXCACHE_EXTRA_BODY)",
            doc="with `--prefixcache-server-cmd`: a JSON object of fields added to every request "
            "body (`PREFIXCACHE_EXTRA_BODY`)",
-           type=settings.server_body, metavar="JSON", cli=BOTH, setting="server_body"),
+           type=values.server_body, metavar="JSON", cli=BOTH, setting="server_body"),
     Option("matrix", "Verify every engine configuration of a matrix file (TOML: [[config]] "
            "tables with name, engine or server_cmd, and a product over [config.flags])",
            doc="verify every configuration of a TOML matrix file",
@@ -128,15 +127,15 @@ OPTIONS: tuple[Option, ...] = (
            doc="with `--prefixcache-matrix`: only the named configurations (repeatable; a base "
            "name selects all its flag combinations)",
            metavar="NAME", type=str, repeatable=True, cli=BOTH),
-    Option("examples", f"Examples per property (default: {settings.DEFAULT_EXAMPLES}; the "
-           f"state machine runs half as many, {settings.STATEFUL_STEPS} steps each)",
-           doc=f"Hypothesis examples per property (default {settings.DEFAULT_EXAMPLES}; the "
+    Option("examples", f"Examples per property (default: {values.DEFAULT_EXAMPLES}; the "
+           f"state machine runs half as many, {values.STATEFUL_STEPS} steps each)",
+           doc=f"Hypothesis examples per property (default {values.DEFAULT_EXAMPLES}; the "
            "state machine runs half as many)",
-           type=settings.positive_int, metavar="N", default=DEFAULTS.examples, cli=("verify",),
+           type=values.positive_int, metavar="N", default=values.DEFAULT_EXAMPLES, cli=("verify",),
            setting="examples", common=True),
     Option("seed", "Seed for the generated streams (default: random, printed in the header)",
            doc="seed of the generated streams; the header prints the flag that reproduces a run",
-           type=settings.seed, metavar="S", cli=("verify",), common=True),
+           type=values.seed, metavar="S", cli=("verify",), common=True),
     Option("report", "Write a JSON report: requests, hits, reuse vs oracle, worst difference, "
            "failures",
            doc="JSON report: requests, hits, reuse vs oracle, worst difference, failures",
@@ -145,26 +144,26 @@ OPTIONS: tuple[Option, ...] = (
            f"(default: {DEFAULT_TIMEOUT:g})",
            doc="an engine call that takes longer fails, and the engine is treated as dead "
            f"(default {DEFAULT_TIMEOUT:g})",
-           type=settings.positive_float, metavar="SECONDS", default=DEFAULTS.timeout, cli=BOTH,
+           type=values.positive_float, metavar="SECONDS", default=DEFAULT_TIMEOUT, cli=BOTH,
            setting="timeout", replay=True, common=True),
     Option("atol", "Absolute tolerance for cached vs uncached logits (default: 0, exact, or "
            "the engine's own atol)",
            doc="absolute tolerance for cached vs uncached logits (default: exact, or the "
            "engine's own `atol` when it declares one; the report names which)",
-           type=settings.non_negative_float, metavar="X", default=DEFAULTS.atol, cli=BOTH,
+           type=values.non_negative_float, metavar="X", default=values.DEFAULT_TOLERANCE, cli=BOTH,
            setting="atol", replay=True, common=True),
     Option("rtol", "Relative tolerance for cached vs uncached logits (default: 0, exact)",
            doc="relative tolerance for cached vs uncached logits (default: exact)",
-           type=settings.non_negative_float, metavar="X", default=DEFAULTS.rtol, cli=BOTH,
+           type=values.non_negative_float, metavar="X", default=values.DEFAULT_TOLERANCE, cli=BOTH,
            setting="rtol", replay=True),
     Option("kl", "Use the top-k/KL rule instead: estimated KL per step at most X and top tokens "
            "agreeing (for GPU engines and top_logprobs-only engines)",
            doc="top-k/KL rule for GPU engines and engines that only return top logprobs",
-           type=settings.non_negative_float, metavar="X", cli=BOTH, setting="kl", replay=True),
+           type=values.non_negative_float, metavar="X", cli=BOTH, setting="kl", replay=True),
     Option("min-efficiency", "Fail when a stream reuses less than F of what the oracle says "
            "was reusable",
            doc="fail when reuse falls below F of what the reference says was reusable",
-           type=settings.fraction, metavar="F", cli=("verify",), setting="min_efficiency",
+           type=values.fraction, metavar="F", cli=("verify",), setting="min_efficiency",
            replay=True),
     Option("min-speedup", "Fail when a stream's cache hits do not reach their first token X "
            "times faster than their cold runs (whole calls when the engine reports no time to "
@@ -172,7 +171,7 @@ OPTIONS: tuple[Option, ...] = (
            doc="fail when requests served from the cache do not reach their first token X times "
            "faster than cold: the prefill part, what reuse saves (whole calls when the engine "
            "reports no time to first token; opt-in; timing is noisy)",
-           type=settings.positive_ratio, metavar="X", setting="min_speedup", replay=True),
+           type=values.positive_ratio, metavar="X", setting="min_speedup", replay=True),
     Option("strict-render", "Fail on render-hygiene findings (a next turn that re-renders the "
            "history, requests that differ only in volatile bytes); by default they are reported",
            doc="fail on render-hygiene findings (a next turn that re-renders the history, "
@@ -195,32 +194,32 @@ OPTIONS: tuple[Option, ...] = (
            "worker)",
            doc="split the generated tests into N shards with seeds derived from the session "
            "seed (default: one per pytest-xdist worker)",
-           type=settings.positive_int, metavar="N"),
+           type=values.positive_int, metavar="N"),
     Option("parallel-streams", "Run N generated streams at once, each in its own namespace, "
            "when the engine declares concurrent service (max_concurrency above 1) and "
            "namespaces; the same checks per stream (default: 1, one at a time)",
            doc="run N generated streams at once, each in its own namespace, on an engine that "
            "declares `max_concurrency` above 1 and namespaces; every check per stream as "
            "sequentially, failures replay in parallel (default 1: one at a time)",
-           type=settings.positive_int, metavar="N", default=DEFAULTS.parallel_streams,
+           type=values.positive_int, metavar="N", default=values.DEFAULT_PARALLEL_STREAMS,
            cli=("verify",), setting="parallel_streams"),
     Option("database", "Hypothesis example database, replayed first: a directory, a "
            "redis://HOST:PORT/DB URL shared by many machines, or none (default: "
-           f"$PREFIXCACHE_DATABASE, else {settings.DEFAULT_DATABASE})",
+           f"$PREFIXCACHE_DATABASE, else {values.DEFAULT_DATABASE})",
            doc="Hypothesis example database, replayed first (default `$PREFIXCACHE_DATABASE`, "
-           f"else `{settings.DEFAULT_DATABASE}`; `redis://HOST:PORT/DB` to share failures "
+           f"else `{values.DEFAULT_DATABASE}`; `redis://HOST:PORT/DB` to share failures "
            "between machines)",
-           type=settings.database_spec, metavar="DIR|URL|none", cli=("verify",)),
+           type=values.database_spec, metavar="DIR|URL|none", cli=("verify",)),
     Option("budget", "Keep generating new rounds of examples (fresh seeds) until SECONDS of "
            "wall time are spent; a round in progress finishes (default: one round)",
            doc="keep fuzzing with fresh seeds until SECONDS of wall time are spent (a round in "
            "progress finishes)",
-           type=settings.positive_float, metavar="SECONDS", cli=("verify",), setting="budget"),
+           type=values.positive_float, metavar="SECONDS", cli=("verify",), setting="budget"),
     Option("progress", "Print requests done, hits and failures so far every SECONDS "
-           f"(0: never; default: {DEFAULTS.progress:g})",
+           f"(0: never; default: {values.DEFAULT_PROGRESS:g})",
            doc="a progress line (requests, hits, failed tests, failing examples while "
-           f"shrinking) every SECONDS (default {DEFAULTS.progress:g}, 0 off)",
-           type=settings.non_negative_float, metavar="SECONDS", default=DEFAULTS.progress,
+           f"shrinking) every SECONDS (default {values.DEFAULT_PROGRESS:g}, 0 off)",
+           type=values.non_negative_float, metavar="SECONDS", default=values.DEFAULT_PROGRESS,
            setting="progress"),
     Option("failures-dir", f"Save failing streams (stream.json and images) under DIR "
            f"(default: {FAILURES_DIR})",

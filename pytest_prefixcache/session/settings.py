@@ -1,25 +1,39 @@
-"""Command-line values: validators (``type=`` functions) and the resolved :class:`Settings`.
-
-Every validator's error repeats the bad value, e.g. ``'abc' is not a positive integer``.
-"""
+"""The resolved :class:`Settings` of a session. The validators and defaults of its values live
+in :mod:`.values` (re-exported here)."""
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
-import math
 import random
-import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EngineError
 from ..output.streams import FAILURES_DIR
-from ..package_data import FIXTURES, resolve_model
+from ..package_data import FIXTURES
 from ..verify.worker import DEFAULT_TIMEOUT
+from .option_table import replay_flags
+from .values import (
+    DEFAULT_DATABASE,
+    DEFAULT_ENGINE,
+    DEFAULT_EXAMPLES,
+    DEFAULT_PARALLEL_STREAMS,
+    DEFAULT_PROGRESS,
+    DEFAULT_TOLERANCE,
+    STATEFUL_STEPS,
+    database_spec,
+    engine_spec,
+    fraction,
+    model_dir,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    positive_ratio,
+    seed,
+    server_body,
+    server_cmd,
+)
 
 __all__ = [
     "DEFAULT_DATABASE",
@@ -36,121 +50,9 @@ __all__ = [
     "positive_int",
     "positive_ratio",
     "seed",
+    "server_body",
+    "server_cmd",
 ]
-
-DEFAULT_ENGINE = "reference_engine:default_engine"
-DEFAULT_EXAMPLES = 100
-DEFAULT_DATABASE = ".prefixcache/examples"
-#: Steps per state-machine example (the state machine runs DEFAULT_EXAMPLES // 2 examples).
-STATEFUL_STEPS = 8
-_SPEC = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
-
-
-def positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive integer")
-    return n
-
-
-def seed(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = -1
-    if not 0 <= n < 2**63:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer from 0 to 2**63 - 1")
-    return n
-
-
-def _float(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        return math.nan
-
-
-def positive_float(value: str) -> float:
-    x = _float(value)
-    if not (x > 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number of seconds")
-    return x
-
-
-def positive_ratio(value: str) -> float:
-    x = _float(value)
-    if not (x > 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number")
-    return x
-
-
-def non_negative_float(value: str) -> float:
-    x = _float(value)
-    if not (x >= 0 and math.isfinite(x)):
-        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number >= 0")
-    return x
-
-
-def fraction(value: str) -> float:
-    x = _float(value)
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number from 0 to 1")
-    return x
-
-
-def engine_spec(value: str) -> str:
-    if not _SPEC.match(value):
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not MODULE:ATTR (for example mypackage.engine:build_engine)"
-        )
-    return value
-
-
-def model_dir(value: str, base: Path | None = None) -> str:
-    """A fixture model's name or a model directory (relative to ``base``, default the working
-    directory), as an absolute path."""
-    try:
-        return str(resolve_model(value, base))
-    except EngineError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def database_spec(value: str) -> str:
-    """``none``, ``redis://HOST:PORT[/DB]`` or a directory path."""
-    v = value.strip()
-    if not v:
-        raise argparse.ArgumentTypeError("'' is not 'none', a directory or a redis:// URL")
-    if v.lower() in ("none", "off"):
-        return "none"
-    if "://" in v and not v.startswith(("redis://", "rediss://", "unix://")):
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: only redis://, rediss:// and unix:// URLs are supported, or a directory"
-        )
-    return v
-
-
-def server_cmd(value: str) -> str:
-    if "{port}" not in value:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} has no {{port}} placeholder (for example "
-            "'python -m mlx_lm.server --model DIR --host 127.0.0.1 --port {port}')"
-        )
-    return value
-
-
-def server_body(value: str) -> str:
-    try:
-        body = json.loads(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise argparse.ArgumentTypeError(
-            f'{value!r} is not a JSON object (for example \'{{"cache_salt": "x"}}\')'
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -174,8 +76,8 @@ class Settings:
     seed_given: bool = False
     report: Path | None = None
     timeout: float = DEFAULT_TIMEOUT
-    atol: float = 0.0
-    rtol: float = 0.0
+    atol: float = DEFAULT_TOLERANCE
+    rtol: float = DEFAULT_TOLERANCE
     kl: float | None = None
     min_efficiency: float | None = None
     min_speedup: float | None = None
@@ -188,11 +90,11 @@ class Settings:
     database: str = DEFAULT_DATABASE
     """Hypothesis example database: a directory (relative to the invocation directory),
     a redis:// URL, or "none"."""
-    progress: float = 30.0
+    progress: float = DEFAULT_PROGRESS
     """Seconds between progress lines (0: none)."""
     budget: float | None = None
     """Wall-clock seconds: generated tests start new rounds of examples until it is spent."""
-    parallel_streams: int = 1
+    parallel_streams: int = DEFAULT_PARALLEL_STREAMS
     """Generated streams run this many at once, each in its own namespace, on an engine that
     declares concurrent service and namespaces (1: one at a time)."""
 
@@ -247,8 +149,6 @@ class Settings:
             out.append(f"--prefixcache-model={self.model_name}")
         if self.server_body is not None and self.matrix is None:
             out.append(f"--prefixcache-server-body={self.server_body}")
-        from .option_table import replay_flags  # the table imports this module's validators
-
         out += replay_flags(self)
         return out
 

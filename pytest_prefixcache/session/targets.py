@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..package_data import MODEL_ENV
-from .settings import engine_spec, server_cmd
+from .values import engine_spec, server_cmd
 
 __all__ = [
     "NAME",

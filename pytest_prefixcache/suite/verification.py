@@ -19,13 +19,19 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from hypothesis.stateful import run_state_machine_as_test
 
-from pytest_prefixcache._moves import MOVES, StreamSpec
 from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.output.streams import corpus_files, load_stream, waves_from
 from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
-from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, request_waves
+from pytest_prefixcache.strategies import (
+    request_streams,
+    request_waves,
+    stream_kwargs,
+    wave_kwargs,
+)
+from pytest_prefixcache.strategies._engine import capabilities
+from pytest_prefixcache.strategies._moves import StreamSpec
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
@@ -103,30 +109,9 @@ def _timeout_first(verifier: Verifier, test: Callable[[], None]) -> None:
         raise
 
 
-IMAGE_MOVES = ("replace", "swap", "reencode")
-
-
 def _capabilities(verifier: Verifier) -> tuple[bool, bool]:
-    """(images, namespaces): what the engine says it supports (``supports_images`` and
-    ``supports_namespaces`` attributes; both assumed when absent)."""
-    engine = verifier.engine
-    return (
-        getattr(engine, "supports_images", True) is not False,
-        getattr(engine, "supports_namespaces", True) is not False,
-    )
-
-
-def _stream_kwargs(verifier: Verifier) -> dict[str, Any]:
-    """request_streams() arguments that stay within the engine's capabilities."""
-    images, namespaces = _capabilities(verifier)
-    moves = [m for m in MOVES if (images or m not in IMAGE_MOVES)]
-    moves = [m for m in moves if (namespaces or m != "namespace")]
-    kwargs: dict[str, Any] = {"moves": tuple(moves), "closed_loop": CLOSED_LOOP_SHARE}
-    if not images:
-        kwargs["max_images_per_message"] = 0
-    if not namespaces:
-        kwargs["namespaces"] = ("",)
-    return kwargs
+    """(images, namespaces): what the verifier's engine says it supports."""
+    return capabilities(verifier.engine)
 
 
 def _skip_unsupported(verifier: Verifier, stream: tuple[Request, ...], name: str) -> None:
@@ -183,7 +168,7 @@ def test_request_streams(
 ) -> None:
     """Generated request streams: every cached outcome equals the uncached one, and more."""
     s = prefixcache_settings
-    streams = request_streams(**_stream_kwargs(prefixcache_verifier))
+    streams = request_streams(**stream_kwargs(prefixcache_verifier.engine))
     lanes, why = lanes_for(prefixcache_verifier.engine, s.parallel_streams)
     if why:
         warnings.warn(
@@ -255,10 +240,7 @@ def test_waves(
     k = min(MAX_WAVE, max_concurrency(prefixcache_verifier.engine))
     if k < 2:
         pytest.skip("the engine declares no concurrent service (max_concurrency above 1)")
-    kwargs = _stream_kwargs(prefixcache_verifier)
-    for closed_loop_only in ("closed_loop", "reply_tokens"):  # streams' own knobs
-        kwargs.pop(closed_loop_only, None)
-    waves = request_waves(max_size=k, **kwargs)
+    waves = request_waves(max_size=k, **wave_kwargs(prefixcache_verifier.engine))
     s = prefixcache_settings
     for round_seed in _rounds(pytestconfig, s, shard, share=0.8):
 

@@ -28,8 +28,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from pytest_prefixcache.adapters.http import openai as openai_module
 from pytest_prefixcache.adapters.http.server import ServerProcess
 from pytest_prefixcache.adapters.seed import seed_server
-from pytest_prefixcache.strategies import request_waves
-from pytest_prefixcache.suite.verification import _stream_kwargs
+from pytest_prefixcache.strategies import request_waves, wave_kwargs
 from pytest_prefixcache.types import Outcome, Request, Wave
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
@@ -127,10 +126,7 @@ def main() -> None:
 
 
 def _kw(verifier: Verifier) -> dict[str, Any]:
-    kwargs = _stream_kwargs(verifier)
-    for closed_loop_only in ("closed_loop", "reply_tokens"):
-        kwargs.pop(closed_loop_only, None)
-    return kwargs
+    return wave_kwargs(verifier.engine)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,4 @@
-"""Hypothesis strategies for prefix-cache testing: images, image pools, conversations and
-request streams.
-
-Every strategy is keyword-only and validates its arguments when it is built, raising
-``hypothesis.errors.InvalidArgument`` that repeats the bad value. Images are drawn as small
-specs (pattern, size, seed) rendered deterministically, so examples are cheap to generate
-and shrink well.
-"""
+"""Strategies for conversations and request streams (one request after another)."""
 
 from __future__ import annotations
 
@@ -15,27 +8,12 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
-from ._moves import (
-    MOVES,
-    SYSTEM_PROMPTS,
-    StreamSpec,
-    apply_move,
-    close_loop,
-    new_conversation,
-    reply_back,
-)
-from .images import PATTERNS, make_image
-from .types import Image, Message, Request
-from .waves import request_waves
+from ..types import Image, Message, Request
+from ._args import int_arg, range_arg, stream_spec
+from ._images import pool_strategy
+from ._moves import MOVES, apply_move, close_loop, new_conversation, reply_back
 
-__all__ = [
-    "CLOSED_LOOP_SHARE",
-    "conversations",
-    "image_pools",
-    "images",
-    "request_streams",
-    "request_waves",
-]
+__all__ = ["CLOSED_LOOP_SHARE", "conversations", "request_streams"]
 
 #: A stream goes on after each request with odds CONTINUE_ODDS : 1 (until max_requests).
 CONTINUE_ODDS = 5
@@ -45,139 +23,6 @@ CLOSED_LOOP_SHARE = 0.5
 #: How a stream of a mixed share is finished: open-loop, open-loop but ended like a closed one
 #: (by an ``append`` when no request carries a reply; the bridge), or closed-loop.
 OPEN, BRIDGE, CLOSED = 0, 1, 2
-
-
-def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < lo
-        or (hi is not None and value > hi)
-    ):
-        bound = f"from {lo} to {hi}" if hi is not None else f">= {lo}"
-        raise InvalidArgument(f"{name}={value!r} is not an int {bound}")
-    return value
-
-
-def _range(lo_name: str, lo: int, hi_name: str, hi: int) -> None:
-    if lo > hi:
-        raise InvalidArgument(f"{lo_name}={lo!r} is larger than {hi_name}={hi!r}")
-
-
-def _sides(min_side: int, max_side: int) -> None:
-    _int("min_side", min_side, 1, 1024)
-    _int("max_side", max_side, 1, 1024)
-    _range("min_side", min_side, "max_side", max_side)
-
-
-def _patterns(patterns: Sequence[str]) -> tuple[str, ...]:
-    pats = (patterns,) if isinstance(patterns, str) else tuple(patterns)
-    bad = [p for p in pats if p not in PATTERNS]
-    if not pats or bad:
-        raise InvalidArgument(f"patterns={patterns!r} must be a non-empty subset of {PATTERNS}")
-    return pats
-
-
-def images(
-    *, min_side: int = 16, max_side: int = 96, patterns: Sequence[str] = PATTERNS
-) -> st.SearchStrategy[Image]:
-    """Deterministic RGB images.
-
-    Args:
-        min_side: smallest width or height in pixels. Default: 16.
-        max_side: largest width or height in pixels. Default: 96.
-        patterns: which of ``"solid"``, ``"gradient"``, ``"noise"``, ``"text"`` to draw.
-            Default: all four.
-
-    Shrinks toward the first pattern (a solid colour), ``min_side`` x ``min_side``, seed 0.
-    """
-    _sides(min_side, max_side)
-    pats = _patterns(patterns)
-    side = st.integers(min_side, max_side)
-    return st.builds(
-        lambda p, w, h, s: make_image(p, w, h, seed=s),
-        st.sampled_from(pats),
-        side,
-        side,
-        st.integers(0, 2**16),
-    )
-
-
-def _side(min_side: int, max_side: int) -> st.SearchStrategy[int]:
-    """Sides in range, often round ones (multiples of 16, as real images tend to be)."""
-    lo, hi = -(-min_side // 16) * 16, max_side // 16 * 16
-    rounds = list(range(lo, hi + 1, 16)) if lo <= hi else []
-    anything = st.integers(min_side, max_side)
-    return st.one_of(anything, st.sampled_from(rounds)) if rounds else anything
-
-
-@st.composite
-def _pools(
-    draw: st.DrawFn,
-    min_size: int,
-    max_size: int,
-    min_side: int,
-    max_side: int,
-    pats: tuple[str, ...],
-) -> tuple[Image, ...]:
-    n = draw(st.integers(min_size, max_size))
-    side = _side(min_side, max_side)
-    base = (draw(side), draw(side))
-    first = draw(st.sampled_from(pats))
-    out: list[Image] = []
-    for i in range(n):
-        # 0: a sibling of the first image (same pattern and size, other colours or noise),
-        # 1: the same size, any pattern; 2: any size (never for the second image).
-        kind = 0 if i == 0 else draw(st.integers(0, 1 if i == 1 else 2))
-        w, h = (draw(side), draw(side)) if kind == 2 else base
-        pattern = first if kind == 0 else draw(st.sampled_from(pats))
-        seed = draw(st.integers(0, 2**16))
-        img = make_image(pattern, w, h, seed=seed)
-        while img in out:
-            seed += 1
-            img = make_image("noise", w, h, seed=seed)
-        out.append(img)
-    return tuple(out)
-
-
-def image_pools(
-    *,
-    min_size: int = 2,
-    max_size: int = 5,
-    min_side: int = 16,
-    max_side: int = 96,
-    patterns: Sequence[str] = PATTERNS,
-) -> st.SearchStrategy[tuple[Image, ...]]:
-    """Tuples of distinct images, many of the same size (same placeholder count).
-
-    Args:
-        min_size: fewest images. Default: 2.
-        max_size: most images. Default: 5.
-        min_side, max_side: image side range in pixels. Default: 16 and 96.
-        patterns: patterns to draw from. Default: all.
-
-    The second image is always the same size as the first, often a sibling (the same
-    pattern, other colours or noise); later ones are siblings, the same size, or any size.
-    Sides are often round (multiples of 16).
-
-    Shrinks toward ``min_size`` images that all share one small size and are solid colours.
-    """
-    _int("min_size", min_size, 1, 64)
-    _int("max_size", max_size, 1, 64)
-    _range("min_size", min_size, "max_size", max_size)
-    _sides(min_side, max_side)
-    return _pools(min_size, max_size, min_side, max_side, _patterns(patterns))
-
-
-def _spec(
-    namespaces: Sequence[str], max_new_tokens: int, max_images_per_message: int
-) -> StreamSpec:
-    ns = (namespaces,) if isinstance(namespaces, str) else tuple(namespaces)
-    if not ns or not all(isinstance(n, str) for n in ns) or len(set(ns)) != len(ns):
-        raise InvalidArgument(f"namespaces={namespaces!r} must be distinct strings, at least one")
-    _int("max_new_tokens", max_new_tokens, 0, 64)
-    _int("max_images_per_message", max_images_per_message, 0, 8)
-    return StreamSpec(ns, max_new_tokens, max_images_per_message, SYSTEM_PROMPTS)
 
 
 def conversations(
@@ -197,11 +42,11 @@ def conversations(
 
     Shrinks toward one text-only user turn without a system prompt.
     """
-    _int("min_turns", min_turns, 1, 32)
-    _int("max_turns", max_turns, 1, 32)
-    _range("min_turns", min_turns, "max_turns", max_turns)
-    spec = _spec(("",), 0, max_images_per_message)
-    pools = _pool_strategy(pool)
+    int_arg("min_turns", min_turns, 1, 32)
+    int_arg("max_turns", max_turns, 1, 32)
+    range_arg("min_turns", min_turns, "max_turns", max_turns)
+    spec = stream_spec(("",), 0, max_images_per_message)
+    pools = pool_strategy(pool)
 
     @st.composite
     def build(draw: st.DrawFn) -> tuple[Message, ...]:
@@ -209,19 +54,6 @@ def conversations(
         return new_conversation(draw, imgs, spec, draw(st.integers(min_turns, max_turns)))
 
     return build()
-
-
-def _pool_strategy(
-    pool: Sequence[Image] | st.SearchStrategy[tuple[Image, ...]] | None,
-) -> st.SearchStrategy[tuple[Image, ...]]:
-    if pool is None:
-        return image_pools()
-    if isinstance(pool, st.SearchStrategy):
-        return pool
-    imgs = tuple(pool)
-    if not imgs or not all(isinstance(i, Image) for i in imgs):
-        raise InvalidArgument(f"pool={pool!r} must be a non-empty sequence of Image")
-    return st.just(imgs)
 
 
 def request_streams(
@@ -270,10 +102,10 @@ def request_streams(
     the ``append`` that ended a closed-loop stream included; in a closed-loop stream, toward
     the fewest ``reply_tokens``).
     """
-    _int("min_requests", min_requests, 1, 256)
-    _int("max_requests", max_requests, 1, 256)
-    _range("min_requests", min_requests, "max_requests", max_requests)
-    spec = _spec(namespaces, max_new_tokens, max_images_per_message)
+    int_arg("min_requests", min_requests, 1, 256)
+    int_arg("max_requests", max_requests, 1, 256)
+    range_arg("min_requests", min_requests, "max_requests", max_requests)
+    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message)
     mv = (moves,) if isinstance(moves, str) else tuple(moves)
     if not mv or any(m not in MOVES for m in mv):
         raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
@@ -283,7 +115,7 @@ def request_streams(
     deferred = dataclasses.replace(spec, defer_replies=True, reply_tokens=(lo, hi))
     mixed = 0.0 < share < 1.0
     loops = _loop_choice(share)
-    pools = _pool_strategy(pool)
+    pools = pool_strategy(pool)
     # Conversations grow turn by turn in real traffic: draw "append" twice as often.
     weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
 

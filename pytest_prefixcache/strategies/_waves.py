@@ -4,8 +4,8 @@ A wave is K requests sent to an engine at once or a few milliseconds apart; the 
 starts when every reply of the previous one is in. The requests of a wave share what real
 concurrent clients share: a system prompt, earlier turns, images, sometimes the whole
 prompt (duplicates), within one namespace and across namespaces. Each request is made by
-one of the stream moves (:mod:`pytest_prefixcache._moves`) from the requests before it, in
-this wave or an earlier one, so later waves read what earlier ones stored.
+one of the stream moves (:mod:`pytest_prefixcache.strategies._moves`) from the requests
+before it, in this wave or an earlier one, so later waves read what earlier ones stored.
 
 A wave is ragged on purpose: its rows have prompts of different lengths and ask for
 different numbers of new tokens, so that in a batching engine rows join while others decode
@@ -31,8 +31,10 @@ from collections.abc import Sequence
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from ..types import Image, Request, Wave
+from ._args import int_arg, range_arg, stream_spec
+from ._images import pool_strategy
 from ._moves import MOVES, StreamSpec, apply_move, new_conversation
-from .types import Image, Request, Wave
 
 __all__ = ["ARRIVALS", "request_waves"]
 
@@ -131,23 +133,21 @@ def request_waves(
     repeats of one short text conversation, the first namespace, and every other request
     decoding 2 tokens (the rest none).
     """
-    from .strategies import _int, _pool_strategy, _range, _spec  # it re-exports this module
-
-    _int("min_waves", min_waves, 1, 16)
-    _int("max_waves", max_waves, 1, 16)
-    _range("min_waves", min_waves, "max_waves", max_waves)
-    _int("min_size", min_size, 1, 64)
-    _int("max_size", max_size, 1, 64)
-    _range("min_size", min_size, "max_size", max_size)
-    _int("max_stagger_ms", max_stagger_ms, 0, 1000)
-    spec = _spec(namespaces, max_new_tokens, max_images_per_message)
+    int_arg("min_waves", min_waves, 1, 16)
+    int_arg("max_waves", max_waves, 1, 16)
+    range_arg("min_waves", min_waves, "max_waves", max_waves)
+    int_arg("min_size", min_size, 1, 64)
+    int_arg("max_size", max_size, 1, 64)
+    range_arg("min_size", min_size, "max_size", max_size)
+    int_arg("max_stagger_ms", max_stagger_ms, 0, 1000)
+    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message)
     mv = (moves,) if isinstance(moves, str) else tuple(moves)
     if not mv or any(m not in MOVES for m in mv):
         raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
     pats = (arrivals,) if isinstance(arrivals, str) else tuple(arrivals)
     if not pats or any(p not in ARRIVALS for p in pats):
         raise InvalidArgument(f"arrivals={arrivals!r} must be a non-empty subset of {ARRIVALS}")
-    pools = _pool_strategy(pool)
+    pools = pool_strategy(pool)
     # Conversations go on wave after wave: draw "append" twice as often (as request_streams).
     weighted = (*mv, "append") if "append" in mv and len(mv) > 1 else mv
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from .images import reencode
-from .types import Image, Message, ReplyOf, Request
+from ..images import reencode
+from ..types import Image, Message, ReplyOf, Request
 
 __all__ = [
     "MOVES",
