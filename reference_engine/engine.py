@@ -34,51 +34,42 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
-
-from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.types import Outcome, Request
 
 from .blocks import BlockKey, KeyChain, namespace_root
+from .compute import Compute, accepted_hooks
+from .designs import (
+    CACHE_DESIGNS,
+    CACHE_ENV,
+    DEFAULT_MAX_BYTES,
+    OutputDesign,
+    cache_output_from_env,
+)
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
-from .snapshots import apply_snapshot, boundaries, snapshot_key, take_snapshot
+from .resume import Resume
 from .tokens import PieceTokenizer
-from .vision import Prepared, VisionCache, merge_rows
+from .vision import Prepared, VisionCache
 
-__all__ = ["DEFAULT_MAX_BYTES", "Engine", "EngineStats", "default_model_path"]
-
-#: Default byte budget of the block pool: 1 GiB of KV rows.
-DEFAULT_MAX_BYTES = 1 << 30
-
-#: The cache designs, by the name ``PREFIXCACHE_REFERENCE_CACHE`` takes.
-CACHE_DESIGNS = {"prompt": False, "prompt+output": True}
-CACHE_ENV = "PREFIXCACHE_REFERENCE_CACHE"
-
-
-def cache_output_from_env() -> bool:
-    """Whether ``PREFIXCACHE_REFERENCE_CACHE`` asks for the prompt+output design (unset or
-    empty: ``prompt``); any other value is an EngineError naming it."""
-    value = os.environ.get(CACHE_ENV, "").strip()
-    if not value:
-        return False
-    if value not in CACHE_DESIGNS:
-        raise EngineError(
-            f"{CACHE_ENV}={value!r} is not one of {', '.join(map(repr, CACHE_DESIGNS))}"
-        )
-    return CACHE_DESIGNS[value]
+__all__ = [
+    "CACHE_DESIGNS",
+    "CACHE_ENV",
+    "DEFAULT_MAX_BYTES",
+    "Engine",
+    "EngineStats",
+    "cache_output_from_env",
+    "default_model_path",
+]
 
 
 @dataclass(frozen=True)
@@ -99,7 +90,7 @@ class EngineStats:
     snapshot_hits: int = 0
 
 
-class Engine:
+class Engine(Resume, Compute, OutputDesign):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -168,6 +159,7 @@ class Engine:
         self._prompt_tokens = 0
         self._snapshots_stored = 0
         self._snapshot_hits = 0
+        self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
 
     @classmethod
     def from_pretrained(
@@ -298,8 +290,9 @@ class Engine:
         use_cache: bool = True,
         template: bool = True,
     ) -> Rendered:
-        """Token ids and image spans; cached runs tokenise piece by piece (``tokens.py``)."""
-        return render(
+        """Token ids and image spans, cached runs tokenised piece by piece (``tokens.py``); on a
+        model with non-trimmable layers, the prompt's boundaries (``boundaries``) too."""
+        rendered = render(
             request,
             processor=self.model.processor,
             image_token_id=self.model.image_token_id,
@@ -313,56 +306,28 @@ class Engine:
             marker=self.model.family.image_marker(),
             expand=self.model.family.expand_image,
         )
+        if not self.model.stateful_layers:
+            return rendered
+        return dataclasses.replace(rendered, boundaries=tuple(self.boundaries(rendered)))
 
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
         """The prompt's block keys, hashed as the lookup needs them (the rest during the
         prefill, see ``prefill``)."""
-        root = namespace_root(self.model.fingerprint, request.namespace)
+        root = self.root(request.namespace)
         return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
+
+    def root(self, namespace: str) -> bytes:
+        """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
+        root = self._roots.get(namespace)
+        if root is None:
+            root = self._roots[namespace] = namespace_root(self.model.fingerprint, namespace)
+        return root
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
         """What the pool lets this prompt reuse (``BlockPool.reuse``), its blocks acquired."""
         return self.pool.reuse(
             keys, prompt_len, block_size=self.block_size, partial=self.partial_blocks
         )
-
-    def boundaries(self, rendered: Rendered) -> list[int]:
-        """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""
-        m = self.model
-        return boundaries(rendered.token_ids, rendered.spans, m.turn_start_id, m.header_end_id)
-
-    def snapshot_key(
-        self, keys: Sequence[BlockKey], rendered: Rendered, request: Request, position: int
-    ) -> BlockKey:
-        """The pool key of this prompt's snapshot at ``position``."""
-        root = namespace_root(self.model.fingerprint, request.namespace)
-        return snapshot_key(
-            keys,
-            rendered.token_ids,
-            rendered.spans,
-            position,
-            block_size=self.block_size,
-            root=root,
-        )
-
-    def resume_point(
-        self, reuse: Reuse, rendered: Rendered, keys: Sequence[BlockKey], request: Request
-    ) -> Reuse:
-        """Where a model with non-trimmable layers resumes: the longest boundary not beyond
-        the reused prefix whose snapshot is stored; the blocks past it released."""
-        snapshot = None
-        for position in reversed(self.boundaries(rendered)):
-            if position > reuse.tokens:
-                continue
-            snapshot = self.pool.acquire(self.snapshot_key(keys, rendered, request, position))
-            if snapshot is not None:
-                break
-        start = 0 if snapshot is None else snapshot.payload.position
-        kept = [b for b in reuse.blocks if b.key.index * self.block_size < start]
-        self.pool.release(reuse.blocks[len(kept) :])
-        if snapshot is not None:
-            self._snapshot_hits += 1
-        return Reuse(kept, start, snapshot)
 
     def _serve(
         self,
@@ -397,7 +362,7 @@ class Engine:
 
         hooks["meanwhile"] = getattr(keys, "complete", None)  # a KeyChain: hash the rest
         hooks["at_last_chunk"] = store if use_cache else None
-        hooks = _accepted(self.prefill, hooks)
+        hooks = accepted_hooks(self.prefill, hooks)
         logits = self.prefill(ids, start, embeds, cache, positions, **hooks)  # evaluated
         arrived = getattr(self._clock, "start", None)  # None: _serve called without run
         first_token = None if arrived is None else time.perf_counter() - arrived
@@ -430,133 +395,3 @@ class Engine:
     def detokenize(self, tokens: Sequence[int]) -> str:
         """The reply as a chat client sees it: the tokens decoded, special tokens left out."""
         return str(self.model.tokenizer.decode(list(tokens), skip_special_tokens=True))
-
-    def output_keys(self, rendered: Rendered, request: Request, tokens: Sequence[int]) -> KeyChain:
-        """The block keys of the prompt continued by the output tokens whose KV the decode
-        computed (all but the last: it is never fed back)."""
-        root = namespace_root(self.model.fingerprint, request.namespace)
-        ids = (*rendered.token_ids, *tokens[:-1])
-        return KeyChain(ids, rendered.spans, block_size=self.block_size, root=root)
-
-    def store_output(
-        self, cache: list[Any], rendered: Rendered, request: Request, tokens: Sequence[int]
-    ) -> None:
-        """The prompt+output design: store the rows the decode computed, from the block the
-        prompt ends in, under :meth:`output_keys` (the prompt's partial tail is superseded by
-        the longer block)."""
-        if len(tokens) < 2:
-            return
-        keys = self.output_keys(rendered, request, tokens)
-        self.store(cache, keys, len(rendered.token_ids) // self.block_size)
-
-    def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
-        """A fresh KV cache holding copies of the reused rows, in chain order, with room for
-        ``capacity`` positions (prompt and decode), and copies of the snapshot's states."""
-        cache = self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
-        if reuse.snapshot is not None:
-            apply_snapshot(reuse.snapshot.payload, cache)
-        return cache
-
-    def snapshot(
-        self,
-        cache: list[Any],
-        keys: Sequence[BlockKey],
-        rendered: Rendered,
-        request: Request,
-        position: int,
-    ) -> None:
-        """Store a snapshot of the non-trimmable layers after ``position`` prompt positions
-        (called by the prefill at each boundary it passes), counted in the pool's budget."""
-        snap = take_snapshot(cache, self.model.stateful_layers, position)
-        key = self.snapshot_key(keys, rendered, request, position)
-        entry = self.pool.insert(key, snap, snap.nbytes)
-        if entry is not None:
-            if entry.payload is snap:
-                self._snapshots_stored += 1
-            self.pool.touch([entry])
-            self.pool.release([entry])
-
-    def prefill(
-        self,
-        ids: Sequence[int],
-        start: int,
-        embeds: mx.array,
-        cache: list[Any],
-        positions: mx.array | None,
-        *,
-        cuts: Sequence[int] | None = None,
-        at_cut: Callable[[int], object] | None = None,
-        meanwhile: Callable[[], object] | None = None,
-        at_last_chunk: Callable[[], object] | None = None,
-    ) -> mx.array:
-        """Compute positions [start, L) on top of ``cache`` with the whole prompt's position
-        ids (M-RoPE continues across the cached prefix); return the last position's logits.
-        ``cuts`` (relative to ``start``) are where chunks end on a model with non-trimmable
-        layers, ``at_cut`` runs after each (the engine snapshots there). ``meanwhile`` runs
-        while MLX computes the first chunk (the engine hashes the keys the lookup did not
-        need), ``at_last_chunk`` while it computes the last one (the engine stores the new
-        blocks). An override may leave any of them out of its signature: the engine then
-        stores after it returns."""
-        return self.model.forward(
-            ids[start:],
-            embeds,
-            cache,
-            None if positions is None else positions[:, :, start:],
-            cuts=cuts,
-            at_cut=at_cut,
-            meanwhile=meanwhile,
-            at_last_chunk=at_last_chunk,
-        )
-
-    def suffix_embeddings(
-        self, rendered: Rendered, prepared: dict[str, Prepared], start: int, *, use_cache: bool
-    ) -> tuple[mx.array, list[tuple[int, int]]]:
-        """Input embeddings of positions [start, L): token embeddings with the rows of every
-        image placeholder still to compute merged in; returns them and (slots, rows) per merge."""
-        placed, merges = self.vision.suffix_rows(
-            rendered.spans, rendered.images, prepared, start, use_cache=use_cache
-        )
-        return merge_rows(self.model.embed(rendered.token_ids[start:]), start, placed), merges
-
-    def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
-        """Store the blocks from index ``first`` on in the KV store (``KVStore.store``): the
-        partial tail too, unless a stored sibling already covers it."""
-        todo = list(keys[first:])
-        if todo and len(todo[-1].tokens) < self.block_size and self.pool.covered(todo[-1]):
-            todo.pop()
-        full = [cache[i] for i in self.model.full_layers]  # the others live in snapshots
-        self.kv.store(self.pool, full, todo, block_size=self.block_size)
-
-    def decode(
-        self, logits: mx.array, cache: list[Any], prompt_len: int, delta: int, max_new: int
-    ) -> tuple[tuple[int, ...], list[np.ndarray]]:
-        """Greedy continuation; returns the tokens and the logits before each of them.
-        Between two steps the requests in flight take turns (``interleave``)."""
-        return self.model.greedy(logits, cache, prompt_len, delta, max_new, self.interleave)
-
-    def interleave(self) -> None:
-        """Let another request in flight run a phase (its render, prefill or decode step):
-        continuous batching, one request's forward at a time on its own cache. Only when the
-        caller holds the compute lock once (an override holding it twice keeps it)."""
-        compute = self._compute
-        try:
-            compute.release()
-        except RuntimeError:  # not held by this thread
-            return
-        try:
-            time.sleep(0)  # let a waiting thread take the lock
-        finally:
-            compute.acquire()
-
-
-def _accepted(prefill: Callable[..., mx.array], hooks: dict[str, Any]) -> dict[str, Any]:
-    """The hooks ``prefill`` takes: an override written without ``meanwhile`` and
-    ``at_last_chunk`` is called without them (and stores after it returns); ``cuts`` and
-    ``at_cut`` are passed where it takes them."""
-    params = inspect.signature(prefill).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return hooks
-    names = {p.name for p in params}
-    if not {"meanwhile", "at_last_chunk"} <= names:
-        names -= {"meanwhile", "at_last_chunk"}
-    return {k: v for k, v in hooks.items() if k in names}

@@ -57,6 +57,9 @@ class Rendered:
     images: tuple[Image, ...]
     message_starts: tuple[int, ...] | None = None
     """Positions in ``token_ids`` where a message begins (see the module), ascending."""
+    boundaries: tuple[int, ...] | None = None
+    """Where the prefill is cut on a model with non-trimmable layers (``snapshots.boundaries``),
+    found once by the engine; None: not looked for."""
 
 
 def normalize_system(text: str) -> str:
