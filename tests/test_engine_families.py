@@ -9,6 +9,7 @@ is not bit-identical).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,9 @@ from test_engine import SYSTEM, assistant, img, req, user  # noqa: E402
 
 from pytest_prefixcache import Request  # noqa: E402
 from pytest_prefixcache.package_data import fixture_model  # noqa: E402
-from reference_engine import Engine  # noqa: E402
+from reference_engine import Engine, resume  # noqa: E402
+from reference_engine import engine as engine_module  # noqa: E402
+from reference_engine.blocks import namespace_root  # noqa: E402
 from reference_engine.families import FULL, RECURRENT, WINDOW  # noqa: E402
 from reference_engine.model import LoadedModel, load_model  # noqa: E402
 from reference_engine.snapshots import boundaries  # noqa: E402
@@ -174,3 +177,41 @@ def test_a_prompt_ending_a_turn_is_resumed_whole(family: LoadedModel) -> None:
     warm = engine.run(r, use_cache=True)
     assert warm.cached_tokens == len(first.token_ids or ())
     assert diff(warm, engine.run(r, use_cache=False)) == 0.0
+
+
+class _ComputesAgain(Engine):
+    """Negative control: render forgets the boundaries it found, so admission and the prefill
+    each look for them again (three times a request), and every key hashes the root anew."""
+
+    def render(self, *args: Any, **kwargs: Any) -> Any:
+        return dataclasses.replace(super().render(*args, **kwargs), boundaries=None)
+
+    def root(self, namespace: str) -> bytes:
+        return engine_module.namespace_root(self.model.fingerprint, namespace)
+
+
+@pytest.mark.parametrize("cls, per_request", [(Engine, 1), (_ComputesAgain, 3)])
+def test_the_request_path_computes_each_thing_once(
+    family: LoadedModel, monkeypatch: pytest.MonkeyPatch, cls: type[Engine], per_request: int
+) -> None:
+    """A cached request finds its prompt's boundaries once (admission and the prefill's cuts
+    share them) and a namespace's root key is hashed once per engine (the block keys, the
+    snapshot keys and the output keys share it)."""
+    calls = {"boundaries": 0, "roots": 0}
+
+    def counted(name: str, f: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(resume, "boundaries", counted("boundaries", resume.boundaries))
+    monkeypatch.setattr(engine_module, "namespace_root", counted("roots", namespace_root))
+    engine = cls(family, cache_output=True)
+    first, grown = conversation()[:2]
+    for r in (first, grown):
+        engine.run(r, use_cache=True)
+    assert engine.stats.snapshot_hits == 1  # the second request resumed at a snapshot
+    assert calls["boundaries"] == 2 * per_request
+    assert (calls["roots"] == 1) is (cls is Engine), calls["roots"]
