@@ -315,3 +315,29 @@ def test_an_import_of_the_lab_is_found(tmp_path: Path) -> None:
         (tmp_path / top).mkdir()
     (tmp_path / "tests" / "test_x.py").write_text("import os\nfrom lab.findings import save\n")
     assert lab_imports(tmp_path, tmp_path / "engines") == ["tests/test_x.py:2 imports lab.findings"]
+
+
+#: The most lines a module of either package may have (the developers' guide: around 300).
+MAX_LINES = 400
+
+
+def oversized(root: Path, limit: int = MAX_LINES) -> list[str]:
+    """Every module under ``root`` longer than ``limit`` lines, with its length."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > limit:
+            out.append(f"{path.relative_to(root).as_posix()}: {lines} lines (at most {limit})")
+    return out
+
+
+def test_no_module_passes_400_lines() -> None:
+    assert oversized(PACKAGE) + oversized(ENGINE) == []
+
+
+def test_a_module_past_400_lines_is_found(tmp_path: Path) -> None:
+    """Negative control: a module of 401 lines is reported, one of 400 is not."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "long.py").write_text("x = 1\n" * 401)
+    (tmp_path / "edge.py").write_text("x = 1\n" * 400)
+    assert oversized(tmp_path) == ["sub/long.py: 401 lines (at most 400)"]
