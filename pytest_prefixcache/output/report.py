@@ -9,17 +9,17 @@ them; :func:`pytest_prefixcache.html.render_html` turns the JSON into a page peo
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..checks.coverage import gap_lines, missing
 from ..checks.timing import FIRST_TOKEN, WHOLE_CALLS
 from .matrix import config_lines, worst
 from .records import FailureRecord, RequestRecord
-from .reuse import FIELDS, MIXED, efficiency_label, judged, totals
+from .report_json import FORMAT, report_from_json, report_to_json
+from .reuse import MIXED, efficiency_label, judged, totals
 from .summary import summarize
 
 #: The finding of a wave failure not confirmed one request at a time (``verify.confirm``).
@@ -34,22 +34,12 @@ __all__ = [
     "RequestRecord",
 ]
 
-FORMAT = "pytest-prefixcache/report/v2"
 #: Per-request records kept in one report (the counters always cover every request).
 MAX_RECORDS = 20_000
 #: Characters of a failure's full message kept in the report.
 MAX_MESSAGE = 8_000
 #: Efficiency findings kept in full (all are counted).
 MAX_FINDING_EXAMPLES = 20
-
-
-def _finite(x: float) -> float | str:
-    """JSON has no inf or NaN: write them as strings."""
-    return x if math.isfinite(x) else str(x)
-
-
-def _number(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float, str)) else 0.0
 
 
 #: Report counters that add up across workers.
@@ -303,81 +293,13 @@ class Report:
                 mine[key] = mine.get(key, 0) + n
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "seed": self.seed,
-            "shards": self.shards,
-            "parallel_streams": self.parallel_streams,
-            "engine": self.engine,
-            "model": self.model,
-            "tolerance": self.tolerance,
-            "decode_rule": self.decode_rule,
-            "decode_rule_requests": self.decode_rule_requests,
-            "workers": self.workers,
-            "streams": self.streams,
-            "requests": self.requests,
-            "cache_hits": self.cache_hits,
-            "reused_tokens": self.reused_tokens,
-            "oracle_tokens": self.oracle_tokens,
-            "over_claims": self.over_claims,
-            "efficiency": self.efficiency,
-            **{name: getattr(self, name) for name in FIELDS},
-            "worst_diff": _finite(self.worst_diff),
-            "worst_diff_where": self.worst_diff_where,
-            "worst_kl": _finite(self.worst_kl),
-            "merges_checked": self.merges_checked,
-            "claims_checked": self.claims_checked,
-            "steps_aligned": self.steps_aligned,
-            "warm_seconds": self.warm_seconds,
-            "cold_seconds": self.cold_seconds,
-            "warm_first_token": self.warm_first_token,
-            "cold_first_token": self.cold_first_token,
-            "untimed_hits": self.untimed_hits,
-            "speedup_measure": self.speedup_measure,
-            "speedup_not_measured": self.speedup_not_measured,
-            "engine_error": self.engine_error,
-            "server": self.server,
-            "failures_by_check": self.failures_by_check,
-            "verdict": self.verdict,
-            "findings": self.findings,
-            "finding_examples": self.finding_examples,
-            "skipped": self.skipped,
-            "allow_partial": self.allow_partial,
-            "coverage": self.coverage,
-            "not_checked": self.not_checked,
-            **({"configs": self.configs} if self.configs else {}),
-            "run": self.run,
-            "run_file": self.run_file,
-            "failures": [asdict(f) for f in self.failures],
-            "records_dropped": self.records_dropped,
-            "records": [
-                {k: _finite(v) if isinstance(v, float) else v for k, v in asdict(r).items()}
-                for r in self.records
-            ],
-        }
+        """The report as JSON data (:mod:`.report_json`)."""
+        return report_to_json(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:
         """The report written by :meth:`to_json` (older files without records load too)."""
-        if not isinstance(data, dict) or "requests" not in data:
-            raise ValueError("not a pytest-prefixcache report (no 'requests' field)")
-        scalars = {f.name for f in fields(cls)} - {"failures", "records"}
-        out = cls(**{k: data[k] for k in scalars if k in data})
-        for name in ("worst_diff", "worst_kl"):
-            setattr(out, name, _number(getattr(out, name)))
-        fail_keys = {f.name for f in fields(FailureRecord)}
-        out.failures = [
-            FailureRecord(**{k: v for k, v in f.items() if k in fail_keys})
-            for f in data.get("failures", [])
-        ]
-        rec_keys = {f.name for f in fields(RequestRecord)}
-        out.records = []
-        for r in data.get("records", []):
-            values = {k: v for k, v in r.items() if k in rec_keys}
-            values["diff"] = _number(values.get("diff", 0.0))
-            values["kl"] = _number(values.get("kl", 0.0))
-            out.records.append(RequestRecord(**values))
-        return out
+        return report_from_json(cls, data)
 
     @classmethod
     def read_json(cls, path: str | os.PathLike[str]) -> Report:
