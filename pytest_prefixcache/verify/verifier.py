@@ -37,14 +37,12 @@ from ..checks import (
     claims_counts,
     compare,
     coverage_of,
-    efficiency_problem,
     expectation_problems,
     fault_problems,
     merge_problems,
     pair_problems,
     render_problems,
     reuse_problems,
-    speedup_problem,
     usage_problems,
 )
 from ..checks.coverage import attribution_of
@@ -63,10 +61,11 @@ from .closed_loop import (
 )
 from .concurrent import WaveStep, run_waves
 from .decode_kv import decoded_tokens
-from .efficiency import FINDINGS, REMEASURES, FastestRuns, StreamEfficiency, triage
+from .efficiency import FINDINGS, StreamEfficiency, triage
 from .messages import Context, format_failure
 from .options import Step, VerifyOptions
 from .request_count import request_count_problems
+from .stream_checks import finish_stream
 from .worker import CallTimedOut, EngineWorker
 
 __all__ = [
@@ -328,44 +327,9 @@ class Verifier(ShortRepr):
 
     def finish(self) -> None:
         """Stream-level checks after the last request: ``--prefixcache-min-efficiency`` and
-        ``--prefixcache-min-speedup``."""
+        ``--prefixcache-min-speedup`` (:mod:`.stream_checks`)."""
         __tracebackhide__ = True
-        ctx = Context(tuple(self.stream))
-        floor = self.options.min_efficiency
-        if floor is not None:
-            e = self._efficiency
-            problem = efficiency_problem(e.reused, e.reusable, floor, self.oracle.design)
-            if problem is not None:
-                self.fail(problem, ctx)
-        speedup = self.options.min_speedup
-        if speedup is not None:
-            measure, warm, cold = self._efficiency.speedup_times()
-            problem = speedup_problem(warm, cold, speedup, measure)
-            if problem is not None:  # timing is noisy: fail only if the replays agree
-                again = self._remeasure_speedup(measure)
-                if again < speedup:
-                    line = f"replayed {REMEASURES} times: {again:.2f}x on each hit's fastest runs"
-                    self.fail(dataclasses.replace(problem, details=(*problem.details, line)), ctx)
-
-    def _remeasure_speedup(self, measure: str) -> float:
-        """Replay the stream :data:`.efficiency.REMEASURES` times, each after a reset, with no
-        checks, and return the speedup of its hits' fastest runs on ``measure``
-        (:class:`.efficiency.FastestRuns`)."""
-        fastest = FastestRuns()
-        for _ in range(REMEASURES):
-            self._call("engine.reset()", self.engine.reset, Context(tuple(self.stream)))
-            for i, req in enumerate(self.stream):
-                ctx = Context(tuple(self.stream), i)
-                hit = self._call(
-                    "remeasure", functools.partial(self.engine.run, req, use_cache=True), ctx
-                )
-                t = self._seconds
-                cold = self._call(
-                    "remeasure", functools.partial(self.engine.run, req, use_cache=False), ctx
-                )
-                if isinstance(hit, Outcome) and isinstance(cold, Outcome):
-                    fastest.add(i, hit, cold, t, self._seconds)
-        return fastest.speedup(measure)
+        finish_stream(self)
 
     def expect_same_render(
         self, steps: Sequence[Step], pairs: Sequence[Sequence[int]], *, extends: bool = False
