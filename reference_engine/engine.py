@@ -38,7 +38,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_prefixcache.types import Outcome, Request
@@ -58,6 +57,7 @@ from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .resume import Resume
+from .stats import EngineStats
 from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache
 
@@ -70,24 +70,6 @@ __all__ = [
     "cache_output_from_env",
     "default_model_path",
 ]
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """Cache counters since the last reset."""
-
-    requests: int
-    lookups: int
-    hit_tokens: int
-    prompt_tokens: int
-    stored_blocks: int
-    evictions: int
-    resident_bytes: int
-    resident_blocks: int
-    vision_encoded: int
-    vision_hits: int
-    snapshots_stored: int = 0
-    snapshot_hits: int = 0
 
 
 class Engine(Resume, Compute, OutputDesign):
