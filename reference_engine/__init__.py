@@ -12,6 +12,7 @@ from pytest_prefixcache.package_data import model_from_env, require_model
 
 from .engine import DEFAULT_MAX_BYTES, Engine, EngineStats, default_model_path
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
+from .model import shared_model
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -20,6 +21,7 @@ __all__ = [
     "default_engine",
     "default_model_path",
     "env_model_path",
+    "shared_model",
 ]
 
 
@@ -31,6 +33,10 @@ def env_model_path() -> Path:
 
 def default_engine() -> Engine:
     """The reference engine on :func:`env_model_path` (the plugin's default engine): the tiny
-    Qwen2-VL unless ``PREFIXCACHE_MODEL`` names another (vision-language) model."""
+    Qwen2-VL unless ``PREFIXCACHE_MODEL`` names another (vision-language) model.
+
+    Every call is a fresh engine (its own block pool, vision cache and snapshots) on the
+    process's one load of the model (:func:`~reference_engine.model.shared_model`): the
+    baseline audit's fresh instances cost a new cache, not a new load."""
     model = require_model(env_model_path(), vision=True, who="the reference engine")
-    return Engine.from_pretrained(model)
+    return Engine(shared_model(model))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from .kv import Window, restore_windows
 from .recurrent import SEQUENTIAL_UP_TO, sequential_pieces
 from .recurrent import install as install_piece_kernels
 
-__all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model"]
+__all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model", "shared_model"]
 
 
 class LoadedModel:
@@ -314,6 +315,34 @@ def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     loaded = LoadedModel(model, processor, p)
     if loaded.cpu_layout:
         transpose_linears(model.language_model)
+    return loaded
+
+
+#: Models loaded by :func:`shared_model`, by resolved directory and fingerprint.
+_SHARED: dict[tuple[Path, str], LoadedModel] = {}
+_SHARED_LOCK = threading.Lock()
+#: Attributes mlx-vlm's Qwen VL language models keep between calls (the M-RoPE ids of the
+#: last prompt); the engine always passes position ids, and a shared model starts without them.
+_CALL_STATE = ("_rope_deltas", "_position_ids")
+
+
+def shared_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """The process's one :func:`load_model` of ``path``: fresh engines share the weights (a
+    fresh engine is a fresh cache, not a fresh load). Keyed by the resolved directory and its
+    fingerprint (a rebuilt model loads again). The weights are only read; the per-call state
+    mlx-vlm keeps on the language model is cleared on every hand-out."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise EngineError(f"model directory {str(p)!r} has no config.json")
+    key = (p.resolve(), _fingerprint(p))
+    with _SHARED_LOCK:
+        loaded = _SHARED.get(key)
+        if loaded is None:
+            loaded = _SHARED[key] = load_model(p)
+    lm = loaded.model.language_model
+    for name in _CALL_STATE:
+        if getattr(lm, name, None) is not None:
+            setattr(lm, name, None)
     return loaded
 
 

@@ -233,3 +233,18 @@ def test_progress_lines(pytester: pytest.Pytester) -> None:
     assert "with cache hits) in" in lines[-1] and "failed test(s)" in lines[-1]
     quiet = run_suite(pytester, "good", *args, "--prefixcache-progress=0", examples=5)
     assert not [ln for ln in quiet.stdout.lines if "with cache hits) in" in ln]
+
+
+def test_the_corpus_runs_once_per_session_not_once_per_shard(pytester: pytest.Pytester) -> None:
+    """Shards split the generated tests only: the corpus is the same fixed scenarios whatever
+    the seed, so each runs once (under xdist, on one worker: an item runs once)."""
+    with_fakes(pytester)
+
+    def items(*args: str) -> list[str]:
+        result = run_suite(pytester, "good", "--collect-only", "-q", *args)
+        return [line for line in result.outlines if "::test_" in line]
+
+    one, three = items(), items("--prefixcache-shards=3")
+    corpus = [i for i in one if "::test_corpus[" in i]
+    assert corpus and [i for i in three if "::test_corpus[" in i] == corpus
+    assert len(three) - len(corpus) == 3 * (len(one) - len(corpus))  # negative control

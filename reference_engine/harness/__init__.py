@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pytest_prefixcache.errors import EngineError
@@ -40,8 +39,6 @@ from .engine import BlockManagerEngine
 from .paged import PagedKV
 
 __all__ = ["BlockManagerEngine", "PagedKV", "Sampling", "drive", "from_env", "load_object"]
-
-_MODELS: dict[Path, Any] = {}
 
 
 def load_object(spec: str, variable: str) -> Any:
@@ -80,12 +77,9 @@ def _int(variable: str, default: int) -> int:
 
 def _model() -> Any:
     from .. import env_model_path
-    from ..model import load_model
+    from ..model import shared_model
 
-    path = env_model_path()
-    if path not in _MODELS:  # weights are read-only: fresh engines may share them
-        _MODELS[path] = load_model(path)
-    return _MODELS[path]
+    return shared_model(env_model_path())  # weights are read-only: fresh engines share them
 
 
 def from_env() -> BlockManagerEngine:

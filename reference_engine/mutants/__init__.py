@@ -22,7 +22,7 @@ from pytest_prefixcache.package_data import model_from_env
 
 from ..engine import Engine
 from ..fixtures.qwen2_vl import QWEN2_VL_DIR
-from ..model import LoadedModel
+from ..model import LoadedModel, shared_model
 from .accounting import (
     SMALL_BUDGET,
     EvictsInUse,
@@ -125,11 +125,12 @@ class Mutant:
         return "" if at < 0 else doc[at + len("Reproduces ") :].split(". ")[0].rstrip(".")
 
     def build(self, model: LoadedModel | None = None, **overrides: Any) -> Engine:
-        """The mutant on ``model`` (default: a fresh load of the model ``PREFIXCACHE_MODEL``
-        names, set by ``--prefixcache-model``, else of its own fixture, :attr:`model`)."""
+        """The mutant on ``model`` (default: the process's shared load, ``shared_model``, of
+        the model ``PREFIXCACHE_MODEL`` names, set by ``--prefixcache-model``, else of its own
+        fixture, :attr:`model`): a fresh mutant is a fresh cache, not a fresh load."""
         opts = {**self.options, **overrides}
         if model is None:
-            return self.engine_class.from_pretrained(model_from_env(self.model), **opts)
+            model = shared_model(model_from_env(self.model))
         return self.engine_class(model, **opts)
 
     @property
