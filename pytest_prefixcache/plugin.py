@@ -275,8 +275,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not _needs_engine(item):
         return
     if slot.report.engine_error:  # one error, shown by the first test that needed the engine
-        first = slot.report.engine_error.splitlines()[0][:200]
-        pytest.skip(f"the engine could not be built (the error above): {first}")
+        pytest.skip("the engine could not be built (the error above)")  # printed once
     if worker is not None and worker.dead:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
@@ -367,3 +366,9 @@ def pytest_terminal_summary(
         path = s.report if s.report.is_absolute() else s.invocation_dir / s.report
         rep.write_json(path)
         terminalreporter.write_line(f"JSON report written to {path}")
+    if s.html is not None:
+        from .html.page import write_html  # the page's renderer, only when asked
+
+        page = s.html if s.html.is_absolute() else s.invocation_dir / s.html
+        write_html(rep, page, base_dir=page.parent)
+        terminalreporter.write_line(f"HTML report written to {page}")

@@ -198,9 +198,11 @@ def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) ->
             slot.report.engine_error = str(res.error)
             raise EngineError(str(res.error)) from None
         kind = type(res.error).__name__
-        error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
-        slot.report.engine_error = str(error)
-        raise error from _without_our_frames(res.error)
+        slot.report.engine_error = f"building the engine {s.engine!r} raised {kind}: {res.error}"
+        # its message is printed once, by its own traceback just above this line
+        raise EngineError(
+            f"building the engine {s.engine!r} raised {kind} (the error above)"
+        ) from _without_our_frames(res.error)
     engine, audit = res.value
     slot.built = (engine, audit)
     slot.report.server = getattr(engine, "coverage_hints", "") == "server"
