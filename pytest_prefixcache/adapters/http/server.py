@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EngineError
+from ..environment import START_TIMEOUT
 from .forkserver import ForkedProcess, ForkServer
 
 __all__ = [
@@ -201,7 +202,7 @@ class ServerProcess:
         cmd: Sequence[str] | str,
         *,
         health_path: str = "/health",
-        start_timeout: float = 120.0,
+        start_timeout: float = START_TIMEOUT,
         env: Mapping[str, str] | None = None,
         forker: ForkServer | None = None,
     ) -> None:
