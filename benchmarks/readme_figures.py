@@ -146,7 +146,16 @@ def _transcript(out: str) -> str:
     start = next(i for i, ln in enumerate(lines) if re.match(r"=+ prefixcache =+", ln))
     end = next(i for i, ln in enumerate(lines) if i > start and ln.startswith("verdict:"))
     tail = [ln for ln in lines if re.match(r"=+ .*(passed|failed)", ln)][-1:]
-    return "\n".join([*keep, *lines[start : end + 1], *tail])
+    summary: list[str] = []
+    for ln in lines[start : end + 1]:  # trimmed: the detail lines under a heading, once "..."
+        detail = ln.startswith("  ") and not ln.startswith("  " * 1 + " ") and ":" in ln
+        if detail and not re.match(r"  [a-z][a-z ]+ +\d+/\d+", ln):
+            if summary[-1] != "  ...":
+                summary.append("  ...")
+            continue
+        if not ln.startswith("reproduce with"):
+            summary.append(ln)
+    return "\n".join([*keep, *summary, *tail])
 
 
 def _n(x: Any) -> str:
