@@ -127,6 +127,34 @@ def test_a_server_that_exits_at_once_is_one_error_ending_with_its_log(
     )  # fmt: skip
     report = _one_error(result, pytester.path, "exited with 3 before it was ready")
     assert str(report["engine_error"]).rstrip().endswith("model file is corrupt")
+    # its whole log outlives the server's HOME, and the error names where
+    kept = sorted((pytester.path / ".prefixcache" / "server-logs").glob("server-*.log"))
+    assert len(kept) == 1 and "model file is corrupt" in kept[0].read_text()
+    assert f"kept at {kept[0]}" in str(report["engine_error"])
+
+
+def test_a_server_that_stops_cleanly_leaves_no_kept_log(tmp_path: Path) -> None:
+    """Negative control: a server stopped by us (or exiting 0) keeps nothing."""
+    from pytest_prefixcache.adapters.http.server import KEPT_LOGS, ServerProcess
+
+    script = tmp_path / "ok.py"
+    script.write_text(
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        server = ServerProcess(f"{sys.executable} {script} {{port}}", start_timeout=30)
+        server.start()
+        server.stop()
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / KEPT_LOGS).exists()
 
 
 def test_an_engine_that_builds_is_no_error(pytester: pytest.Pytester) -> None:
