@@ -109,12 +109,17 @@ def mlx_lm_server(
 
 
 def mlx_vlm_server(
-    model_dir: str | os.PathLike[str] | None = None, *, claims: ClaimWatch | None = None
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    claims: ClaimWatch | None = None,
+    concurrency: int | None = None,
 ) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
     default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
     fresh ``x-apc-tenant`` salt on the same server; token ids and image spans rendered
-    locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
+    locally; ``claims``: the claim sources to check (see :mod:`.claims`). ``concurrency``:
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its continuous
+    batching serves them in one BatchGenerator)."""
     model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
@@ -132,6 +137,7 @@ def mlx_vlm_server(
         render=VlmRenderer(model),
         check_labels=False,
         claims=claims,
+        concurrency=concurrency_from_env() if concurrency is None else concurrency,
     )
     return with_measured_rules(engine, cmd)
 
