@@ -29,6 +29,7 @@ from .errors import (
 )
 from .images import ImageFactory, make_image, reencode
 from .output.streams import load_stream, save_stream
+from .traits import EngineTraits
 from .types import Engine, Image, Message, Outcome, Request
 from .verify.verifier import Step, Verifier, VerifyOptions
 
@@ -41,6 +42,7 @@ __all__ = [
     "EngineError",
     "EngineFault",
     "EngineTimeout",
+    "EngineTraits",
     "EquivalenceFailure",
     "Image",
     "ImageError",

@@ -182,6 +182,15 @@ def _tolerance(s: settings.Settings) -> str:
     return Tolerance(s.atol, s.rtol, s.kl).describe()
 
 
+def _header_tolerance(s: settings.Settings) -> str:
+    """The header's tolerance: the options', or, with none given, exact unless the engine
+    declares its measured rule (known once it is built: the summary names the one judged by)."""
+    from .checks.equivalence import Tolerance
+
+    options = Tolerance(s.atol, s.rtol, s.kl)
+    return "exact or the engine's own rule" if options.exact else options.describe()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     if MODEL_ENV_KEY in config.stash:  # as it was: a session run in-process leaves no trace
         previous = config.stash[MODEL_ENV_KEY]
@@ -209,7 +218,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     model = f"model {s.model} ({s.model_source}), " if s.model is not None else ""
     lines = matrix_header(config) or [
         f"prefixcache: engine {s.engine} ({s.engine_source}), {model}{s.examples} examples "
-        f"per property, tolerance {_tolerance(s)}, timeout {s.timeout:g} s"
+        f"per property, tolerance {_header_tolerance(s)}, timeout {s.timeout:g} s"
     ]
     lines += [
         f"prefixcache: using {s.seed_command()}",
@@ -275,8 +284,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not _needs_engine(item):
         return
     if slot.report.engine_error:  # one error, shown by the first test that needed the engine
-        first = slot.report.engine_error.splitlines()[0][:200]
-        pytest.skip(f"the engine could not be built (the error above): {first}")
+        pytest.skip("the engine could not be built (the error above)")  # printed once
     if worker is not None and worker.dead:
         pytest.skip(f"the engine is dead ({worker.dead}); remaining checks skipped")
 
@@ -367,3 +375,9 @@ def pytest_terminal_summary(
         path = s.report if s.report.is_absolute() else s.invocation_dir / s.report
         rep.write_json(path)
         terminalreporter.write_line(f"JSON report written to {path}")
+    if s.html is not None:
+        from .html.page import write_html  # the page's renderer, only when asked
+
+        page = s.html if s.html.is_absolute() else s.invocation_dir / s.html
+        write_html(rep, page, base_dir=page.parent)
+        terminalreporter.write_line(f"HTML report written to {page}")

@@ -315,27 +315,13 @@ class Outcome(ShortRepr):
 class Engine(Protocol):
     """What the plugin drives. ``use_cache=False`` neither reads nor writes the cache.
 
-    Optional extras the plugin uses when present: ``cache_usage() -> Mapping[str, int]`` with
-    ``resident_bytes``, ``entries`` and ``max_bytes`` (the memory-budget check), and
-    ``supports_images = False`` / ``supports_namespaces = False`` (streams and scenarios are
-    restricted to what the engine can serve), and ``atol: float`` (the engine's own tolerance
-    rule, used when no tolerance option is given; the report says so), and
-    ``reuse_reference = "token" | "snapshot" | "block"`` (default ``"token"``) with, for
-    ``"block"``, ``block_size: int`` (what the cache can reuse by design: the reference its
-    efficiency and positive control are judged against; see
-    :class:`~pytest_prefixcache.checks.references.CacheDesign`), and
-    ``fresh_instance_share: int`` (default 1: how many audited requests one fresh instance of
-    the baseline audit may answer; they never share an image or a first message), and
-    ``caches_output = True`` (the cache also stores the KV computed while decoding, under
-    prompt + output tokens: the references then count output tokens as reusable), and
-    ``last_token_kv: bool`` (its decode computes the KV of the last token it generates: the
-    reuse bound counts that token only then; undeclared, a server under the tap or with claims
-    is probed, see :mod:`pytest_prefixcache.verify.decode_kv`), and
-    ``decode_atol: float`` with ``decode_rule: str`` (the tolerance of a request whose cached
-    run reused such KV, and its name in the report; every other request keeps the run's
-    tolerance), and ``cache_capacity_tokens: int`` (the most tokens the cache holds, the
-    uncached runs' included when they share it: a repeat whose previous request's two runs
-    needed more may miss, the positive control's finding ``cache capacity``).
+    What else an engine declares (images, namespaces, its cache design, tolerances, its
+    capacity, concurrency...) are its traits: plain attributes or one ``traits =
+    EngineTraits(...)``, every one documented in :class:`~pytest_prefixcache.traits.EngineTraits`
+    and checked when the engine is loaded (a misspelled trait is an error naming the nearest
+    one). Optional methods: ``cache_usage() -> Mapping[str, int]`` with ``resident_bytes``,
+    ``entries`` and ``max_bytes`` (the memory-budget check), ``close()``, and
+    ``fresh_instance()`` (a fresh engine for the baseline audit, cheaper than the factory).
 
     Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
     called from up to that many threads at once and that the engine batches or interleaves

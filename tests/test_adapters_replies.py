@@ -186,9 +186,11 @@ def test_from_env_declares_the_cache_design(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PREFIXCACHE_BLOCK_SIZE", "32")
     assert CacheDesign.of(from_env()) == CacheDesign("block", 32)
     monkeypatch.setenv("PREFIXCACHE_BLOCK_SIZE", "x")
-    with pytest.raises(EngineError, match="PREFIXCACHE_BLOCK_SIZE='x' is not a positive int"):
+    with pytest.raises(EngineError, match="PREFIXCACHE_BLOCK_SIZE='x' is not an integer >= 1"):
         from_env()
     monkeypatch.delenv("PREFIXCACHE_BLOCK_SIZE")
     monkeypatch.setenv("PREFIXCACHE_REUSE_REFERENCE", "snap")
-    with pytest.raises(EngineError, match="OpenAIEngine: reuse_reference='snap' is not one of"):
+    with pytest.raises(
+        EngineError, match="PREFIXCACHE_REUSE_REFERENCE='snap' is not one of token, snapshot, block"
+    ):
         CacheDesign.of(from_env())

@@ -22,6 +22,7 @@ from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.vllm import vllm_matrix_engine, vllm_server
 from pytest_prefixcache.checks import CAPACITY, OLDER_ENTRY
 from pytest_prefixcache.strategies import request_streams
+from pytest_prefixcache.traits import traits_of
 from pytest_prefixcache.types import Wave
 
 STUB = Path(__file__).resolve().parent / "stub_openai.py"
@@ -174,6 +175,6 @@ def test_the_capacity_is_declared_for_the_salted_baseline_only(tmp_path: Path) -
     with vllm_server(tmp_path, python=PYTHON, flags=flags) as salted:
         assert salted.cache_capacity_tokens == 12 * 64  # type: ignore[attr-defined]
     with vllm_server(tmp_path, python=PYTHON, flags=flags, cold="reset") as apart:
-        assert not hasattr(apart, "cache_capacity_tokens")
+        assert traits_of(apart).cache_capacity_tokens is None
     with vllm_server(tmp_path, python=PYTHON) as unbounded:
-        assert not hasattr(unbounded, "cache_capacity_tokens")
+        assert traits_of(unbounded).cache_capacity_tokens is None

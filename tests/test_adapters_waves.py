@@ -91,7 +91,7 @@ def test_concurrency_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PREFIXCACHE_COLD", "salt")
     monkeypatch.setenv("PREFIXCACHE_NAMESPACE_FIELD", "cache_salt")
     monkeypatch.setenv("PREFIXCACHE_CONCURRENCY", "many")
-    with pytest.raises(EngineError, match="PREFIXCACHE_CONCURRENCY='many' is not an int >= 1"):
+    with pytest.raises(EngineError, match="PREFIXCACHE_CONCURRENCY='many' is not an integer >= 1"):
         presets.from_env()
     monkeypatch.setenv("PREFIXCACHE_CONCURRENCY", "4")
     assert presets.from_env().max_concurrency == 4

@@ -197,7 +197,8 @@ def test_the_test_command_is_two_lines_after_its_marker() -> None:
     assert "getline; getline; print" in (ROOT / ".ci" / "run").read_text()
     verify = (
         'python3 -m venv .venv && .venv/bin/pip install -e ".[mlx]" && HF_HUB_OFFLINE=1 '
-        ".venv/bin/pytest --prefixcache-verify --pyargs pytest_prefixcache.suite"
+        ".venv/bin/pytest --prefixcache-verify --pyargs pytest_prefixcache.suite "
+        "--prefixcache-html=prefixcache-report.html"
     )
     assert verify in lines[:i], "the first quickstart command, before the test command"
 

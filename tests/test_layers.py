@@ -18,7 +18,7 @@ PACKAGE = Path(pytest_prefixcache.__file__).parent
 ENGINE = Path(reference_engine.__file__).parent
 #: Top to bottom, as in the table of docs/architecture.md.
 LAYERS = (
-    ("the contract", {"types", "reuse_claims", "errors", "image_io", "package_data"}),
+    ("the contract", {"types", "traits", "reuse_claims", "errors", "image_io", "package_data"}),
     ("test images", {"images"}),
     ("engines", {"adapters", "tap"}),
     ("generation", {"strategies"}),
@@ -40,7 +40,7 @@ ENGINE_LAYERS = (
     ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
 )
 #: The plugin's modules the reference engine may import: the contract.
-CONTRACT = {"", "types", "reuse_claims", "errors", "package_data", "image_io"}
+CONTRACT = {"", "types", "reuse_claims", "traits", "errors", "package_data", "image_io"}
 #: ... except the bug zoo's tools, which run the verifier and save what it shrinks.
 CONTRACT_EXEMPT = {"mutants/table.py", "mutants/corpus.py"}
 

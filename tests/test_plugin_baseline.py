@@ -279,9 +279,9 @@ def test_the_server_presets_read_their_share_from_the_environment(
     from pytest_prefixcache.adapters.presets import audit_share
     from pytest_prefixcache.errors import EngineError
 
-    assert audit_share("PREFIXCACHE_AUDIT_SHARE", "1") == 1
+    assert audit_share("PREFIXCACHE_AUDIT_SHARE") == 1
     monkeypatch.setenv("PREFIXCACHE_AUDIT_SHARE", "6")
-    assert audit_share("PREFIXCACHE_AUDIT_SHARE", "1") == 6
+    assert audit_share("PREFIXCACHE_AUDIT_SHARE") == 6
     monkeypatch.setenv("PREFIXCACHE_AUDIT_SHARE", "none")
     with pytest.raises(EngineError, match="PREFIXCACHE_AUDIT_SHARE='none' is not an integer"):
-        audit_share("PREFIXCACHE_AUDIT_SHARE", "1")
+        audit_share("PREFIXCACHE_AUDIT_SHARE")

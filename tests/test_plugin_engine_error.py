@@ -81,6 +81,9 @@ def test_a_factory_that_raises_is_one_error_with_its_own_traceback(
     # the traceback starts in the user's factory, once: not in the plugin's worker thread
     assert out.count('raise RuntimeError("no weights in /nowhere")') == 1, out
     assert "return _load_weights()" in out and "worker.py" not in out
+    # the message is printed once by its traceback and once by the verdict's summary line
+    # (its source line aside): not again by the wrapping error or by each skipped test
+    assert out.count("no weights in /nowhere") == 3, out
     failures = report["failures"]
     assert isinstance(failures, list) and "no weights in /nowhere" in failures[0]["message"]
 
@@ -124,6 +127,34 @@ def test_a_server_that_exits_at_once_is_one_error_ending_with_its_log(
     )  # fmt: skip
     report = _one_error(result, pytester.path, "exited with 3 before it was ready")
     assert str(report["engine_error"]).rstrip().endswith("model file is corrupt")
+    # its whole log outlives the server's HOME, and the error names where
+    kept = sorted((pytester.path / ".prefixcache" / "server-logs").glob("server-*.log"))
+    assert len(kept) == 1 and "model file is corrupt" in kept[0].read_text()
+    assert f"kept at {kept[0]}" in str(report["engine_error"])
+
+
+def test_a_server_that_stops_cleanly_leaves_no_kept_log(tmp_path: Path) -> None:
+    """Negative control: a server stopped by us (or exiting 0) keeps nothing."""
+    from pytest_prefixcache.adapters.http.server import KEPT_LOGS, ServerProcess
+
+    script = tmp_path / "ok.py"
+    script.write_text(
+        "import http.server, sys\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers()\n"
+        "    def log_message(self, *a): pass\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+    )
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        server = ServerProcess(f"{sys.executable} {script} {{port}}", start_timeout=30)
+        server.start()
+        server.stop()
+    finally:
+        os.chdir(cwd)
+    assert not (tmp_path / KEPT_LOGS).exists()
 
 
 def test_an_engine_that_builds_is_no_error(pytester: pytest.Pytester) -> None:
@@ -135,6 +166,27 @@ def test_an_engine_that_builds_is_no_error(pytester: pytest.Pytester) -> None:
     assert report["verdict"] == "pass" and report["engine_error"] == ""
     page = render_html(Report.read_json(pytester.path / "r.json"))
     assert '<div id="verdict" class="verdict pass">PASS</div>' in page and "ERROR" not in page
+
+
+@pytest.mark.parametrize("engine", ["good", "badengine:build"])
+def test_prefixcache_html_writes_the_page_and_prints_its_path(
+    pytester: pytest.Pytester, engine: str
+) -> None:
+    """``--prefixcache-html`` (the quickstart's): the page of the run, its path printed last;
+    an engine that cannot be built gets its page too, saying ERROR."""
+    with_fakes(pytester)
+    pytester.makepyfile(badengine=FACTORY)
+    if engine == "good":
+        result = run_suite(pytester, engine, *_args("--prefixcache-html=out/page.html"))
+    else:
+        result = pytester.runpytest(
+            "-p", "no:cacheprovider", "--prefixcache-verify", f"--prefixcache-engine={engine}",
+            *_args("--prefixcache-html=out/page.html"),
+        )  # fmt: skip
+    page = pytester.path / "out" / "page.html"
+    assert f"HTML report written to {page}" in result.stdout.str()
+    verdict = 'pass">PASS' if engine == "good" else 'fail">ERROR: the engine could not be built'
+    assert f'<div id="verdict" class="verdict {verdict}' in page.read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize(

@@ -249,7 +249,7 @@ def test_the_model_reaches_the_factory_the_header_and_the_json_report(
     result.stdout.fnmatch_lines(
         [
             f"prefixcache: engine recorded:build (option), model {LLAMA} (option), 2 examples "
-            "per property, tolerance exact, timeout 60 s",
+            "per property, tolerance exact or the engine's own rule, timeout 60 s",
             f"engine: recorded:build; model: {LLAMA}; tolerance: exact",
         ]
     )

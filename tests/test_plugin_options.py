@@ -159,7 +159,7 @@ def test_header_prints_the_reproducing_seed(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "prefixcache: engine fakeengines:good (option), 5 examples per property, tolerance "
-            "exact, timeout 60 s",
+            "exact or the engine's own rule, timeout 60 s",
             "prefixcache: using --prefixcache-seed=1",
         ]
     )

@@ -23,6 +23,7 @@ import shlex
 from collections.abc import Sequence
 
 from ..errors import EngineError
+from .environment import START_TIMEOUT
 from .flags import flag_value, split_flags
 from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.openai import OpenAIEngine
@@ -111,7 +112,7 @@ def llama_server(
     extra_args: Sequence[str] = (),
     flags: Sequence[str] = (),
     render_dir: str | os.PathLike[str] | None = None,
-    start_timeout: float = 120.0,
+    start_timeout: float = START_TIMEOUT,
     audit: bool = True,
     claims: bool = False,
     concurrency: int | None = None,
@@ -185,7 +186,7 @@ def llama_server(
     )
     # server-context.cpp: each sampled token joins the slot's prompt.tokens and is decoded in
     # the slot, so the next turn that carries the reply reuses its KV (prompt + output)
-    engine.caches_output = True  # type: ignore[attr-defined]
+    engine.caches_output = True
     if atol is None:
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (

@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
-from .environment import concurrency_from_env
+from .environment import concurrency_from_env, value
 from .flags import split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
@@ -75,6 +75,9 @@ CACHE_SETTINGS = ("cache.",)
 DEFAULT_BLOCK, ROTATING_MIN, ROTATING_MAX, ARRAYS_BLOCK = 256, 512, 1024, 2048
 #: The debug lines of a prefix lookup that found blocks (scheduler.py, ``_schedule_waiting``).
 HIT_LOG = r"(?:paged|partial) cache hit, (\d+) tokens"
+
+#: oMLX starts its admin app and engine pool before /health answers
+START_TIMEOUT = 300.0
 
 
 def slug(flags: Sequence[str], model: str | os.PathLike[str] | None = None) -> str:
@@ -129,7 +132,7 @@ def requested_block(flags: Sequence[str]) -> int | None:
 
 
 def default_python() -> str:
-    root = os.environ.get("OMLX_DIR") or str(FIXTURES.parent / ".engines" / "omlx")
+    root = value("OMLX_DIR") or str(FIXTURES.parent / ".engines" / "omlx")
     return str(Path(root).resolve() / "venv" / "bin" / "python")  # servers run in their HOME
 
 
@@ -172,7 +175,7 @@ def omlx_server(
     *,
     python: str | None = None,
     decode_steps: int = 8,
-    start_timeout: float = 300.0,
+    start_timeout: float = START_TIMEOUT,
     audit: bool = True,
     claims: bool = True,
     env: Mapping[str, str] | None = None,
@@ -195,7 +198,7 @@ def omlx_server(
         )
     model = _model_dir(model_dir)
     cmd, cold = commands(flags, python, model)
-    logs = os.environ.get("OMLX_TAP_LOGS")
+    logs = value("OMLX_TAP_LOGS")
     images = is_vision_model(model)
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
     engine = OpenAIEngine(
@@ -236,7 +239,7 @@ def from_env() -> OpenAIEngine:
     ``--prefixcache-engine=pytest_prefixcache.adapters.omlx:from_env`` (the model:
     ``--prefixcache-model``); ``PREFIXCACHE_AUDIT=0``: no baseline audit; ``OMLX_CLAIMS=0``:
     no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once."""
-    audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
-    claims = os.environ.get("OMLX_CLAIMS", "1") != "0"
-    flags = shlex.split(os.environ.get("OMLX_FLAGS", ""))
+    audit = value("PREFIXCACHE_AUDIT")
+    claims = value("OMLX_CLAIMS")
+    flags = shlex.split(value("OMLX_FLAGS"))
     return omlx_server(flags=flags, audit=audit, claims=claims, concurrency=concurrency_from_env())

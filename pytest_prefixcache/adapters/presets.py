@@ -10,15 +10,13 @@ starts.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Sequence
-from typing import Any
 
 from ..errors import EngineError
 from ..package_data import engine_model
-from .environment import audit_share, concurrency_from_env
+from .environment import audit_share, concurrency_from_env, value
 from .http.claims import ClaimWatch, sources_from_json
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
@@ -111,12 +109,17 @@ def mlx_lm_server(
 
 
 def mlx_vlm_server(
-    model_dir: str | os.PathLike[str] | None = None, *, claims: ClaimWatch | None = None
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    claims: ClaimWatch | None = None,
+    concurrency: int | None = None,
 ) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
     default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
     fresh ``x-apc-tenant`` salt on the same server; token ids and image spans rendered
-    locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
+    locally; ``claims``: the claim sources to check (see :mod:`.claims`). ``concurrency``:
+    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its continuous
+    batching serves them in one BatchGenerator)."""
     model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
@@ -134,51 +137,17 @@ def mlx_vlm_server(
         render=VlmRenderer(model),
         check_labels=False,
         claims=claims,
+        concurrency=concurrency_from_env() if concurrency is None else concurrency,
     )
     return with_measured_rules(engine, cmd)
 
 
-def _json_object(name: str) -> dict[str, Any]:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError as exc:
-        raise EngineError(f"{name} is not JSON: {exc}: {raw[:200]}") from None
-    if not isinstance(value, dict):
-        raise EngineError(f"{name} must be a JSON object, not {raw[:200]}")
-    return value
-
-
 def from_env() -> OpenAIEngine:
     """An adapter configured by environment variables (used by engines/seed/run.sh and
-    ``--prefixcache-server-cmd``):
-
-    ``PREFIXCACHE_SERVER_CMD`` or ``PREFIXCACHE_SERVER_URL``; ``PREFIXCACHE_COLD``
-    (reset/restart/server/salt, default reset); ``PREFIXCACHE_COLD_CMD``;
-    ``PREFIXCACHE_RESET_PATHS`` (comma-separated ``METHOD /path``; default
-    ``PREFIXCACHE_RESET_METHOD`` ``PREFIXCACHE_RESET_PATH``, ``POST /v1/cache/reset``);
-    ``PREFIXCACHE_NAMESPACE_HEADER`` and/or ``PREFIXCACHE_NAMESPACE_FIELD`` (vLLM:
-    ``cache_salt``); ``PREFIXCACHE_EXTRA_BODY`` (a JSON object added to every request body);
-    ``PREFIXCACHE_PROMPT_IDS`` (``reply`` or ``tokenize``) and ``PREFIXCACHE_IMAGE_TOKEN_ID``;
-    ``PREFIXCACHE_CHECK_LABELS=0``; ``PREFIXCACHE_MODEL`` (the ``model`` field sent: the
-    directory of ``--prefixcache-model``, or a served model's name); ``PREFIXCACHE_TOP_LOGPROBS``
-    (default 10); ``PREFIXCACHE_TAP_SERVER=1`` (the commands start the tap launcher);
-    ``PREFIXCACHE_VOCAB`` (a model directory); ``PREFIXCACHE_TEXT_ONLY=1``;
-    ``PREFIXCACHE_SERVER_ENV`` (``K=V K=V`` for the servers); ``PREFIXCACHE_RENDER``
-    (``text:DIR`` or ``vlm:DIR``: render token ids locally with that model directory);
-    ``PREFIXCACHE_START_TIMEOUT`` (default 180); ``PREFIXCACHE_EXTENSIONS=1`` (the reference
-    server's ``prefixcache`` reply object: token ids, spans, merges, message starts, logits);
-    ``PREFIXCACHE_TAP_LOG`` (a JSON-lines file of the API's vs the tap's reuse per request);
-    ``PREFIXCACHE_AUDIT=0`` (no fresh servers for the baseline audit: coverage is partial);
-    ``PREFIXCACHE_FORK=0`` or ``1`` (start every server from scratch, or fork it; default: fork
-    on Linux, see :mod:`.fresh`);
-    ``PREFIXCACHE_CLAIMS`` (claim sources as JSON, see :func:`.claims.sources_from_json`);
-    ``PREFIXCACHE_DECODE_STEPS`` (tokens asked for under the tap, default 8);
-    ``PREFIXCACHE_REUSE_REFERENCE`` (``token``, ``snapshot`` or ``block``: the cache's design,
-    default token) and ``PREFIXCACHE_BLOCK_SIZE`` (with ``block``); ``PREFIXCACHE_CONCURRENCY``
-    (requests the server serves at once, default 1: above 1 the waves property runs).
+    ``--prefixcache-server-cmd``): the ``PREFIXCACHE_*`` variables that
+    :data:`.environment.VARIABLES` declares (``PREFIXCACHE_SERVER_CMD`` or
+    ``PREFIXCACHE_SERVER_URL``, the cold baseline, resets, namespaces, ids, the tap, claims...),
+    each with its default and parser there; a bad value is an error naming the variable.
 
     The measured tolerance rule is the one a preset of the same server gets
     (:func:`.tolerances.with_measured_rules`): the library from the command's program, the
@@ -186,58 +155,52 @@ def from_env() -> OpenAIEngine:
     or ``PREFIXCACHE_MODEL``'s.
     """
     e = os.environ
-    cmd, url = e.get("PREFIXCACHE_SERVER_CMD"), e.get("PREFIXCACHE_SERVER_URL")
+    cmd, url = value("PREFIXCACHE_SERVER_CMD"), value("PREFIXCACHE_SERVER_URL")
     if not cmd and not url:
         raise EngineError("set PREFIXCACHE_SERVER_CMD (with {port}) or PREFIXCACHE_SERVER_URL")
-    env = dict(kv.split("=", 1) for kv in shlex.split(e.get("PREFIXCACHE_SERVER_ENV", "")))
-    kind, _, model_dir = e.get("PREFIXCACHE_RENDER", "").partition(":")
+    env = dict(kv.split("=", 1) for kv in shlex.split(value("PREFIXCACHE_SERVER_ENV") or ""))
+    kind, _, model_dir = (value("PREFIXCACHE_RENDER") or "").partition(":")
     if kind not in ("", "text", "vlm"):
         raise EngineError(f"PREFIXCACHE_RENDER={kind}:... is not text:DIR or vlm:DIR")
     render: TextRenderer | VlmRenderer | None = None
     if kind:
         render = TextRenderer(model_dir) if kind == "text" else VlmRenderer(model_dir)
-    image_token = e.get("PREFIXCACHE_IMAGE_TOKEN_ID")
-    resets = f"{e.get('PREFIXCACHE_RESET_METHOD', 'POST')} " + e.get(
-        "PREFIXCACHE_RESET_PATH", "/v1/cache/reset"
-    )
-    block = e.get("PREFIXCACHE_BLOCK_SIZE", "").strip()
-    if block and not block.isdigit():
-        raise EngineError(f"PREFIXCACHE_BLOCK_SIZE={block!r} is not a positive int")
+    resets = f"{value('PREFIXCACHE_RESET_METHOD')} {value('PREFIXCACHE_RESET_PATH')}"
+    sources = value("PREFIXCACHE_CLAIMS")
     engine = OpenAIEngine(
         cmd or None,
         url=None if cmd else url,
-        cold=e.get("PREFIXCACHE_COLD", "reset"),  # type: ignore[arg-type]
-        cold_cmd=e.get("PREFIXCACHE_COLD_CMD") or None,
-        reset_paths=e.get("PREFIXCACHE_RESET_PATHS") or resets,
-        namespace_header=e.get("PREFIXCACHE_NAMESPACE_HEADER") or None,
-        namespace_field=e.get("PREFIXCACHE_NAMESPACE_FIELD") or None,
-        extra_body=_json_object("PREFIXCACHE_EXTRA_BODY"),
-        prompt_ids=e.get("PREFIXCACHE_PROMPT_IDS") or None,  # type: ignore[arg-type]
-        image_token_id=int(image_token) if image_token else None,
-        check_labels=e.get("PREFIXCACHE_CHECK_LABELS", "1") != "0",
-        model=e.get("PREFIXCACHE_MODEL") or None,
-        top_logprobs=int(e.get("PREFIXCACHE_TOP_LOGPROBS", "10")),
-        tap=e.get("PREFIXCACHE_TAP_SERVER") == "1",
-        vocab=e.get("PREFIXCACHE_VOCAB") or None,
-        supports_images=e.get("PREFIXCACHE_TEXT_ONLY") != "1",
+        cold=value("PREFIXCACHE_COLD"),
+        cold_cmd=value("PREFIXCACHE_COLD_CMD"),
+        reset_paths=value("PREFIXCACHE_RESET_PATHS") or resets,
+        namespace_header=value("PREFIXCACHE_NAMESPACE_HEADER"),
+        namespace_field=value("PREFIXCACHE_NAMESPACE_FIELD"),
+        extra_body=value("PREFIXCACHE_EXTRA_BODY"),
+        prompt_ids=value("PREFIXCACHE_PROMPT_IDS"),
+        image_token_id=value("PREFIXCACHE_IMAGE_TOKEN_ID"),
+        check_labels=value("PREFIXCACHE_CHECK_LABELS"),
+        model=value("PREFIXCACHE_MODEL"),
+        top_logprobs=value("PREFIXCACHE_TOP_LOGPROBS"),
+        tap=value("PREFIXCACHE_TAP_SERVER"),
+        vocab=value("PREFIXCACHE_VOCAB"),
+        supports_images=not value("PREFIXCACHE_TEXT_ONLY"),
         env=env,
-        start_timeout=float(e.get("PREFIXCACHE_START_TIMEOUT", "180")),
+        start_timeout=value("PREFIXCACHE_START_TIMEOUT"),
         render=render,
-        tap_log=e.get("PREFIXCACHE_TAP_LOG") or None,
-        extensions=e.get("PREFIXCACHE_EXTENSIONS") == "1",
-        audit=e.get("PREFIXCACHE_AUDIT", "1") != "0",
-        fork={"0": False, "1": True}.get(e.get("PREFIXCACHE_FORK", "")),
-        reuse_reference=e.get("PREFIXCACHE_REUSE_REFERENCE") or "token",
-        block_size=int(block) if block else None,
+        tap_log=value("PREFIXCACHE_TAP_LOG"),
+        extensions=value("PREFIXCACHE_EXTENSIONS"),
+        audit=value("PREFIXCACHE_AUDIT"),
+        fork=value("PREFIXCACHE_FORK"),
+        reuse_reference=value("PREFIXCACHE_REUSE_REFERENCE"),
+        block_size=value("PREFIXCACHE_BLOCK_SIZE"),
         concurrency=concurrency_from_env(),
         claims=ClaimWatch(
-            sources_from_json(e["PREFIXCACHE_CLAIMS"]),
-            decode_steps=int(e.get("PREFIXCACHE_DECODE_STEPS", "8")),
+            sources_from_json(sources), decode_steps=value("PREFIXCACHE_DECODE_STEPS")
         )
-        if e.get("PREFIXCACHE_CLAIMS")
+        if sources
         else None,
     )
-    engine.fresh_instance_share = audit_share("PREFIXCACHE_AUDIT_SHARE", "1")
+    engine.fresh_instance_share = audit_share("PREFIXCACHE_AUDIT_SHARE")
     # the measured rule of the program the command runs on the model's family, as a preset
     # of the same server gets it: the model directory is the command's --model, else the one
     # the ids are rendered with, the vocabulary's, or PREFIXCACHE_MODEL's

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
-from .environment import audit_share, concurrency_from_env
+from .environment import audit_share, concurrency_from_env, value
 from .flags import split_flags
 from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
@@ -80,6 +80,9 @@ _VLLM_STATS = {
     "batched-mllm": "engine_cache.prefix_cache",
 }
 
+#: seed engines load mlx-lm/mlx-vlm and their own scheduler: starts took up to 2 min on 2 busy cores
+START_TIMEOUT = 300.0
+
 
 def slug(engine: str, flags: Sequence[str]) -> str:
     """A file name for one combination: ``vllm-mlx--continuous-batching--use-paged-cache``."""
@@ -100,7 +103,7 @@ _model_for = model_dir  # seed_server's parameter of that name hides the functio
 
 
 def default_python(engine: str) -> str:
-    root = os.environ.get("SEED_DIR") or str(FIXTURES.parent / ".engines" / "seed")
+    root = value("SEED_DIR") or str(FIXTURES.parent / ".engines" / "seed")
     return str(Path(root) / engine / "bin" / "python")
 
 
@@ -173,7 +176,7 @@ def seed_server(
     python: str | None = None,
     decode_steps: int = 8,
     top_logprobs: int = 10,
-    start_timeout: float = 300.0,
+    start_timeout: float = START_TIMEOUT,
     audit: bool = True,
     claims: bool = True,
     audit_share: int = 8,
@@ -211,7 +214,7 @@ def seed_server(
         )
     model = _model_for(flags, model_dir)
     cmd, cold = commands(engine, flags, python, model, tap=tap)
-    logs = os.environ.get("SEED_TAP_LOGS")
+    logs = value("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
     images = "--mllm" in split_flags(flags)
@@ -268,14 +271,14 @@ def from_env() -> OpenAIEngine:
     ``engines/seed/matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
     ``SEED_CLAIMS=0``: no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once;
     ``SEED_TAP=0``: no logit tap (rapid-mlx only; see :func:`seed_server`)."""
-    engine = os.environ.get("SEED_ENGINE", "")
+    engine = value("SEED_ENGINE")
     if not engine:
         raise EngineError("set SEED_ENGINE (vllm-mlx or rapid-mlx) and SEED_FLAGS")
-    audit = os.environ.get("PREFIXCACHE_AUDIT", "1") != "0"
-    claims = os.environ.get("SEED_CLAIMS", "1") != "0"
-    flags = shlex.split(os.environ.get("SEED_FLAGS", ""))
-    share = audit_share("SEED_AUDIT_SHARE", "8")
-    tap = os.environ.get("SEED_TAP", "1") != "0"
+    audit = value("PREFIXCACHE_AUDIT")
+    claims = value("SEED_CLAIMS")
+    flags = shlex.split(value("SEED_FLAGS"))
+    share = audit_share("SEED_AUDIT_SHARE")
+    tap = value("SEED_TAP")
     return seed_server(
         engine,
         flags,

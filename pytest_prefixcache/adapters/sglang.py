@@ -53,6 +53,9 @@ SGLANG_RESETS = ("POST /flush_cache",)
 #: The baselines the preset can make (see :func:`sglang_server`).
 COLD = ("server", "reset", "salt")
 
+#: SGLang on CPU compiles kernels at start: minutes on a busy 2-core machine
+START_TIMEOUT = 900.0
+
 
 def _flag(flags: Sequence[str], name: str) -> str | None:
     """The value of ``--name V`` or ``--name=V`` in ``flags`` (the last one wins)."""
@@ -110,7 +113,7 @@ def sglang_server(
     metrics: bool = True,
     top_logprobs: int = 20,
     timeout: float = 600.0,
-    start_timeout: float = 900.0,
+    start_timeout: float = START_TIMEOUT,
     audit: bool = True,
 ) -> OpenAIEngine:
     """SGLang's server (``python -m sglang.launch_server``; ``python``: the interpreter of

@@ -64,6 +64,9 @@ _REPLACED_BY = {"--enable-prefix-caching": ("--no-enable-prefix-caching",)}
 #: The tiny HF-format models engines/vllm/run.sh builds (``models``), by matrix name.
 MODELS = {"text": "tiny-llama-hf", "vl": "tiny-qwen2-vl-hf"}
 
+#: vLLM CPU starts took 40-150 s, 246 s on a busy machine, 5 min with three starting at once
+START_TIMEOUT = 600.0
+
 
 def _options(words: Sequence[str]) -> set[str]:
     return {w.split("=", 1)[0] for w in words if w.startswith("--")}
@@ -119,7 +122,7 @@ def vllm_server(
     block_size: int = 32,
     flags: Sequence[str] = (),
     extra_args: Sequence[str] = (),
-    start_timeout: float = 600.0,
+    start_timeout: float = START_TIMEOUT,
     timeout: float = 600.0,
     top_logprobs: int = 20,
     audit: bool = True,
@@ -184,13 +187,13 @@ def vllm_server(
     # vLLM v1 hashes and caches every block that fills, generated tokens included: a next turn
     # that carries the reply reuses them (seen: 320 cached of 383 where the prompts alone
     # shared 317, exact)
-    engine.caches_output = True  # type: ignore[attr-defined]
+    engine.caches_output = True
     # a KV budget (--num-gpu-blocks-override N: N - 1 blocks, vLLM keeps one as its null
     # block) that the salted cold runs share: a request that fills it has its prefix evicted
     # by its own cold run (seen: a 313-token repeat reused 0 of 288 on 11 blocks)
     blocks = flag_value(split_flags(all_flags), "--num-gpu-blocks-override")
     if blocks is not None and cold == "salt":  # cold="reset": the cold runs' own server
-        engine.cache_capacity_tokens = (int(blocks) - 1) * block  # type: ignore[attr-defined]
+        engine.cache_capacity_tokens = (int(blocks) - 1) * block
     return engine
 
 

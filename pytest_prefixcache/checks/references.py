@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import EngineError
+from ..traits import traits_of
 
 __all__ = [
     "REUSE_REFERENCES",
@@ -107,10 +108,11 @@ class CacheDesign:
         when absent) and, for ``"block"``, its ``block_size``. An engine may keep blocks and
         still reuse to the token, as the reference engine does: its ``block_size`` alone is
         not a declaration."""
-        reference: Any = getattr(engine, "reuse_reference", "token")
-        block = getattr(engine, "block_size", None) if reference == "block" else None
-        outputs: Any = getattr(engine, "caches_output", False)
-        last_kv: Any = getattr(engine, "last_token_kv", None)
+        traits = traits_of(engine)
+        reference: Any = traits.reuse_reference
+        block = traits.block_size if reference == "block" else None
+        outputs: Any = traits.caches_output
+        last_kv: Any = traits.last_token_kv
         try:
             return cls(reference, block, outputs, last_kv)
         except EngineError as exc:

@@ -112,7 +112,7 @@ class FailedTests:
         if why is not None:
             key = str(name)  # one per configuration: the workers' messages differ (ports)
             if key in self._engine_errors:  # already shown once (another xdist worker)
-                _as_skip(report, f"the engine could not be built (the error above): {why}")
+                _as_skip(report, "the engine could not be built (the error above)")
                 return
             self._engine_errors.add(key)
         if name is not None:

@@ -28,6 +28,7 @@ from ..checks.equivalence import Tolerance
 from ..checks.references import CacheDesign
 from ..errors import EngineError
 from ..images import ImageFactory
+from ..traits import check_traits, optional_method, traits_of
 from ..types import Engine, Request, ShortRepr
 from ..verify.audit import Audit, fresh_share
 from ..verify.decode_kv import last_kv_of
@@ -145,14 +146,16 @@ def load_engine_with_audit(
     kwargs = kwargs or {}
     _check_kwargs(spec, obj, kwargs)
     if _is_engine(obj):
+        check_traits(obj, spec)
         return obj, Audit(None, "engine given as an instance")  # type: ignore[return-value]
     engine = _build(spec, obj, kwargs)
-    if getattr(engine, "supports_fresh_instances", True) is False:
-        why = getattr(engine, "fresh_instances_missing", None)
+    traits = check_traits(engine, spec)  # a misspelled trait is an error here, at load
+    if traits.supports_fresh_instances is False:
+        why = traits.fresh_instances_missing
         return engine, Audit(None, why or "the engine opts out (supports_fresh_instances = False)")
     share = fresh_share(engine)
-    fresh = getattr(engine, "fresh_instance", None)  # cheaper than the factory (one server)
-    if callable(fresh):
+    fresh = optional_method(engine, "fresh_instance")  # cheaper than the factory (one server)
+    if fresh is not None:
         return engine, Audit(fresh, share=share)
     return engine, Audit(functools.partial(_build, spec, obj, kwargs), share=share)
 
@@ -198,16 +201,18 @@ def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) ->
             slot.report.engine_error = str(res.error)
             raise EngineError(str(res.error)) from None
         kind = type(res.error).__name__
-        error = EngineError(f"building the engine {s.engine!r} raised {kind}: {res.error}")
-        slot.report.engine_error = str(error)
-        raise error from _without_our_frames(res.error)
+        slot.report.engine_error = f"building the engine {s.engine!r} raised {kind}: {res.error}"
+        # its message is printed once, by its own traceback just above this line
+        raise EngineError(
+            f"building the engine {s.engine!r} raised {kind} (the error above)"
+        ) from _without_our_frames(res.error)
     engine, audit = res.value
     slot.built = (engine, audit)
-    slot.report.server = getattr(engine, "coverage_hints", "") == "server"
+    slot.report.server = traits_of(engine).coverage_hints == "server"
     yield engine
     if slot.worker.dead is None:  # the audit's held fresh instance (fresh_instance_share)
         slot.worker.call(audit.close, timeout=s.timeout, what="closing the audit's instance")
-    close = getattr(engine, "close", None)
+    close = optional_method(engine, "close")
     if slot.target is not None and callable(close) and slot.worker.dead is None:
         # a matrix configuration's engine (its servers) goes before the next one starts
         slot.worker.call(close, timeout=s.timeout, what="engine.close()")
@@ -229,7 +234,7 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
     s = slot.settings
     tolerance = engine_tolerance(Tolerance(s.atol, s.rtol, s.kl), engine)
     if tolerance.atol != s.atol:
-        rule = getattr(engine, "tolerance_rule", "") or ENGINE_RULE
+        rule = traits_of(engine).tolerance_rule or ENGINE_RULE
         slot.report.tolerance = f"{tolerance.describe()} ({rule})"
     try:
         design = CacheDesign.of(engine)
@@ -280,7 +285,7 @@ def engine_tolerance(options: Tolerance, engine: object) -> Tolerance:
     """The tolerance to judge ``engine`` by: the options' when any was given, else the
     engine's own ``atol`` when it declares one above 0 (a preset's measured rule, e.g.
     ``presets.llama_server``), else exact."""
-    atol = getattr(engine, "atol", None)
+    atol = traits_of(engine).atol
     if not options.exact or isinstance(atol, bool) or not isinstance(atol, (int, float)):
         return options
     return Tolerance(float(atol), 0.0, None) if atol > 0 else options

@@ -140,6 +140,10 @@ OPTIONS: tuple[Option, ...] = (
            "failures",
            doc="JSON report: requests, hits, reuse vs oracle, worst difference, failures",
            metavar="PATH", type=str, setting="report", path=True, common=True),
+    Option("html", "Write the self-contained HTML report (verdict, coverage, failures with "
+           "their replay lines) and print its path",
+           doc="self-contained HTML report: verdict, coverage, failures and their replay lines",
+           metavar="PATH", type=str, setting="html", path=True, common=True),
     Option("timeout", "Fail an engine call that takes longer, and treat the engine as dead "
            f"(default: {DEFAULT_TIMEOUT:g})",
            doc="an engine call that takes longer fails, and the engine is treated as dead "

@@ -75,6 +75,7 @@ class Settings:
     seed: int = 0
     seed_given: bool = False
     report: Path | None = None
+    html: Path | None = None
     timeout: float = DEFAULT_TIMEOUT
     atol: float = DEFAULT_TOLERANCE
     rtol: float = DEFAULT_TOLERANCE

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..traits import traits_of
 from ._moves import MOVES
 from ._streams import CLOSED_LOOP_SHARE
 
@@ -19,8 +20,8 @@ def capabilities(engine: object) -> tuple[bool, bool]:
     """(images, namespaces): what ``engine`` says it supports (``supports_images`` and
     ``supports_namespaces``; both assumed when absent)."""
     return (
-        getattr(engine, "supports_images", True) is not False,
-        getattr(engine, "supports_namespaces", True) is not False,
+        traits_of(engine).supports_images is not False,
+        traits_of(engine).supports_namespaces is not False,
     )
 
 

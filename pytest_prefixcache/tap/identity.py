@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-__all__ = ["current_labels", "install"]
+__all__ = ["FAMILIES", "Family", "current_labels", "install"]
 
 
 class _Writer(Protocol):
@@ -215,9 +215,8 @@ def _mlx_lm(sink: _Writer) -> list[str]:
 
 #: Per server family: the modules its hooks patch, and the function that installs them on
 #: those imported (returns what it patched; patching twice is a no-op).
-FAMILIES: Sequence[tuple[tuple[str, ...], Callable[[_Writer], list[str]]]] = (
-    (("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),
-)
+Family = tuple[tuple[str, ...], Callable[[_Writer], list[str]]]
+FAMILIES: Sequence[Family] = ((("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),)
 
 
 def _run(family: Callable[[_Writer], list[str]], sink: _Writer) -> list[str]:
@@ -232,9 +231,11 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     (a server whose ``main`` imports ``mlx_lm.server`` itself); ``then`` hears what was
     patched."""
 
-    def __init__(self, sink: _Writer, then: Callable[[list[str]], None]) -> None:
+    def __init__(
+        self, sink: _Writer, then: Callable[[list[str]], None], families: Sequence[Family]
+    ) -> None:
         self.sink, self.then = sink, then
-        self.names = {n: f for names, f in FAMILIES for n in names}
+        self.names = {n: f for names, f in families for n in names}
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         family = self.names.get(fullname)
@@ -267,12 +268,18 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(sink: _Writer, then: Callable[[list[str]], None] = lambda done: None) -> list[str]:
-    """Install every family's hooks on the modules imported now, and on its modules imported
-    later (``then`` hears what those patched); returns what was patched now."""
+def install(
+    sink: _Writer,
+    then: Callable[[list[str]], None] = lambda done: None,
+    families: Sequence[Family] | None = None,
+) -> list[str]:
+    """Install every family's hooks (default :data:`FAMILIES`) on the modules imported now,
+    and on its modules imported later (``then`` hears what those patched); returns what was
+    patched now."""
+    families = FAMILIES if families is None else families
     done: list[str] = []
-    for _, family in FAMILIES:
+    for _, family in families:
         done += _run(family, sink)
     if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(sink, then))
+        sys.meta_path.insert(0, _AfterImport(sink, then, families))
     return done

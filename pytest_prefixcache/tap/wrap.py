@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import ENV, identity
+from . import ENV, identity, identity_vlm
 
 __all__ = ["DEFAULT_TARGETS", "install", "install_identity"]
 
@@ -263,7 +263,8 @@ def install_identity() -> list[str]:
         with sink.lock, open(sink.path, "a") as f:
             f.write(json.dumps({"identity": done, "pid": os.getpid()}) + "\n")
 
-    done = identity.install(sink, header)  # those a later import patches: another line
+    families = (*identity.FAMILIES, identity_vlm.FAMILY)
+    done = identity.install(sink, header, families)  # a later import's patches: another line
     header(done)
     return done
 

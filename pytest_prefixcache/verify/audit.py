@@ -36,6 +36,7 @@ from ..checks.baseline import CHECK
 from ..checks.coverage import APPLIED, NOT_SAMPLED
 from ..errors import EngineError
 from ..output.report import Report
+from ..traits import optional_method, traits_of
 from ..types import Engine, Message, Outcome, Request
 
 __all__ = [
@@ -107,7 +108,7 @@ def shares_nothing(request: Request, earlier: Request) -> bool:
 def fresh_share(engine: object) -> int:
     """The engine's ``fresh_instance_share`` (audited requests one fresh instance may answer;
     default 1), checked: an int >= 1."""
-    n = getattr(engine, "fresh_instance_share", 1)
+    n = traits_of(engine).fresh_instance_share
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise EngineError(
             f"{type(engine).__name__}.fresh_instance_share = {n!r}: must be an int >= 1 (how "
@@ -217,7 +218,7 @@ class Audit:
 
     def _close(self, engine: object) -> None:
         self._held = [h for h in self._held if h[0] is not engine]
-        close = getattr(engine, "close", None)
+        close = optional_method(engine, "close")
         if callable(close):
             close()
 

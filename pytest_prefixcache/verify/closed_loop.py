@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from ..checks import Match, Tolerance
 from ..errors import RequestError
+from ..traits import traits_of
 from ..types import Message, Outcome, ReplyOf, Request
 
 __all__ = [
@@ -80,7 +81,7 @@ def fill_replies(request: Request, replies: Sequence[str | None]) -> tuple[Reque
 def decode_atol_of(engine: object, override: float | None = None) -> float:
     """The decode rule's atol: ``override`` (``VerifyOptions.decode_atol``), else the engine's
     own ``decode_atol``; 0.0 (exact, as every other request) when neither is above 0."""
-    atol = getattr(engine, "decode_atol", None) if override is None else override
+    atol = traits_of(engine).decode_atol if override is None else override
     if isinstance(atol, bool) or not isinstance(atol, (int, float)) or atol <= 0:
         return 0.0
     return float(atol)
@@ -104,7 +105,7 @@ def tolerance_for(tol: Tolerance, atol: float, cached: Outcome, match: Match | N
 
 def rule_name(engine: object) -> str:
     """How the report names the engine's decode rule."""
-    return str(getattr(engine, "decode_rule", "") or "the engine's decode_atol")
+    return str(traits_of(engine).decode_rule or "the engine's decode_atol")
 
 
 def judged_line(engine: object, atol: float, match: Match | None) -> str:

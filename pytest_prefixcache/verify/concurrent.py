@@ -54,6 +54,7 @@ from ..checks.coverage import APPLIED, NOT_SAMPLED, coverage_of
 from ..checks.equivalence import Comparison
 from ..checks.oracle import Match
 from ..output.streams import waves_to_json
+from ..traits import optional_method, traits_of
 from ..types import Outcome, Request, Wave
 from .confirm import confirm_guessed
 from .decode_kv import decoded_tokens
@@ -101,7 +102,7 @@ NO_ORDER = "no served order (judged against every other request of the wave)"
 
 def max_concurrency(engine: object) -> int:
     """The engine's declared ``max_concurrency`` (1 when absent or not an int above 0)."""
-    n = getattr(engine, "max_concurrency", 1)
+    n = traits_of(engine).max_concurrency
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
@@ -214,7 +215,7 @@ def _count(
     report.requests += 1
     report.cache_hits += bool(cached.cached_tokens)
     report.merges_checked += len(cached.merges or ()) + len(alone.merges or ())
-    usage = callable(getattr(verifier.engine, "cache_usage", None))
+    usage = optional_method(verifier.engine, "cache_usage") is not None
     for check, outcome in coverage_of(request, cached, alone, has_usage=usage, compared=compared):
         if check not in NOT_IN_WAVES:
             report.count(check, outcome)
@@ -250,8 +251,8 @@ def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
     tol = verifier.options.tolerance
     cached = _fire(verifier, wave, use_cache=True, ctx=ctx)
     ctx.served = [o.served for o in cached]
-    usage = getattr(verifier.engine, "cache_usage", None)
-    if callable(usage):
+    usage = optional_method(verifier.engine, "cache_usage")
+    if usage is not None:
         value = verifier._call("cache_usage()", usage, wave_context(ctx, 0))
         check_wave(verifier, usage_problems(value), ctx, 0)
     alone = []

@@ -32,6 +32,7 @@ import numpy as np
 
 from ..checks import shared_prefix
 from ..errors import EngineError, PrefixCacheError
+from ..traits import traits_of
 from ..types import Engine, Message, Outcome, Request
 
 __all__ = ["PROBE_PROMPTS", "LastKv", "decoded_tokens", "last_kv_of", "probe_last_kv"]
@@ -82,12 +83,12 @@ def last_kv_of(engine: Engine, call: Call) -> LastKv:
     """The engine's declared ``last_token_kv``, else what :func:`probe_last_kv` measures on an
     engine whose reuse figures can answer it (its ``decode_kv_probe``: a server under the tap
     or with claims), else unknown."""
-    declared = getattr(engine, "last_token_kv", None)
+    declared = traits_of(engine).last_token_kv
     if declared is not None:
         if not isinstance(declared, bool):
             raise EngineError(f"last_token_kv={declared!r} is not a bool or None")
         return LastKv(declared, "declared by the engine: last_token_kv")
-    if not getattr(engine, "decode_kv_probe", False):
+    if not traits_of(engine).decode_kv_probe:
         return LastKv(None, "not measured: the engine declares no last_token_kv and has no probe")
     try:
         return probe_last_kv(engine, call)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..checks import Problem
 from ..errors import PrefixCacheError, VerificationFailure, failure_class
 from ..output.report import Report
+from ..traits import traits_of
 from ..types import Request
 from .audit import Audit
 from .concurrent import max_concurrency
@@ -77,7 +78,7 @@ def lanes_for(engine: object, asked: int) -> tuple[int, str]:
     k = max_concurrency(engine)
     if k < 2:
         return 1, "the engine declares no concurrent service (max_concurrency above 1)"
-    if getattr(engine, "supports_namespaces", True) is False:
+    if traits_of(engine).supports_namespaces is False:
         return 1, "the engine has no namespaces to keep parallel streams apart"
     return min(asked, k), "" if k >= asked else f"the engine declares max_concurrency = {k}"
 

@@ -48,6 +48,7 @@ from ..checks import (
 from ..checks.coverage import attribution_of
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
+from ..traits import optional_method, traits_of
 from ..types import Engine, Outcome, Request, ShortRepr, Wave
 from .audit import Audit
 from .closed_loop import (
@@ -204,8 +205,8 @@ class Verifier(ShortRepr):
         assert isinstance(cached, Outcome)
         self._replies.append(cached.text)
         warm = self._seconds
-        usage = getattr(self.engine, "cache_usage", None)
-        if callable(usage):
+        usage = optional_method(self.engine, "cache_usage")
+        if usage is not None:
             self._check(usage_problems(self._call("cache_usage()", usage, ctx)), ctx)
         ctx = Context(ctx.stream, index, cached)
         uncached = self._call(
@@ -216,7 +217,7 @@ class Verifier(ShortRepr):
         cold = self._seconds  # before the audit's calls set it again
         self._check(fault_problems(uncached, request), ctx, "uncached run: ")
         assert isinstance(uncached, Outcome)
-        skewed = getattr(self.engine, "uncached_times_skewed", "")
+        skewed = traits_of(self.engine).uncached_times_skewed
         self._efficiency.add_times(self.report, cached, uncached, warm, cold, skewed)
         self._check(baseline_problems(uncached), ctx, "uncached run: ")
         self._check(pair_problems(cached, uncached), ctx)
@@ -293,7 +294,7 @@ class Verifier(ShortRepr):
         self, request: Request, prev: Request | None, cached: Outcome, match: Match | None
     ) -> list[Problem]:
         """The positive control, with the engine's ``cache_capacity_tokens`` (if declared)."""
-        capacity = getattr(self.engine, "cache_capacity_tokens", None)
+        capacity = traits_of(self.engine).cache_capacity_tokens
         return self._efficiency.control(request, prev, cached, match, capacity)
 
     @property

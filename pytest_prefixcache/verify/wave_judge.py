@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from ..checks import Problem, compare
 from ..checks.coverage import APPLIED
 from ..checks.equivalence import Comparison, Tolerance
+from ..traits import traits_of
 from ..types import Outcome
 
 __all__ = [
@@ -67,7 +68,7 @@ DIVERGED = "after the greedy tokens diverged"
 def batch_invariant(engine: object) -> bool:
     """Whether the engine declares ``batch_invariant = True``: a reply in a batch equals the
     same request alone, so a cold wave that differs is a batching fault, not noise."""
-    return getattr(engine, "batch_invariant", False) is True
+    return traits_of(engine).batch_invariant is True
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..environment import START_TIMEOUT
 from .baselines import Cold
 
 if TYPE_CHECKING:
@@ -151,7 +152,7 @@ class Process:
 
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float = 120.0
-    start_timeout: float = 120.0
+    start_timeout: float = START_TIMEOUT
     health_path: str = "/health"
 
 

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import EngineError
+from ..environment import START_TIMEOUT
 
 __all__ = ["ForkServer", "ForkedProcess", "fork_module"]
 
@@ -118,7 +119,9 @@ class ForkServer:
         start_timeout: seconds to wait for the imports.
     """
 
-    def __init__(self, module: str, env: Mapping[str, str], *, start_timeout: float = 120.0):
+    def __init__(
+        self, module: str, env: Mapping[str, str], *, start_timeout: float = START_TIMEOUT
+    ):
         self.module = module
         self.root = tempfile.mkdtemp(prefix="prefixcache-forkserver-")
         self.home = os.path.join(self.root, "home")

@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
+from ..environment import START_TIMEOUT
 from .forkserver import ForkServer, fork_module
 from .server import ServerProcess, isolated_env
 
@@ -73,7 +74,7 @@ class Forks:
         *,
         fork: bool | None = None,
         env: Mapping[str, str] | None = None,
-        start_timeout: float = 120,
+        start_timeout: float = START_TIMEOUT,
     ) -> None:
         self.fork = FORK_BY_DEFAULT if fork is None else fork
         self._env = dict(env or {})

@@ -74,6 +74,10 @@ class OpenAIEngine(RequestPath):
             ``OpenAIEngine(cmd, cold="server", tap=True)``.
     """
 
+    # traits a preset adjusts (pytest_prefixcache.traits.EngineTraits documents them)
+    caches_output: bool = False
+    cache_capacity_tokens: int | None = None
+
     #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
     coverage_hints = "server"
 

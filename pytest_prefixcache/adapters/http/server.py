@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import EngineError
+from ..environment import START_TIMEOUT
 from .forkserver import ForkedProcess, ForkServer
 
 __all__ = [
@@ -113,7 +114,9 @@ def connection_problem(exc: OSError, url: str, server: ServerProcess | None = No
         except subprocess.TimeoutExpired:
             pass
     state = "it is still running" if code is None else f"it exited with code {code}"
-    return f"{what} ({state}; its log, {server.log_path}:\n{server.log_tail()})"
+    kept = server.kept_log() if code is not None else None
+    where = f"kept at {kept}" if kept is not None else str(server.log_path)
+    return f"{what} ({state}; its log, {where}:\n{server.log_tail()})"
 
 
 #: Attempts at starting a server whose picked port was taken before it could bind it.
@@ -167,9 +170,34 @@ def isolated_env(home: str, extra: Mapping[str, str] | None = None) -> dict[str,
     return env
 
 
-def _stop(proc: Proc, home: str) -> None:
+#: Where a server's log is kept when it exits on its own with an error (its HOME, where the log
+#: is written, goes when it stops), relative to the directory the server was started from.
+KEPT_LOGS = Path(".prefixcache") / "server-logs"
+
+
+def keep_log(log: Path, base_dir: str, pid: int | None, kept: list[Path]) -> Path | None:
+    """Copy ``log`` to :data:`KEPT_LOGS` under ``base_dir`` (named by the server's PID and the
+    time) once (``kept`` holds the copy made) and return the copy, or None without a log."""
+    if kept:
+        return kept[0]
+    if not log.is_file():
+        return None
+    copy = Path(base_dir) / KEPT_LOGS / f"server-{pid or 0}-{time.strftime('%Y%m%d-%H%M%S')}.log"
     try:
-        if proc.poll() is None:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, copy)
+    except OSError:
+        return None
+    kept.append(copy)
+    return copy
+
+
+def _stop(proc: Proc, home: str, base_dir: str = "", kept: list[Path] | None = None) -> None:
+    try:
+        code = proc.poll()
+        if code is not None and code != 0 and base_dir:  # it crashed: its log outlives HOME
+            keep_log(Path(home) / "server.log", base_dir, getattr(proc, "pid", None), kept or [])
+        if code is None:
             proc.terminate()
             try:
                 proc.wait(timeout=10)
@@ -201,7 +229,7 @@ class ServerProcess:
         cmd: Sequence[str] | str,
         *,
         health_path: str = "/health",
-        start_timeout: float = 120.0,
+        start_timeout: float = START_TIMEOUT,
         env: Mapping[str, str] | None = None,
         forker: ForkServer | None = None,
     ) -> None:
@@ -219,6 +247,7 @@ class ServerProcess:
         self.port = 0
         self.home = ""
         self._finalizer: Any = None
+        self._kept: list[Path] = []  # the copy of its log made once it exited
 
     @property
     def url(self) -> str:
@@ -235,9 +264,19 @@ class ServerProcess:
             return "(no log)"
         return "\n".join(lines) or "(the log is empty)"
 
+    def kept_log(self) -> Path | None:
+        """A copy of the log that outlives the server's HOME, when the server has exited
+        (:data:`KEPT_LOGS`); None while it runs or without a log."""
+        if self.proc is None or self.proc.poll() is None:
+            return None
+        return keep_log(self.log_path, self.base_dir, getattr(self.proc, "pid", None), self._kept)
+
     def log_note(self) -> str:
-        """The end of an error message about this server: the last lines of its log."""
-        return f"\nthe server's log, {self.log_path}, ends:\n{self.log_tail()}"
+        """The end of an error message about this server: the last lines of its log, and
+        where the whole log is kept when the server has exited."""
+        kept = self.kept_log()
+        where = f"kept at {kept}" if kept is not None else str(self.log_path)
+        return f"\nthe server's log, {where}, ends:\n{self.log_tail()}"
 
     def start(self) -> ServerProcess:
         """Start on a fresh port in a fresh HOME and wait until the health check answers.
@@ -297,13 +336,16 @@ class ServerProcess:
             raise EngineError(
                 f"cannot start the server {shlex.join(argv)!r}: {exc}{hint}"
             ) from None
-        self._finalizer = weakref.finalize(self, _stop, self.proc, self.home)
+        self._kept = []
+        self._finalizer = weakref.finalize(
+            self, _stop, self.proc, self.home, self.base_dir, self._kept
+        )
         pause = 0.005  # a forked server answers within ~0.2 s, a started one within seconds
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise EngineError(
                     f"server {shlex.join(argv)!r} exited with {self.proc.returncode} before it "
-                    f"was ready; log:\n{self.log_tail()}"
+                    f"was ready; {self.log_note().strip()}"
                 )
             try:
                 wait = max(0.05, min(5.0, deadline - time.monotonic()))

@@ -1,0 +1,148 @@
+"""Which request each batch row belongs to, for mlx_vlm.server (mlx-vlm 0.7): the hooks of
+:mod:`.identity` for its continuous batching.
+
+mlx-vlm's ``BatchGenerator`` (``mlx_vlm.generate.ar``) hands each request a ``uid`` at
+``insert`` and keeps the rows' ``uids`` in row order on the batch whose forward is running:
+``PromptProcessingBatch.prompt_step`` (a prefill chunk), ``PromptProcessingBatch.generate``
+(the prompt's last chunk and first token) and ``GenerationBatch._step`` (every decode step). Its
+server inserts each request on one GPU thread (``ResponseGenerator._run``) and hands the uid
+back to the HTTP thread that called ``ResponseGenerator.generate`` (``GenerationContext.uid``).
+The reply's ``id`` (``chatcmpl-<uuid4>``) is made only when the reply is written, so the
+admission line is written there: the FastAPI app's ``__call__`` keeps a copy of a chat
+completion's reply body as it goes out and, before its last part is sent, reads its ``id`` and
+ties it to the uid its HTTP thread got (a context variable both share). A streamed reply (not
+JSON) is left to the ledger's inference.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from .identity import _in_generator, _labelled, _patch, _serial, _Writer
+
+__all__ = ["FAMILY"]
+
+#: The HTTP exchange being served in this context: what its thread learned (``label``).
+_exchange: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar(
+    "prefixcache_exchange", default=None
+)
+#: uid -> its label, from ``insert`` (the GPU thread) to ``generate`` (the HTTP thread).
+_inserted: dict[int, str] = {}
+_inserted_lock = threading.Lock()
+SCHEDULER = "mlx_vlm.BatchGenerator"
+#: A reply body longer than this is not read for its id (the ledger infers that request's rows).
+MAX_BODY = 1 << 24
+
+
+def _inserting(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``BatchGenerator.insert``: each uid's label, for the HTTP thread waiting for it."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        uids = original(self, *args, **kwargs)
+        try:
+            with _inserted_lock:
+                for uid in uids:
+                    _inserted[int(uid)] = f"{os.getpid()}:{_serial(self)}:{uid}"
+        except Exception:
+            pass
+        return uids
+
+    return run
+
+
+def _generating(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ResponseGenerator.generate``: the uid the GPU thread gave this exchange's request."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        try:
+            holder = _exchange.get()
+            uid = getattr(out[0], "uid", None)
+            if holder is not None and isinstance(uid, int):
+                with _inserted_lock:
+                    label = _inserted.pop(uid, None)
+                if label is not None:
+                    holder["label"] = label
+        except Exception:
+            pass
+        return out
+
+    return run
+
+
+def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        """``FastAPI.__call__``: a chat completion's reply id, admitted before it is sent."""
+
+        async def call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+            path = str(scope.get("path", "")) if isinstance(scope, dict) else ""
+            if scope.get("type") != "http" or not path.endswith("/chat/completions"):
+                return await original(self, scope, receive, send)
+            holder: dict[str, str] = {}
+            token = _exchange.set(holder)
+            body: list[bytes] = []
+
+            async def sending(message: Any) -> None:
+                try:  # a copy of the body; the admission before its last part goes out
+                    if message.get("type") == "http.response.body" and "label" in holder:
+                        body.append(bytes(message.get("body", b"")))
+                        if sum(map(len, body)) > MAX_BODY:
+                            holder.pop("label")
+                        elif not message.get("more_body", False):
+                            reply = json.loads(b"".join(body) or b"null")
+                            if isinstance(reply, dict) and isinstance(reply.get("id"), str):
+                                sink.admit(holder["label"], reply["id"], SCHEDULER)
+                except Exception:  # never raise into the server (a stream is no JSON)
+                    pass
+                await send(message)
+
+            try:
+                return await original(self, scope, receive, sending)
+            finally:
+                _exchange.reset(token)
+
+        return call
+
+    return make
+
+
+def _mlx_vlm(sink: _Writer) -> list[str]:
+    done: list[str] = []
+    ar = sys.modules.get("mlx_vlm.generate.ar")
+    if ar is not None:
+        for cls_name, method in (
+            ("PromptProcessingBatch", "prompt_step"),
+            ("PromptProcessingBatch", "generate"),
+            ("GenerationBatch", "_step"),
+        ):
+            cls = getattr(ar, cls_name, None)
+            if isinstance(cls, type) and _patch(cls, method, _labelled):
+                done.append(f"mlx_vlm.generate.ar:{cls_name}.{method}")
+        bg = getattr(ar, "BatchGenerator", None)
+        if isinstance(bg, type):
+            if _patch(bg, "_next", _in_generator):
+                done.append("mlx_vlm.generate.ar:BatchGenerator._next")
+            if _patch(bg, "insert", _inserting):
+                done.append("mlx_vlm.generate.ar:BatchGenerator.insert")
+    gen = sys.modules.get("mlx_vlm.server.generation")
+    rg = getattr(gen, "ResponseGenerator", None) if gen is not None else None
+    if isinstance(rg, type) and _patch(rg, "generate", _generating):
+        done.append("mlx_vlm.server.generation:ResponseGenerator.generate")
+    fastapi = sys.modules.get("fastapi.applications")
+    app = getattr(fastapi, "FastAPI", None) if fastapi is not None and gen is not None else None
+    if isinstance(app, type) and _patch(app, "__call__", _replying(sink)):  # mlx-vlm's app only
+        done.append("fastapi.applications:FastAPI.__call__")
+    return done
+
+
+#: The modules these hooks patch, and the function that installs them (see ``FAMILIES``).
+FAMILY: tuple[tuple[str, ...], Callable[[_Writer], list[str]]] = (
+    ("mlx_vlm.generate.ar", "mlx_vlm.server.generation", "fastapi.applications"),
+    _mlx_vlm,
+)
