@@ -1,0 +1,184 @@
+"""The engine's disk tier and restarts (``Engine(cache_dir=...)``, ``Engine.restart``).
+
+With a storage directory, every block the engine stores in memory is also written to its disk
+tier (``disk.py``), and a lookup first brings the chain's next blocks that memory lacks back
+from disk, in chain order, as blocks of the pool; the lookup then runs as always. A block
+restored from disk is the same rows, stored under the same key, so a hit on it follows the
+rules of any hit: its logits equal a cold run's bit for bit.
+
+Only full-attention models use the tier: a model with sliding-window or recurrent layers
+resumes at snapshots (``snapshots.py``), which are not persisted, so it restores nothing.
+
+``restart(changed)`` is the restart the plugin's restart streams ask for: the engine becomes a
+new instance with the same configuration over the same directory (empty memory, the disk
+kept); ``changed`` names one thing to change at the restart (:data:`RESTART_CHANGES`), which
+must then reuse nothing stored before it (its keys chain from another ``Identity``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from .blocks import BlockKey
+from .disk import DiskTier, Rows
+from .identity import Identity, identity_of
+from .kv import Segment, Window
+from .model import LoadedModel, load_model
+
+__all__ = ["RESTART_CHANGES", "Persist", "changed_model"]
+
+#: What a restart may change: the weights (a perturbed copy of the model directory), the chat
+#: template (one that renders the same text, so only the identity tells them apart), or the KV
+#: dtype (the same weights cast to another dtype).
+RESTART_CHANGES = ("weights", "template", "kv_dtype")
+
+
+def changed_model(model: LoadedModel, changed: str) -> LoadedModel:
+    """A fresh load of ``model`` with ``changed`` (one of :data:`RESTART_CHANGES`) changed."""
+    if changed == "weights":
+        copy = Path(tempfile.mkdtemp(prefix="prefixcache-weights-"))
+        shutil.copytree(model.path, copy, dirs_exist_ok=True)
+        for file in sorted(copy.glob("*.safetensors")):
+            weights = mx.load(str(file))
+            assert isinstance(weights, dict)
+            for name, value in weights.items():
+                if "norm" in name and mx.issubdtype(value.dtype, mx.floating):
+                    weights[name] = value * 1.25  # another fine-tune of the same shapes
+            mx.save_safetensors(str(file), weights, metadata={"format": "mlx"})
+        atexit.register(shutil.rmtree, copy, True)  # later restarts may load it again
+        return load_model(copy)
+    loaded = load_model(model.path)
+    if changed == "template":
+        owners = (loaded.processor, getattr(loaded.processor, "tokenizer", None))
+        for owner in (o for o in owners if o is not None):
+            template = getattr(owner, "chat_template", None)
+            if isinstance(template, str):  # a comment: the same text, another template
+                owner.chat_template = "{#- restarted with another template -#}" + template
+        return loaded
+    if changed == "kv_dtype":
+        current = model.model.language_model.parameters()
+        dtype = mx.float16
+        for leaf in _leaves(current):
+            dtype = mx.float32 if leaf.dtype != mx.float32 else mx.float16
+            break
+        loaded.model.set_dtype(dtype)
+        return loaded
+    raise ValueError(f"restart(changed={changed!r}): expected None or one of {RESTART_CHANGES}")
+
+
+def _leaves(tree: Any) -> list[mx.array]:
+    from mlx.utils import tree_flatten
+
+    return [item[1] for item in tree_flatten(tree) if isinstance(item[1], mx.array)]
+
+
+class Persist:
+    """The disk tier and the restart of an ``Engine`` (a mixin; see the module docstring)."""
+
+    disk: DiskTier | None
+    model: LoadedModel
+    _config: dict[str, Any]
+    _identity: Identity | None
+    disk_restored: int
+    """Blocks brought back from disk since this instance started."""
+
+    @property
+    def identity(self) -> Identity:
+        """What every key of this engine chains from (``identity.py``)."""
+        if self._identity is None:
+            self._identity = identity_of(self.model)
+        return self._identity
+
+    @property
+    def persists(self) -> bool:
+        """Blocks outlive a restart: a disk tier, and a model whose blocks it keeps."""
+        return self.disk is not None and not self.model.stateful_layers
+
+    def restart(self, changed: str | None = None) -> None:
+        """Become a new instance with the same configuration over the same directory (the
+        memory empty, the disk kept), with ``changed`` (one of :data:`RESTART_CHANGES`)
+        changed; the restart streams call it between two requests, nothing in flight."""
+        if changed is not None and changed not in RESTART_CHANGES:
+            raise ValueError(
+                f"restart(changed={changed!r}): expected None or one of {RESTART_CHANGES}"
+            )
+        with self._lock:  # type: ignore[attr-defined]
+            model = self.model if changed is None else changed_model(self.model, changed)
+            fresh = type(self)(model, **self._config)  # type: ignore[call-arg]
+            self.__dict__.clear()
+            self.__dict__.update(fresh.__dict__)
+
+    def reset_disk(self) -> None:
+        """Drop every block on disk too (``Engine.reset``: the next stream starts cold)."""
+        if self.disk is not None:
+            self.disk.clear()
+        self.disk_restored = 0
+
+    # -- the disk tier ------------------------------------------------------------------------
+    def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:
+        super().store(cache, keys, first)  # type: ignore[misc]
+        if self.persists:
+            self.persist(keys[first:])
+
+    def persist(self, keys: Sequence[BlockKey]) -> None:
+        """Write the blocks of ``keys`` the pool holds to the disk tier (those not there)."""
+        assert self.disk is not None
+        pool = self.pool  # type: ignore[attr-defined]
+        for key in keys:
+            if key in self.disk:
+                continue
+            block = pool.acquire(key)
+            if block is None:
+                continue
+            try:
+                if isinstance(block.payload, Window):
+                    self.disk.put(key, self.rows_to_disk(block.payload.layers()))
+            finally:
+                pool.release([block])
+
+    def rows_to_disk(self, rows: Rows) -> Rows:
+        """The rows as written (the identity: a mutant may change them)."""
+        return rows
+
+    def rows_from_disk(self, rows: Rows) -> Rows | None:
+        """The rows as restored, or None (a miss) when they are not in the running KV dtype
+        (the identity's ``kv_dtype`` is in every key: checked here all the same)."""
+        want = self.identity.kv_dtype
+        if any(str(a.dtype).removeprefix("mlx.core.") != want for pair in rows for a in pair):
+            return None
+        return rows
+
+    def promote(self, keys: Sequence[BlockKey]) -> int:
+        """Bring the chain's next blocks that memory lacks back from disk, in chain order, as
+        blocks of the pool (one segment each); return how many."""
+        assert self.disk is not None
+        pool, kv = self.pool, self.kv  # type: ignore[attr-defined]
+        restored = 0
+        with self._compute:  # type: ignore[attr-defined]
+            for key in keys:
+                if key.digest in pool:
+                    continue
+                rows = self.disk.get(key)
+                if rows is None:
+                    break
+                rows = self.rows_from_disk(rows)
+                if rows is None:
+                    break
+                n = len(key.tokens)
+                window = Segment(rows, n).window(0, n)
+                kv.segments.track([window])
+                block = pool.insert(key, window, window.nbytes)
+                if block is None:
+                    kv.segments.discard([window])
+                    break
+                pool.release([block])
+                restored += 1
+        self.disk_restored += restored
+        return restored
