@@ -1,6 +1,7 @@
 """The reference engine's disk tier: one file per stored block, under a byte budget.
 
-A file is named by its block key's digest (hex) and holds::
+A file is named by its block key's parent and digest (``<parent hex>.<digest hex>.kv``: the
+siblings of a key, the blocks stored after the same chain, are one glob) and holds::
 
     MAGIC (8 bytes) | header length (u64) | payload length (u64) | sha256(header + payload)
     | header (JSON: the key's index, parent, tokens and image extras; each array's dtype
@@ -147,7 +148,26 @@ class DiskTier:
         return [f for f in self.directory.glob("*.kv") if f.is_file()]
 
     def path(self, key: BlockKey) -> Path:
-        return self.directory / f"{key.digest.hex()}.kv"
+        return self.directory / f"{key.parent.hex()}.{key.digest.hex()}.kv"
+
+    def siblings(self, key: BlockKey) -> list[BlockKey]:
+        """The keys stored after ``key``'s parent (the blocks a partial match may use), read
+        from their files' headers; torn files are counted and deleted."""
+        found: list[BlockKey] = []
+        for f in sorted(self.directory.glob(f"{key.parent.hex()}.*.kv")):
+            try:
+                decoded = self.decode(f.read_bytes())
+            except OSError:
+                continue
+            if decoded is None:
+                self.stats.torn += 1
+                self._remove(f)
+                continue
+            h = decoded[0]
+            digest = bytes.fromhex(f.name.split(".")[1])
+            extras = tuple((str(d), int(o)) for d, o in h["extras"])
+            found.append(BlockKey(h["index"], digest, key.parent, tuple(h["tokens"]), extras))
+        return found
 
     def __contains__(self, key: BlockKey) -> bool:
         return self.path(key).is_file()

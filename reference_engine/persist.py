@@ -159,26 +159,40 @@ class Persist:
         """Bring the chain's next blocks that memory lacks back from disk, in chain order, as
         blocks of the pool (one segment each); return how many."""
         assert self.disk is not None
-        pool, kv = self.pool, self.kv  # type: ignore[attr-defined]
+        pool = self.pool  # type: ignore[attr-defined]
         restored = 0
         with self._compute:  # type: ignore[attr-defined]
             for key in keys:
                 if key.digest in pool:
                     continue
-                rows = self.disk.get(key)
-                if rows is None:
-                    break
-                rows = self.rows_from_disk(rows)
-                if rows is None:
-                    break
-                n = len(key.tokens)
-                window = Segment(rows, n).window(0, n)
-                kv.segments.track([window])
-                block = pool.insert(key, window, window.nbytes)
-                if block is None:
-                    kv.segments.discard([window])
-                    break
-                pool.release([block])
-                restored += 1
+                if key in self.disk:
+                    if not self.bring_back(key):
+                        break
+                    restored += 1
+                    continue
+                # the chain ends here on disk: its siblings, for a partial match (pool.reuse)
+                restored += sum(
+                    self.bring_back(k) for k in self.disk.siblings(key) if k.digest not in pool
+                )
+                break
         self.disk_restored += restored
         return restored
+
+    def bring_back(self, key: BlockKey) -> bool:
+        """Load one block from disk into the pool (one segment); False when it is not there
+        (missing, torn, another dtype) or does not fit."""
+        assert self.disk is not None
+        pool, kv = self.pool, self.kv  # type: ignore[attr-defined]
+        rows = self.disk.get(key)
+        rows = None if rows is None else self.rows_from_disk(rows)
+        if rows is None:
+            return False
+        n = len(key.tokens)
+        window = Segment(rows, n).window(0, n)
+        kv.segments.track([window])
+        block = pool.insert(key, window, window.nbytes)
+        if block is None:
+            kv.segments.discard([window])
+            return False
+        pool.release([block])
+        return True

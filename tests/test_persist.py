@@ -143,3 +143,19 @@ def test_bad_input_names_it(engine: Any, tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"disk cache directory .*file"):
         DiskTier(tmp_path / "file")
+
+
+def test_restored_reuse_equals_the_reuse_without_restart(model: Any, tmp_path: Path) -> None:
+    """Partial blocks too: the chain's stored siblings come back for a partial match."""
+    from reference_engine import Engine
+
+    first, then = _request("hello there"), _request("hello there, friend, and more words")
+    stayed = Engine(model)
+    stayed.run(first)
+    want = stayed.run(then).cached_tokens
+    restarted = Engine(model, cache_dir=tmp_path)
+    restarted.run(first)
+    restarted.restart()
+    got = restarted.run(then)
+    assert got.cached_tokens == want and want % 16 != 0  # a partial block's rows reused
+    assert np.array_equal(got.logits, restarted.run(then, use_cache=False).logits)
