@@ -7,6 +7,8 @@ Cheap to import: neither MLX nor any engine is imported here; the engine is buil
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Generator
 from contextlib import nullcontext
@@ -62,6 +64,9 @@ pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.sess
 DESELECTED_KEY = pytest.StashKey[str]()
 #: PREFIXCACHE_MODEL as it was before this session exported its model (None: unset).
 MODEL_ENV_KEY = pytest.StashKey["str | None"]()
+#: The reference engine's disk tier directory under --prefixcache-restarts (DISK_ENV).
+DISK_ENV = "PREFIXCACHE_REFERENCE_DISK"
+DISK_ENV_KEY = pytest.StashKey["tuple[str | None, str]"]()
 #: The variables a --prefixcache-server-cmd session exports, as they were before it.
 SERVER_ENV = ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY")
 SERVER_ENV_KEY = pytest.StashKey["dict[str, str | None]"]()
@@ -141,6 +146,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(FailedTests(), "prefixcache-failed")
     if config.pluginmanager.hasplugin("xdist") and not xd.is_worker(config):
         config.pluginmanager.register(xd.Controller(config, progress), "prefixcache-xdist")
+    if s.restarts:  # the reference engine's disk tier (default_engine), removed at the end
+        config.stash[DISK_ENV_KEY] = (os.environ.get(DISK_ENV), tempfile.mkdtemp(prefix="pckv-"))
+        os.environ[DISK_ENV] = config.stash[DISK_ENV_KEY][1]
     if s.verify and str(SUITE_FILE.parent) not in config.args:
         config.args.append(str(SUITE_FILE.parent))
 
@@ -183,6 +191,13 @@ def _tolerance(s: settings.Settings) -> str:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if DISK_ENV_KEY in config.stash:
+        previous, directory = config.stash[DISK_ENV_KEY]
+        shutil.rmtree(directory, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(DISK_ENV, None)
+        else:
+            os.environ[DISK_ENV] = previous
     if MODEL_ENV_KEY in config.stash:  # as it was: a session run in-process leaves no trace
         previous = config.stash[MODEL_ENV_KEY]
         if previous is None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import shutil
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,42 +42,49 @@ RESTART_CHANGES = ("weights", "template", "kv_dtype")
 
 
 def changed_model(model: LoadedModel, changed: str) -> LoadedModel:
-    """A fresh load of ``model`` with ``changed`` (one of :data:`RESTART_CHANGES`) changed."""
+    """A fresh load of ``model`` with ``changed`` (one of :data:`RESTART_CHANGES`) changed and
+    everything else as ``model`` runs it (its dtype, its chat template)."""
+    if changed not in RESTART_CHANGES:
+        raise ValueError(f"restart(changed={changed!r}): expected None or one of {RESTART_CHANGES}")
+    path = model.path
     if changed == "weights":
-        copy = Path(tempfile.mkdtemp(prefix="prefixcache-weights-"))
-        shutil.copytree(model.path, copy, dirs_exist_ok=True)
-        for file in sorted(copy.glob("*.safetensors")):
+        path = Path(tempfile.mkdtemp(prefix="prefixcache-weights-"))
+        shutil.copytree(model.path, path, dirs_exist_ok=True)
+        for file in sorted(path.glob("*.safetensors")):
             weights = mx.load(str(file))
             assert isinstance(weights, dict)
             for name, value in weights.items():
                 if "norm" in name and mx.issubdtype(value.dtype, mx.floating):
                     weights[name] = value * 1.25  # another fine-tune of the same shapes
             mx.save_safetensors(str(file), weights, metadata={"format": "mlx"})
-        atexit.register(shutil.rmtree, copy, True)  # later restarts may load it again
-        return load_model(copy)
-    loaded = load_model(model.path)
-    if changed == "template":
-        owners = (loaded.processor, getattr(loaded.processor, "tokenizer", None))
-        for owner in (o for o in owners if o is not None):
-            template = getattr(owner, "chat_template", None)
-            if isinstance(template, str):  # a comment: the same text, another template
-                owner.chat_template = "{#- restarted with another template -#}" + template
-        return loaded
+        atexit.register(shutil.rmtree, path, True)  # later restarts may load it again
+    loaded = load_model(path)
+    dtype = _dtype_of(model)
     if changed == "kv_dtype":
-        current = model.model.language_model.parameters()
-        dtype = mx.float16
-        for leaf in _leaves(current):
-            dtype = mx.float32 if leaf.dtype != mx.float32 else mx.float16
-            break
+        dtype = mx.float16 if dtype == mx.float32 else mx.float32
+    if dtype is not None and _dtype_of(loaded) != dtype:
         loaded.model.set_dtype(dtype)
-        return loaded
-    raise ValueError(f"restart(changed={changed!r}): expected None or one of {RESTART_CHANGES}")
+    # a new template each time: a comment, so that it renders the same text
+    mark = f"{{#- restarted with another template ({uuid.uuid4().hex}) -#}}"
+    for new, old in zip(_template_owners(loaded), _template_owners(model)):
+        template = getattr(old, "chat_template", None)
+        if isinstance(template, str):
+            new.chat_template = (mark if changed == "template" else "") + template
+    return loaded
 
 
-def _leaves(tree: Any) -> list[mx.array]:
+def _template_owners(model: LoadedModel) -> list[Any]:
+    processor = model.processor
+    return [processor, getattr(processor, "tokenizer", None) or processor]
+
+
+def _dtype_of(model: LoadedModel) -> Any:
     from mlx.utils import tree_flatten
 
-    return [item[1] for item in tree_flatten(tree) if isinstance(item[1], mx.array)]
+    for item in tree_flatten(model.model.language_model.parameters()):
+        if isinstance(item[1], mx.array) and mx.issubdtype(item[1].dtype, mx.floating):
+            return item[1].dtype
+    return None
 
 
 class Persist:
@@ -88,6 +96,8 @@ class Persist:
     _identity: Identity | None
     disk_restored: int
     """Blocks brought back from disk since this instance started."""
+    #: What ``restart(changed)`` may change (the restart streams draw from these).
+    restart_changes = RESTART_CHANGES
 
     @property
     def identity(self) -> Identity:
@@ -110,16 +120,32 @@ class Persist:
                 f"restart(changed={changed!r}): expected None or one of {RESTART_CHANGES}"
             )
         with self._lock:  # type: ignore[attr-defined]
+            origin = getattr(self, "_origin", None) or self.model
             model = self.model if changed is None else changed_model(self.model, changed)
-            fresh = type(self)(model, **self._config)  # type: ignore[call-arg]
-            self.__dict__.clear()
-            self.__dict__.update(fresh.__dict__)
+            self._become(model)
+            self._origin = None if model is origin else origin
+
+    def _become(self, model: LoadedModel) -> None:
+        """Become a new instance on ``model`` with the same configuration."""
+        fresh = type(self)(model, **self._config)  # type: ignore[call-arg]
+        self.__dict__.clear()
+        self.__dict__.update(fresh.__dict__)
 
     def reset_disk(self) -> None:
-        """Drop every block on disk too (``Engine.reset``: the next stream starts cold)."""
+        """``Engine.reset``: drop every block on disk too, and go back to the configuration
+        the engine was built with (before any changed restart): the next stream starts cold
+        on it."""
         if self.disk is not None:
             self.disk.clear()
         self.disk_restored = 0
+        origin = getattr(self, "_origin", None)
+        if origin is not None:
+            self._become(origin)
+
+    def fresh_instance(self) -> Any:
+        """A fresh instance as this engine runs now (after a changed restart, the changed
+        configuration), without a disk tier: the baseline audit's cold runs."""
+        return type(self)(self.model, **{**self._config, "cache_dir": None})
 
     # -- the disk tier ------------------------------------------------------------------------
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:

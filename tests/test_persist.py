@@ -159,3 +159,20 @@ def test_restored_reuse_equals_the_reuse_without_restart(model: Any, tmp_path: P
     got = restarted.run(then)
     assert got.cached_tokens == want and want % 16 != 0  # a partial block's rows reused
     assert np.array_equal(got.logits, restarted.run(then, use_cache=False).logits)
+
+
+def test_each_change_changes_one_thing_and_reset_goes_back(engine: Any) -> None:
+    """Changes stack: each restart changes exactly one field of the identity running then
+    (a template change keeps a changed KV dtype); ``reset`` returns to the first model."""
+    origin = engine.model
+    seen = [engine.identity]
+    for changed, field in (("kv_dtype", "kv_dtype"), ("template", "tokenizer"),
+                           ("template", "tokenizer"), ("weights", "model")):  # fmt: skip
+        engine.restart(changed)
+        assert engine.identity.changed(seen[-1]) == [field], changed
+        assert engine.identity not in seen  # never an identity seen before
+        seen.append(engine.identity)
+    engine.run(_request())
+    engine.reset()
+    assert engine.model is origin and engine.identity == seen[0]
+    assert not list(engine.disk.directory.glob("*.kv"))
