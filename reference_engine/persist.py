@@ -145,7 +145,7 @@ class Persist:
     def fresh_instance(self) -> Any:
         """A fresh instance as this engine runs now (after a changed restart, the changed
         configuration), without a disk tier: the baseline audit's cold runs."""
-        return type(self)(self.model, **{**self._config, "cache_dir": None})
+        return type(self)(self.model, **{**self._config, "cache_dir": None})  # type: ignore[call-arg]
 
     # -- the disk tier ------------------------------------------------------------------------
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:

@@ -8,8 +8,9 @@ bound. After a restart with something changed, the verifier forgets the stream's
 oracle starts again) and judges ``stale identity`` first (:mod:`..checks.restart`); the
 baseline audit goes on where the engine's own ``fresh_instance`` builds its fresh instances
 (they follow the change), else it pauses for the rest of the stream (a fresh instance of the
-old configuration is no baseline; the coverage table shows the gap). A failure's message lists the stream's restarts, and its saved stream keeps
-them (``meta["restarts"]``: [request index, what changed]).
+old configuration is no baseline; the coverage table shows the gap). A failure's message
+lists the stream's restarts, and its saved stream keeps them (``meta["restarts"]``: [request
+index, what changed]; ``restarts_from`` puts them back for a replay).
 """
 
 from __future__ import annotations
