@@ -56,7 +56,7 @@ from .session.stash import (
     report_of,
     settings_of,
 )
-from .suite import ISOLATION_FILE, SUITE_FILE
+from .suite import ISOLATION_FILE, RESTARTS_FILE, SUITE_FILE
 
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
@@ -104,7 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
     isolation = bool(config.getoption("prefixcache_isolation"))
     s = settings.Settings(
         **option_table.settings_values(config.getoption),
-        verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
+        verify=bool(config.getoption("prefixcache_verify"))
+        or replay is not None
+        or isolation
+        or bool(config.getoption("prefixcache_restarts")),
         engine=engine,
         engine_source=source,
         model=model,
@@ -179,7 +182,11 @@ def _writer(config: pytest.Config) -> Callable[[str], None]:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     s = settings_of(parent.config)
-    if (file_path == SUITE_FILE and s.verify) or (file_path == ISOLATION_FILE and s.isolation):
+    if (
+        (file_path == SUITE_FILE and s.verify)
+        or (file_path == ISOLATION_FILE and s.isolation)
+        or (file_path == RESTARTS_FILE and s.restarts)
+    ):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
@@ -241,7 +248,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _is_suite(item: pytest.Item) -> bool:
-    return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE)
+    return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE, RESTARTS_FILE)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

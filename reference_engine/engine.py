@@ -51,7 +51,7 @@ from .designs import (
     OutputDesign,
     cache_output_from_env,
 )
-from .disk import DEFAULT_DISK_BYTES, DiskTier
+from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
@@ -149,12 +149,8 @@ class Engine(Persist, Resume, Compute, OutputDesign):
         self._snapshots_stored = 0
         self._snapshot_hits = 0
         self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
-        self._config = dict(block_size=block_size, max_bytes=max_bytes,
-                            vision_entries=vision_entries, cache_output=cache_output,
-                            cache_dir=cache_dir, disk_bytes=disk_bytes)  # fmt: skip
-        self.disk = None if cache_dir is None else DiskTier(cache_dir, disk_bytes)
-        self._identity = None
-        self.disk_restored = 0
+        self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
+                       vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
 
     @classmethod
     def from_pretrained(

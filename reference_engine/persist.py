@@ -18,6 +18,7 @@ must then reuse nothing stored before it (its keys chain from another ``Identity
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
 import uuid
@@ -98,6 +99,16 @@ class Persist:
     """Blocks brought back from disk since this instance started."""
     #: What ``restart(changed)`` may change (the restart streams draw from these).
     restart_changes = RESTART_CHANGES
+
+    def open_disk(
+        self, cache_dir: str | os.PathLike[str] | None, disk_bytes: int, **config: Any
+    ) -> None:
+        """Set up (from ``Engine.__init__``): the disk tier in ``cache_dir`` (None: none), and
+        the configuration a restart builds the new instance with."""
+        self._config = {**config, "cache_dir": cache_dir, "disk_bytes": disk_bytes}
+        self.disk = None if cache_dir is None else DiskTier(cache_dir, disk_bytes)
+        self._identity = None
+        self.disk_restored = 0
 
     @property
     def identity(self) -> Identity:

@@ -176,3 +176,16 @@ def test_each_change_changes_one_thing_and_reset_goes_back(engine: Any) -> None:
     engine.reset()
     assert engine.model is origin and engine.identity == seen[0]
     assert not list(engine.disk.directory.glob("*.kv"))
+
+
+def test_server_flags_name_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from reference_engine.server import main
+
+    (tmp_path / "file").write_text("x")
+    for argv, says in (
+        (["--disk-bytes", "0"], "--disk-bytes must be a positive number of bytes, got 0"),
+        (["--cache-dir", str(tmp_path / "file")], "disk cache directory"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            main(["--port", "0", *argv])
+        assert info.value.code == 2 and says in capsys.readouterr().err

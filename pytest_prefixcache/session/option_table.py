@@ -180,7 +180,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("restarts", "Add the restart streams: the engine (its declared restart(changed)) "
            "is restarted between requests, with the same configuration or one thing changed; "
            "restored prefixes must equal cold, and nothing from before a changed restart may be "
-           "reused (stale identity). The reference engine gets a disk tier for it",
+           "reused (stale identity). The reference engine gets a disk tier for it (implies "
+           "--prefixcache-verify)",
            doc="add streams that restart the engine between requests (same configuration, or "
            "one thing changed: nothing from before may be reused)",
            cli=BOTH, setting="restarts", replay=True),

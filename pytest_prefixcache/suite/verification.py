@@ -25,10 +25,8 @@ from pytest_prefixcache.session.settings import STATEFUL_STEPS, Settings
 from pytest_prefixcache.session.stash import DATABASE_KEY, START_KEY, settings_of
 from pytest_prefixcache.stateful import machine_for
 from pytest_prefixcache.strategies import (
-    Restart,
     request_streams,
     request_waves,
-    restart_streams,
     stream_kwargs,
     wave_kwargs,
 )
@@ -37,19 +35,12 @@ from pytest_prefixcache.strategies._moves import StreamSpec
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
-from pytest_prefixcache.verify.restarts import (
-    declares_restart,
-    restart_changes,
-    restarts_from,
-    run_restart_stream,
-)
+from pytest_prefixcache.verify.restarts import declares_restart, restarts_from, run_restart_stream
 from pytest_prefixcache.verify.verifier import Verifier
 
 #: The waves property runs examples / WAVES_SHARE examples (a wave costs about three runs a
 #: request: cached in the wave, cold alone, cold in the wave).
 WAVES_SHARE = 5
-#: The restart streams run examples / RESTARTS_SHARE examples.
-RESTARTS_SHARE = 2
 #: Requests in flight in one wave at most, whatever the engine declares.
 MAX_WAVE = 8
 #: With parallel streams a group goes on after each stream with odds MORE_LANES : 1 (until
@@ -207,35 +198,6 @@ def test_request_streams(
             prefixcache_verifier.run(stream)
 
         _timeout_first(prefixcache_verifier, property_stream)
-
-
-def test_restart_streams(
-    pytestconfig: pytest.Config,
-    prefixcache_settings: Settings,
-    prefixcache_verifier: Verifier,
-    shard: int,
-) -> None:
-    """Generated streams with restarts between requests (``--prefixcache-restarts``): what
-    the engine restores equals cold; nothing from before a changed restart is reused."""
-    s = prefixcache_settings
-    if not s.restarts:
-        pytest.skip("no --prefixcache-restarts given")
-    engine = prefixcache_verifier.engine
-    if not declares_restart(engine):
-        pytest.skip(
-            f"{type(engine).__name__} declares no restart(changed) with storage that outlives "
-            "it (persists)"
-        )
-    streams = restart_streams(changes=restart_changes(engine), **stream_kwargs(engine))
-    for round_seed in _rounds(pytestconfig, s, shard, share=0.6):
-
-        @_hypothesis_settings(pytestconfig, s, max_examples=s.shard_examples(RESTARTS_SHARE))
-        @seed(round_seed)
-        @given(stream=streams)
-        def property_restart_streams(stream: tuple[Request | Restart, ...]) -> None:
-            run_restart_stream(prefixcache_verifier, stream)
-
-        _timeout_first(prefixcache_verifier, property_restart_streams)
 
 
 def _groups(
