@@ -335,7 +335,10 @@ class Engine(Protocol):
     run reused such KV, and its name in the report; every other request keeps the run's
     tolerance), and ``cache_capacity_tokens: int`` (the most tokens the cache holds, the
     uncached runs' included when they share it: a repeat whose previous request's two runs
-    needed more may miss, the positive control's finding ``cache capacity``).
+    needed more may miss, the positive control's finding ``cache capacity``), and
+    ``restart(changed: str | None) -> None`` with ``persists = True`` (a cache that outlives a
+    restart) and ``restart_changes: tuple[str, ...]`` (what a restart may change): the restart
+    streams of ``--prefixcache-restarts`` (:mod:`pytest_prefixcache.verify.restarts`).
 
     Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
     called from up to that many threads at once and that the engine batches or interleaves

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlx.utils import tree_flatten
+
 __all__ = ["Identity", "identity_of", "kv_dtype_of", "model_digest", "tokenizer_digest"]
 
 #: Files of a model directory whose bytes decide the token ids (tokenizer, chat template).
@@ -122,8 +124,6 @@ def tokenizer_digest(path: Path, processor: Any) -> str:
 
 def kv_dtype_of(model: Any) -> str:
     """The dtype the language model computes (and so keeps its KV rows) in: its embedding's."""
-    from mlx.utils import tree_flatten
-
     lm = model.model.language_model
     for item in tree_flatten(lm.parameters()):
         dtype = str(getattr(item[1], "dtype", ""))

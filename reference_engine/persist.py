@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from .blocks import BlockKey
 from .disk import DiskTier, Rows
@@ -80,8 +81,6 @@ def _template_owners(model: LoadedModel) -> list[Any]:
 
 
 def _dtype_of(model: LoadedModel) -> Any:
-    from mlx.utils import tree_flatten
-
     for item in tree_flatten(model.model.language_model.parameters()):
         if isinstance(item[1], mx.array) and mx.issubdtype(item[1].dtype, mx.floating):
             return item[1].dtype

@@ -38,9 +38,9 @@ __all__ = [
 
 
 def declares_restart(engine: object) -> bool:
-    """The engine declares ``restart(changed)`` (and, if it has ``persists``, that it is true:
-    an engine without storage restores nothing, and its restarts test nothing)."""
-    return callable(getattr(engine, "restart", None)) and getattr(engine, "persists", True)
+    """The engine declares ``restart(changed)`` and ``persists = True`` (its cache outlives a
+    restart: an engine without storage restores nothing, and its restarts test nothing)."""
+    return callable(getattr(engine, "restart", None)) and getattr(engine, "persists", False) is True
 
 
 def restart_changes(engine: object) -> tuple[str, ...]:
