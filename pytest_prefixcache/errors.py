@@ -20,6 +20,7 @@ __all__ = [
     "ReuseBoundFailure",
     "ShapeFailure",
     "SpeedupFailure",
+    "StaleIdentityFailure",
     "VerificationFailure",
     "failure_class",
 ]
@@ -89,6 +90,12 @@ class ReuseBoundFailure(VerificationFailure):
     """``cached_tokens`` exceeds the longest prefix that could validly be reused."""
 
     check = "reuse bound"
+
+
+class StaleIdentityFailure(VerificationFailure):
+    """After a restart with something changed, the engine reused a prefix cached before it."""
+
+    check = "stale identity"
 
 
 class PositiveControlFailure(VerificationFailure):

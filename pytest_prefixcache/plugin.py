@@ -7,6 +7,8 @@ Cheap to import: neither MLX nor any engine is imported here; the engine is buil
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Generator
 from contextlib import nullcontext
@@ -54,7 +56,7 @@ from .session.stash import (
     report_of,
     settings_of,
 )
-from .suite import ISOLATION_FILE, SUITE_FILE
+from .suite import ISOLATION_FILE, RESTARTS_FILE, SUITE_FILE
 
 pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.session.fixtures"]
 
@@ -62,6 +64,9 @@ pytest_plugins = ["pytest_prefixcache.session.options", "pytest_prefixcache.sess
 DESELECTED_KEY = pytest.StashKey[str]()
 #: PREFIXCACHE_MODEL as it was before this session exported its model (None: unset).
 MODEL_ENV_KEY = pytest.StashKey["str | None"]()
+#: The reference engine's disk tier directory under --prefixcache-restarts (DISK_ENV).
+DISK_ENV = "PREFIXCACHE_REFERENCE_DISK"
+DISK_ENV_KEY = pytest.StashKey["tuple[str | None, str]"]()
 #: The variables a --prefixcache-server-cmd session exports, as they were before it.
 SERVER_ENV = ("PREFIXCACHE_SERVER_CMD", "PREFIXCACHE_EXTRA_BODY")
 SERVER_ENV_KEY = pytest.StashKey["dict[str, str | None]"]()
@@ -99,7 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
     isolation = bool(config.getoption("prefixcache_isolation"))
     s = settings.Settings(
         **option_table.settings_values(config.getoption),
-        verify=bool(config.getoption("prefixcache_verify")) or replay is not None or isolation,
+        verify=bool(config.getoption("prefixcache_verify"))
+        or replay is not None
+        or isolation
+        or bool(config.getoption("prefixcache_restarts")),
         engine=engine,
         engine_source=source,
         model=model,
@@ -141,6 +149,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(FailedTests(), "prefixcache-failed")
     if config.pluginmanager.hasplugin("xdist") and not xd.is_worker(config):
         config.pluginmanager.register(xd.Controller(config, progress), "prefixcache-xdist")
+    if s.restarts:  # the reference engine's disk tier (default_engine), removed at the end
+        config.stash[DISK_ENV_KEY] = (os.environ.get(DISK_ENV), tempfile.mkdtemp(prefix="pckv-"))
+        os.environ[DISK_ENV] = config.stash[DISK_ENV_KEY][1]
     if s.verify and str(SUITE_FILE.parent) not in config.args:
         config.args.append(str(SUITE_FILE.parent))
 
@@ -171,27 +182,32 @@ def _writer(config: pytest.Config) -> Callable[[str], None]:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
     s = settings_of(parent.config)
-    if (file_path == SUITE_FILE and s.verify) or (file_path == ISOLATION_FILE and s.isolation):
+    if (
+        (file_path == SUITE_FILE and s.verify)
+        or (file_path == ISOLATION_FILE and s.isolation)
+        or (file_path == RESTARTS_FILE and s.restarts)
+    ):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
 
-def _tolerance(s: settings.Settings) -> str:
-    from .checks.equivalence import Tolerance
-
-    return Tolerance(s.atol, s.rtol, s.kl).describe()
-
-
-def _header_tolerance(s: settings.Settings) -> str:
-    """The header's tolerance: the options', or, with none given, exact unless the engine
-    declares its measured rule (known once it is built: the summary names the one judged by)."""
+def _tolerance(s: settings.Settings, header: bool = False) -> str:
+    """The options' tolerance; in the header, with none given: exact unless the engine declares
+    its measured rule (known once it is built: the summary names the one judged by)."""
     from .checks.equivalence import Tolerance
 
     options = Tolerance(s.atol, s.rtol, s.kl)
-    return "exact or the engine's own rule" if options.exact else options.describe()
+    return "exact or the engine's own rule" if header and options.exact else options.describe()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if DISK_ENV_KEY in config.stash:
+        previous, directory = config.stash[DISK_ENV_KEY]
+        shutil.rmtree(directory, ignore_errors=True)
+        if previous is None:
+            os.environ.pop(DISK_ENV, None)
+        else:
+            os.environ[DISK_ENV] = previous
     if MODEL_ENV_KEY in config.stash:  # as it was: a session run in-process leaves no trace
         previous = config.stash[MODEL_ENV_KEY]
         if previous is None:
@@ -218,7 +234,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     model = f"model {s.model} ({s.model_source}), " if s.model is not None else ""
     lines = matrix_header(config) or [
         f"prefixcache: engine {s.engine} ({s.engine_source}), {model}{s.examples} examples "
-        f"per property, tolerance {_header_tolerance(s)}, timeout {s.timeout:g} s"
+        f"per property, tolerance {_tolerance(s, header=True)}, timeout {s.timeout:g} s"
     ]
     lines += [
         f"prefixcache: using {s.seed_command()}",
@@ -235,7 +251,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def _is_suite(item: pytest.Item) -> bool:
-    return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE)
+    return Path(str(item.path)) in (SUITE_FILE, ISOLATION_FILE, RESTARTS_FILE)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

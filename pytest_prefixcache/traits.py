@@ -11,6 +11,7 @@ kind is an error that names the engine, the attribute and the trait it was meant
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
@@ -57,6 +58,10 @@ class EngineTraits:
         coverage_hints: ``"server"`` for an engine behind HTTP (the coverage table says so).
         uncached_times_skewed: why the uncached runs' times are not comparable ("" if they
             are): the speed figures say so instead of judging.
+        persists: its cache outlives a restart (with the optional method ``restart``): the
+            restart streams of ``--prefixcache-restarts`` run.
+        restart_changes: what a restart may change (``weights``, ``template``, ``kv_dtype``,
+            ``adapter``...): a restart with one of them changed must reuse nothing.
     """
 
     supports_images: bool = True
@@ -78,12 +83,16 @@ class EngineTraits:
     batch_invariant: bool = False
     coverage_hints: str = ""
     uncached_times_skewed: str = ""
+    persists: bool = False
+    restart_changes: tuple[str, ...] = ()
 
 
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
 _DEFAULTS = EngineTraits()
 #: the optional methods the plugin calls when present: not traits, never misspellings of one
-_METHODS = ("cache_usage", "close", "fresh_instance", "run", "reset")
+_METHODS = ("cache_usage", "close", "fresh_instance", "restart", "run", "reset")
+#: What a declared trait's value is (anything else an engine holds is not a trait's misspelling).
+_PLAIN = (bool, int, float, str, tuple, list, type(None))
 _KINDS: dict[str, tuple[type, ...]] = {
     "supports_images": (bool,), "supports_namespaces": (bool,),
     "supports_fresh_instances": (bool,), "fresh_instances_missing": (str, type(None)),
@@ -93,6 +102,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "decode_atol": (int, float, type(None)), "decode_rule": (str,),
     "cache_capacity_tokens": (int, type(None)), "max_concurrency": (int,),
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
+    "persists": (bool,), "restart_changes": (tuple, list),
 }  # fmt: skip
 
 
@@ -129,6 +139,12 @@ def check_traits(engine: object, label: str = "") -> EngineTraits:
         )
     for name in dir(engine):
         if name.startswith("_") or name in TRAIT_NAMES or name in _METHODS or name == "traits":
+            continue
+        try:  # only a value a trait could hold: an engine's own objects are not misspellings
+            plain = isinstance(inspect.getattr_static(engine, name), _PLAIN)
+        except AttributeError:
+            plain = False
+        if not plain:
             continue
         near = difflib.get_close_matches(name, TRAIT_NAMES, n=1, cutoff=0.85) or [
             t

@@ -321,7 +321,9 @@ class Engine(Protocol):
     and checked when the engine is loaded (a misspelled trait is an error naming the nearest
     one). Optional methods: ``cache_usage() -> Mapping[str, int]`` with ``resident_bytes``,
     ``entries`` and ``max_bytes`` (the memory-budget check), ``close()``, and
-    ``fresh_instance()`` (a fresh engine for the baseline audit, cheaper than the factory).
+    ``fresh_instance()`` (a fresh engine for the baseline audit, cheaper than the factory), and
+    ``restart(changed: str | None)`` (with the traits ``persists`` and ``restart_changes``: the
+    restart streams of ``--prefixcache-restarts``, :mod:`pytest_prefixcache.verify.restarts`).
 
     Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
     called from up to that many threads at once and that the engine batches or interleaves

@@ -6,6 +6,8 @@ against a cold run. Importing this package imports MLX.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from pytest_prefixcache.package_data import model_from_env, require_model
@@ -37,6 +39,11 @@ def default_engine() -> Engine:
 
     Every call is a fresh engine (its own block pool, vision cache and snapshots) on the
     process's one load of the model (:func:`~reference_engine.model.shared_model`): the
-    baseline audit's fresh instances cost a new cache, not a new load."""
+    baseline audit's fresh instances cost a new cache, not a new load.
+
+    With ``PREFIXCACHE_REFERENCE_DISK`` set (``--prefixcache-restarts`` sets it), each engine
+    gets a disk tier in a directory of its own under it: fresh instances share nothing."""
     model = require_model(env_model_path(), vision=True, who="the reference engine")
-    return Engine(shared_model(model))
+    disk = os.environ.get("PREFIXCACHE_REFERENCE_DISK")
+    cache_dir = tempfile.mkdtemp(prefix="engine-", dir=disk) if disk else None
+    return Engine(shared_model(model), cache_dir=cache_dir)

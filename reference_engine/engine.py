@@ -51,9 +51,11 @@ from .designs import (
     OutputDesign,
     cache_output_from_env,
 )
+from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore, Segments
 from .model import LoadedModel, default_model_path, load_model
+from .persist import Persist
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .resume import Resume
@@ -72,7 +74,7 @@ __all__ = [
 ]
 
 
-class Engine(Resume, Compute, OutputDesign):
+class Engine(Persist, Resume, Compute, OutputDesign):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -83,6 +85,9 @@ class Engine(Resume, Compute, OutputDesign):
         cache_output: also store the KV computed while decoding, under the prompt + output
             tokens (the ``prompt+output`` design). Default: ``PREFIXCACHE_REFERENCE_CACHE``,
             else ``False`` (``prompt``: the prompt's KV only).
+        cache_dir: a storage directory for the disk tier (``persist.py``); a new engine over
+            the same directory restores what an earlier one stored. Default: ``None`` (none).
+        disk_bytes: byte budget of the disk tier. Default: ``DEFAULT_DISK_BYTES``.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -116,6 +121,8 @@ class Engine(Resume, Compute, OutputDesign):
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
         cache_output: bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        disk_bytes: int = DEFAULT_DISK_BYTES,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -142,6 +149,8 @@ class Engine(Resume, Compute, OutputDesign):
         self._snapshots_stored = 0
         self._snapshot_hits = 0
         self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
+        self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
+                       vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -152,6 +161,7 @@ class Engine(Resume, Compute, OutputDesign):
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
         cache_output: bool | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ) -> Engine:
         """Load an mlx-vlm model directory (offline) and wrap it in an engine."""
         return cls(
@@ -160,6 +170,7 @@ class Engine(Resume, Compute, OutputDesign):
             max_bytes=max_bytes,
             vision_entries=vision_entries,
             cache_output=cache_output,
+            cache_dir=cache_dir,
         )
 
     @property
@@ -178,6 +189,8 @@ class Engine(Resume, Compute, OutputDesign):
             vision_hits=self.vision.hits,
             snapshots_stored=self._snapshots_stored,
             snapshot_hits=self._snapshot_hits,
+            disk_restored=self.disk_restored,
+            disk_torn=0 if self.disk is None else self.disk.stats.torn,
         )
 
     @property
@@ -203,6 +216,7 @@ class Engine(Resume, Compute, OutputDesign):
                 self.tokens.clear()
             self._requests = self._hit_tokens = self._prompt_tokens = 0
             self._snapshots_stored = self._snapshot_hits = 0
+            self.reset_disk()
 
     # -- the request path -------------------------------------------------------------------
     def run(self, request: Request, *, use_cache: bool = True, template: bool = True) -> Outcome:
@@ -302,11 +316,14 @@ class Engine(Resume, Compute, OutputDesign):
         """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = namespace_root(self.model.fingerprint, namespace)
+            root = self._roots[namespace] = namespace_root(self.identity.digest, namespace)
         return root
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:
-        """What the pool lets this prompt reuse (``BlockPool.reuse``), its blocks acquired."""
+        """What the pool lets this prompt reuse (``BlockPool.reuse``), its blocks acquired
+        (first the chain's next blocks back from disk, ``Persist.promote``)."""
+        if self.persists:
+            self.promote(keys)
         return self.pool.reuse(
             keys, prompt_len, block_size=self.block_size, partial=self.partial_blocks
         )

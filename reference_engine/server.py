@@ -52,7 +52,9 @@ from pytest_prefixcache.package_data import resolve_model
 from pytest_prefixcache.types import Outcome
 
 from . import env_model_path
+from .disk import DEFAULT_DISK_BYTES
 from .engine import Engine
+from .model import load_model
 from .openai_api import (
     ENDPOINTS,
     APIError,
@@ -293,6 +295,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--block-size", type=int, default=16, help="Tokens per cache block (default: %(default)s)"
     )
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="Keep a disk tier of the prefix cache in DIR: a server started again with the "
+        "same DIR restores what this one stored (default: none, memory only)",
+    )
+    p.add_argument(
+        "--disk-bytes",
+        type=int,
+        default=DEFAULT_DISK_BYTES,
+        help="Byte budget of the disk tier (default: %(default)s)",
+    )
     p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
     return p
 
@@ -303,7 +317,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = resolve_model(args.model) if args.model else env_model_path()
     except PrefixCacheError as exc:
         parser().error(str(exc))
-    engine = Engine.from_pretrained(path, block_size=args.block_size)
+    if args.disk_bytes <= 0:
+        parser().error(f"--disk-bytes must be a positive number of bytes, got {args.disk_bytes}")
+    try:
+        disk = {} if args.cache_dir is None else {"cache_dir": args.cache_dir}
+        engine = Engine(load_model(path), block_size=args.block_size, **disk,
+                        disk_bytes=args.disk_bytes)  # fmt: skip
+    except ValueError as exc:  # the block size, or a cache dir that is not a directory
+        parser().error(str(exc))
     name = args.served_model_name or path.resolve().name
     try:
         server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)

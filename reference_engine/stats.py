@@ -23,3 +23,7 @@ class EngineStats:
     vision_hits: int
     snapshots_stored: int = 0
     snapshot_hits: int = 0
+    disk_restored: int = 0
+    """Blocks brought back from the disk tier."""
+    disk_torn: int = 0
+    """Disk files found torn or truncated: never served, counted as misses."""

@@ -32,10 +32,13 @@ LAYERS = (
 
 #: The reference engine's layers, top to bottom.
 ENGINE_LAYERS = (
-    ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures"}),
-    ("inputs and stores", {"families", "render", "vision", "snapshots", "pool", "inflight"}),
+    ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures", "identity"}),
+    (
+        "inputs and stores",
+        {"families", "render", "vision", "snapshots", "pool", "inflight", "disk"},
+    ),
     ("the model", {"kv", "model"}),
-    ("the engine", {"engine", "resume", "compute", "designs", "stats", "__init__"}),
+    ("the engine", {"engine", "resume", "compute", "designs", "stats", "persist", "__init__"}),
     ("the HTTP API", {"openai_api"}),
     ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
 )

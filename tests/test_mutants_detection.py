@@ -25,6 +25,7 @@ mx = pytest.importorskip("mlx.core")
 
 from pytest_prefixcache.errors import VerificationFailure  # noqa: E402
 from pytest_prefixcache.output.streams import load_stream, waves_from  # noqa: E402
+from pytest_prefixcache.verify.restarts import restarts_from, run_restart_stream  # noqa: E402
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions  # noqa: E402
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import LoadedModel  # noqa: E402
@@ -195,10 +196,18 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
             pytest.skip(f"{name}: the race did not show in {RACE_REPLAYS} replays on this machine")
         assert checks == [mutant.expected_check], f"{name}: {checks} in {RACE_REPLAYS} replays"
         return
-    with pytest.raises(VerificationFailure) as info:
-        Verifier(mutant.build(model), options=options).run(stream)
-    assert info.value.check == mutant.expected_check
-    Verifier(Engine(model, **mutant.options), options=options).run(stream)
+    restarts = restarts_from(stream, meta)
+    if restarts is not None:  # a disk-tier mutant: replayed with its restarts
+        with pytest.raises(VerificationFailure) as info:
+            run_restart_stream(Verifier(mutant.build(model), options=options), restarts)
+        assert info.value.check == mutant.expected_check
+        engine = Engine(model, **mutant.options, cache_dir=tmp_path / "kv")
+        run_restart_stream(Verifier(engine, options=options), restarts)
+    else:
+        with pytest.raises(VerificationFailure) as info:
+            Verifier(mutant.build(model), options=options).run(stream)
+        assert info.value.check == mutant.expected_check
+        Verifier(Engine(model, **mutant.options), options=options).run(stream)
     requests, _, images = stream_size(stream)
     assert requests <= 4 and images <= 2, meta
 

@@ -14,7 +14,7 @@ from pytest_prefixcache.traits import TRAIT_NAMES, check_traits, traits_of
 
 PACKAGE = Path(pytest_prefixcache.__file__).parent
 pytest_plugins = ["pytester"]
-OPTIONAL_METHODS = {"cache_usage", "close", "fresh_instance"}
+OPTIONAL_METHODS = {"cache_usage", "close", "fresh_instance", "restart"}
 
 
 class Bare:
@@ -70,6 +70,7 @@ def test_other_attributes_are_left_alone() -> None:
     engine.model = "tiny"  # type: ignore[attr-defined]
     engine.rtol = 0.0  # type: ignore[attr-defined]
     engine.supports_adapters = True  # type: ignore[attr-defined]  # not near any trait
+    engine.persist = object()  # type: ignore[attr-defined]  # near one, but no trait's value
     assert check_traits(engine) == EngineTraits()
 
 

@@ -181,6 +181,14 @@ OPTIONS: tuple[Option, ...] = (
            doc="fail on render-hygiene findings (a next turn that re-renders the history, "
            "requests that differ only in volatile bytes); by default they are reported",
            cli=BOTH, setting="strict_render", replay=True),
+    Option("restarts", "Add the restart streams: the engine (its declared restart(changed)) "
+           "is restarted between requests, with the same configuration or one thing changed; "
+           "restored prefixes must equal cold, and nothing from before a changed restart may be "
+           "reused (stale identity). The reference engine gets a disk tier for it (implies "
+           "--prefixcache-verify)",
+           doc="add streams that restart the engine between requests (same configuration, or "
+           "one thing changed: nothing from before may be reused)",
+           cli=BOTH, setting="restarts", replay=True),
     Option("allow-partial", "Pass even when some correctness check could not run on every "
            "request (the verdict says PASS (partial) and names them); without it such a run "
            "exits 1",

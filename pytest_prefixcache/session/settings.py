@@ -117,6 +117,8 @@ class Settings:
     allow_partial: bool = False
     strict_render: bool = False
     """Render-hygiene findings (re-rendered history, volatile prompt bytes) fail."""
+    restarts: bool = False
+    """Streams restart the engine between requests (``--prefixcache-restarts``)."""
     """A run whose correctness checks could not all run passes, said as partial."""
     failures_to: Path | None = None
     """Where failing streams are saved (default: ``FAILURES_DIR``)."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["ISOLATION_FILE", "SUITE_FILE"]
+__all__ = ["ISOLATION_FILE", "RESTARTS_FILE", "SUITE_FILE"]
 
 SUITE_FILE = Path(__file__).with_name("verification.py")
 ISOLATION_FILE = Path(__file__).with_name("isolation.py")
 """Collected only with ``--prefixcache-isolation``."""
+RESTARTS_FILE = Path(__file__).with_name("restarts.py")
+"""Collected only with ``--prefixcache-restarts``."""

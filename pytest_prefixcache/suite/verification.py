@@ -35,6 +35,7 @@ from pytest_prefixcache.strategies._moves import StreamSpec
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
+from pytest_prefixcache.verify.restarts import declares_restart, restarts_from, run_restart_stream
 from pytest_prefixcache.verify.verifier import Verifier
 
 #: The waves property runs examples / WAVES_SHARE examples (a wave costs about three runs a
@@ -140,6 +141,15 @@ def _run_scenario(verifier: Verifier, path: Any) -> None:
                 f"scenario {Path(path).name} runs {len(lanes)} streams in parallel and {why}"
             )
         run_parallel(verifier, lanes)
+        return
+    try:
+        restarts = restarts_from(stream, meta) if waves is None and lanes is None else None
+    except PrefixCacheError as exc:
+        raise pytest.UsageError(f"stream file {str(path)!r}: {exc}") from None
+    if restarts is not None:
+        if not declares_restart(verifier.engine):
+            pytest.skip(f"scenario {Path(path).name} restarts the engine, which declares none")
+        run_restart_stream(verifier, restarts)
         return
     if waves is not None:
         k = max_concurrency(verifier.engine)

@@ -45,7 +45,8 @@ from ..checks import (
     reuse_problems,
     usage_problems,
 )
-from ..checks.coverage import attribution_of
+from ..checks.coverage import APPLIED, attribution_of
+from ..checks.restart import STALE, stale_problems
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
 from ..traits import optional_method, traits_of
@@ -101,6 +102,9 @@ class Verifier(ShortRepr):
     counts_requests: bool = True
     """Ask the engine after each request whether its model ran one prefill per request
     (:mod:`.request_count`); off in parallel lanes, whose group asks once all are in."""
+    changed_since: str | None = None
+    """What the last restart with something changed changed (:mod:`.restarts`): the requests
+    since then are judged for ``stale identity``."""
     _rendered: list[Rendered] = field(default_factory=list)
     _replies: list[str | None] = field(default_factory=list)
     """The text of each cached run's reply so far (what closed-loop markers are filled with)."""
@@ -179,6 +183,7 @@ class Verifier(ShortRepr):
         self._replies.clear()
         self._efficiency.reset()
         self.audit.reset()
+        self.changed_since = None
         self.report.streams += 1
 
     def step(self, request: Request) -> Step:
@@ -274,8 +279,13 @@ class Verifier(ShortRepr):
                 attribution=attribution_of(cached, uncached),
             )
         )  # fmt: skip
+        if self.changed_since is not None:
+            self.report.count(
+                STALE, APPLIED if cached.cached_tokens is not None else "no cached_tokens"
+            )
         self._check(
-            merge_problems(cached)
+            stale_problems(cached, match, self.changed_since)
+            + merge_problems(cached)
             + merge_problems(uncached)
             + comparison.problems
             + reuse_problems(cached, match)

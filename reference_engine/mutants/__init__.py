@@ -49,6 +49,7 @@ from .layers import (
 )
 from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
+from .persist import DtypeNotRestored, ModelDigestMissing, TornWriteServed
 from .prompts import HistoryRerendered, VolatileHeaderKept
 from .state import (
     AliasedLiveCache,
@@ -78,6 +79,7 @@ PROTOCOL_CHECKS = frozenset(
         "min speedup",
         "fault",
         "memory budget",
+        "stale identity",
     }
 )
 
@@ -210,6 +212,13 @@ _ALL = (
            "positive control", NeverStores),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
            "reuse bound", LyingHitCount),
+    Mutant("model_digest_missing", 25, "disk keys without the model's weights digest: a "
+           "restart with other weights restores the old KV", "stale identity",
+           ModelDigestMissing),
+    Mutant("dtype_not_restored", 25, "disk keys without the KV dtype; rows restored in the "
+           "dtype they were stored in", "stale identity", DtypeNotRestored),
+    Mutant("torn_write_served", 25, "blocks written in place and read unchecked: a write "
+           "torn by a restart served as a hit", "equivalence", TornWriteServed),
 )  # fmt: skip
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}

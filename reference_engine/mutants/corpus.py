@@ -43,7 +43,8 @@ def save_counterexample(row: Detection, directory: str | os.PathLike[str]) -> Pa
                 {"image": f"{IMAGES}/{p['image']}"} if isinstance(p, dict) else p
                 for p in m["content"]
             ]
-    data.update({k: v for k, v in row.meta.items() if k == "waves"})  # sent as waves
+    # sent as waves; restarts between requests
+    data.update({k: v for k, v in row.meta.items() if k in ("waves", "restarts")})
     data["mutant"] = row.name
     data["expected_check"] = row.expected
     path = out / f"mutant_{row.name}.json"

@@ -25,10 +25,21 @@ from hypothesis.errors import HypothesisException
 
 from pytest_prefixcache.errors import VerificationFailure
 from pytest_prefixcache.output.streams import corpus_files, load_stream
-from pytest_prefixcache.strategies import CLOSED_LOOP_SHARE, request_streams, request_waves
+from pytest_prefixcache.strategies import (
+    CLOSED_LOOP_SHARE,
+    Restart,
+    request_streams,
+    request_waves,
+    restart_streams,
+)
 from pytest_prefixcache.types import Engine as EngineProtocol
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
+from pytest_prefixcache.verify.restarts import (
+    declares_restart,
+    restart_changes,
+    run_restart_stream,
+)
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
 from ..engine import Engine
@@ -146,6 +157,15 @@ def detect(
     @given(stream=request_streams(closed_loop=CLOSED_LOOP_SHARE))
     def run(stream: tuple[Request, ...]) -> None:
         _attempt(found, start, lambda: verifier.run(stream))
+
+    if declares_restart(engine):  # restarts on (--prefixcache-restarts)
+        restarts = restart_streams(changes=restart_changes(engine), closed_loop=CLOSED_LOOP_SHARE)
+
+        @seed(seed_value)
+        @configured
+        @given(stream=restarts)
+        def run(stream: tuple[Request | Restart, ...]) -> None:
+            _attempt(found, start, lambda: run_restart_stream(verifier, stream))
 
     # an engine that serves requests concurrently gets the waves too (as test_waves does)
     k = min(8, max_concurrency(engine))

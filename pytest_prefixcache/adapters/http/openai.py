@@ -158,6 +158,9 @@ class OpenAIEngine(RequestPath):
         )
         #: Restarts of the cold server that stood in for a reset (it has no reset endpoint).
         self.restarts_for_cold = 0
+        #: Its command keeps a cache that outlives the server (a storage path; set it when the
+        #: command has one): the restart streams then restart it (:meth:`restart`).
+        self.persists = False
         self.server: Server = ""
         self.cold_server: Server | None = None
         cold_cmd, cold_url = base.cold_cmd, base.cold_url
@@ -260,6 +263,19 @@ class OpenAIEngine(RequestPath):
     def reset(self) -> None:
         """Empty the cached server's caches: every reset endpoint, else a restart."""
         self._reset_or_restart(self.server)
+
+    def restart(self, changed: str | None = None) -> None:
+        """Stop the cached server and start it again with the same command and environment
+        (its storage path with them): the restart streams' move. Nothing can be changed."""
+        proc = self.server
+        if changed is not None or not isinstance(proc, ServerProcess):
+            raise EngineError(
+                f"restart(changed={changed!r}): "
+                + ("a server given by URL cannot be restarted" if changed is None
+                   else "a server restarts only with its own command (nothing changed)")
+            )  # fmt: skip
+        proc.stop()
+        self._start(proc)
 
     def _reset_or_restart(self, server: Server | None) -> None:
         proc = server if isinstance(server, ServerProcess) else None
