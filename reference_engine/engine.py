@@ -57,6 +57,7 @@ from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .resume import Resume
+from .speculative import Speculate, Speculative, checked, speculative_from_env
 from .stats import EngineStats
 from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 
-class Engine(Resume, Compute, OutputDesign):
+class Engine(Resume, Compute, OutputDesign, Speculate):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -83,6 +84,8 @@ class Engine(Resume, Compute, OutputDesign):
         cache_output: also store the KV computed while decoding, under the prompt + output
             tokens (the ``prompt+output`` design). Default: ``PREFIXCACHE_REFERENCE_CACHE``,
             else ``False`` (``prompt``: the prompt's KV only).
+        speculative: decode by draft-then-verify with this draft (``speculative.py``).
+            Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -116,6 +119,7 @@ class Engine(Resume, Compute, OutputDesign):
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
         cache_output: bool | None = None,
+        speculative: Speculative | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -126,6 +130,9 @@ class Engine(Resume, Compute, OutputDesign):
         """Its decode never feeds the last generated token back (:meth:`decode`): a reuse
         bound of the prompt + all output tokens but the last."""
         self.block_size = block_size
+        self.speculative = (
+            speculative_from_env(model) if speculative is None else checked(speculative, model)
+        )
         self.kv = KVStore(model)
         self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)
         self.vision = VisionCache(model, vision_entries)
@@ -357,9 +364,15 @@ class Engine(Resume, Compute, OutputDesign):
             self._requests += 1
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
-        tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
-        if use_cache and self.caches_output:
-            self.store_output(cache, rendered, request, tokens)
+        if self.speculative is None:
+            tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
+            if use_cache and self.caches_output:
+                self.store_output(cache, rendered, request, tokens)
+        else:  # draft-then-verify; the output rows stored are those the decode left
+            max_new = request.max_new_tokens
+            tokens, steps = self.speculate(logits, cache, ids, delta, max_new, self.interleave)
+            if use_cache and self.caches_output:
+                self.store_decoded(cache, rendered, request, tokens)
         return Outcome(
             logits=steps[0],
             tokens=tokens,

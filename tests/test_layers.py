@@ -35,7 +35,7 @@ ENGINE_LAYERS = (
     ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures"}),
     ("inputs and stores", {"families", "render", "vision", "snapshots", "pool", "inflight"}),
     ("the model", {"kv", "model"}),
-    ("the engine", {"engine", "resume", "compute", "designs", "stats", "__init__"}),
+    ("the engine", {"engine", "resume", "compute", "designs", "stats", "speculative", "__init__"}),
     ("the HTTP API", {"openai_api"}),
     ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
 )

@@ -50,6 +50,7 @@ from .layers import (
 from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
 from .prompts import HistoryRerendered, VolatileHeaderKept
+from .speculation import RejectedDraftKept
 from .state import (
     AliasedLiveCache,
     EmptySuffixRefeed,
@@ -208,6 +209,9 @@ _ALL = (
            "min speedup", SlowRestore, verify={"min_speedup": 1.0}),
     Mutant("never_stores", 22, "store fails silently: nothing is ever cached",
            "positive control", NeverStores),
+    Mutant("rejected_draft_kept", 26, "speculative decoding: the last round's rejected "
+           "drafts' KV kept, stored under the reply's tokens", "equivalence",
+           RejectedDraftKept),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
            "reuse bound", LyingHitCount),
 )  # fmt: skip
