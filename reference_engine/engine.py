@@ -364,7 +364,8 @@ class Engine(Resume, Compute, OutputDesign, Speculate):
             self._requests += 1
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
-        if self.speculative is None:
+        speculated = self.speculative is not None and use_cache  # cold: plain greedy
+        if not speculated:
             tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
             if use_cache and self.caches_output:
                 self.store_output(cache, rendered, request, tokens)
@@ -385,6 +386,7 @@ class Engine(Resume, Compute, OutputDesign, Speculate):
             message_starts=rendered.message_starts,
             text=self.detokenize(tokens),
             first_token_seconds=first_token,
+            speculated=speculated,
         )
 
     def detokenize(self, tokens: Sequence[int]) -> str:

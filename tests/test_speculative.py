@@ -72,9 +72,9 @@ def test_each_draft_is_its_target_cut_short_and_rebuilds_byte_for_byte(
 def test_speculation_changes_nothing_and_both_accepts_and_rejects(
     model: LoadedModel, spec: Speculative
 ) -> None:
-    """Cold and cached, speculative runs give the tokens and every step's logits of the plain
-    cold run, bit for bit (Qwen2-VL: a verification forward and one-token steps agree), and the
-    next turn reuses exactly what it reuses after a plain decode."""
+    """Speculative runs (a turn and its exact repeat) give the tokens and every step's logits
+    of the plain cold run, bit for bit (Qwen2-VL: a verification forward and one-token steps
+    agree), and each turn reuses exactly what it reuses after a plain decode."""
     plain, fast = (
         Engine(model, cache_output=True),
         Engine(model, cache_output=True, speculative=spec),
@@ -88,10 +88,11 @@ def test_speculation_changes_nothing_and_both_accepts_and_rejects(
         r = Request(msgs, "", request.max_new_tokens)
         cold = plain.run(r, use_cache=False)
         warm_plain = plain.run(r)
-        for out in (fast.run(r, use_cache=False), fast.run(r)):
-            assert out.tokens == cold.tokens
+        outs = (fast.run(r), fast.run(r))  # the turn, then its exact repeat
+        for out in outs:
+            assert out.speculated and out.tokens == cold.tokens
             assert all(np.array_equal(a, b) for a, b in zip(out.step_logits, cold.step_logits))
-        assert out.cached_tokens == warm_plain.cached_tokens
+        assert outs[0].cached_tokens == warm_plain.cached_tokens
         reply = cold.text or ""
     assert spec.accepted > before[0] and spec.rejected > before[1]
 
@@ -168,13 +169,18 @@ class _KeepsOneRejectedRow(Engine):
 def test_a_rewind_that_keeps_a_row_changes_what_the_verifier_sees(
     model: LoadedModel, spec: Speculative
 ) -> None:
-    """The check against the plain cold run catches a mid-decode rewind bug that a cached vs
-    uncached comparison of the same speculative engine cannot (both sides share it)."""
+    """The uncached run decodes plainly, so equivalence compares the speculative decode with
+    greedy decoding: it catches a mid-decode rewind bug that a speculative cold run would
+    share (both sides equal), and passes the engine without it."""
     r = Request(FIRST.messages, "", 16)
-    cold = Engine(model).run(r, use_cache=False)
     broken = _KeepsOneRejectedRow(model, speculative=spec)
-    a, b = broken.run(r, use_cache=False), broken.run(r)
-    assert a.tokens == b.tokens and all(
-        np.array_equal(x, y) for x, y in zip(a.step_logits, b.step_logits)
-    )
-    assert not all(np.array_equal(x, y) for x, y in zip(a.step_logits, cold.step_logits))
+    with pytest.raises(VerificationFailure, match="equivalence"):
+        Verifier(broken).run([r])
+    out = broken.run(r)
+    assert out.speculated and not broken.run(r, use_cache=False).speculated
+    v = Verifier(Engine(model, speculative=spec))
+    v.run([r])
+    assert v.report.coverage["speculation"] == {"applied": 1}
+    v = Verifier(Engine(model))
+    v.run([r])
+    assert "speculation" not in v.report.coverage
