@@ -17,8 +17,11 @@ token but the last. A rewind that keeps a rejected draft's row stores it under t
 Selected by ``Engine(speculative=Speculative(...))`` or the environment:
 ``PREFIXCACHE_REFERENCE_DRAFT`` (a draft model directory sharing the target's tokenizer, e.g.
 ``fixtures/tiny-qwen2-vl-draft``) and ``PREFIXCACHE_REFERENCE_DRAFT_TOKENS`` (drafts per round,
-default 3). Only models whose every layer's cache trims (full attention) speculate: a window or a
-recurrent state needs a rollback this engine does not implement, and it says so.
+default 3). On a hybrid (recurrent layers, Qwen3.5), a rejection also rolls the recurrent states
+back: they are kept before each verification (:meth:`Speculate.save_states`), restored, and the
+kept tokens computed again (:meth:`Speculate.roll_back`; mutant ``recurrent_not_rolled_back``).
+Sliding-window models are refused (a wrapped ring cannot trim); so is a draft whose tokenizer
+differs from the target's.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from pytest_prefixcache.errors import EngineError
 from pytest_prefixcache.types import Request
 
 from .blocks import BlockKey, KeyChain
+from .families import RECURRENT
 from .model import LoadedModel, load_model
+from .recurrent import sequential_pieces
 from .render import Rendered
 
 __all__ = [
@@ -87,10 +92,11 @@ def speculative_from_env(target: LoadedModel) -> Speculative | None:
 
 def checked(spec: Speculative, target: LoadedModel) -> Speculative:
     """``spec`` if its draft can serve ``target``; else an EngineError naming the mismatch."""
-    if target.stateful_layers:
+    windows = [i for i in target.stateful_layers if target.kinds[i] != RECURRENT]
+    if windows:
         raise EngineError(
-            f"speculative decoding needs a model whose every layer trims; {target.path} has "
-            f"{len(target.stateful_layers)} window or recurrent layers"
+            f"speculative decoding needs full-attention or recurrent layers; {target.path} "
+            f"has {len(windows)} sliding-window layers"
         )
     vt, vd = len(target.tokenizer), len(spec.draft.tokenizer)
     if vt != vd:
@@ -110,25 +116,29 @@ def _all_logits(
 ) -> mx.array:
     """Float32 logits of every position of ``tokens`` computed on top of ``cache``."""
     extra = {} if positions is None else {"position_ids": positions}
-    out = model.model.language_model(
-        mx.array([list(tokens)]),
-        inputs_embeds=model.embed(tokens)[None],
-        cache=cache,
-        **extra,
-    )
+    with sequential_pieces(model.sequential_up_to):  # the kernels the engine's forward uses
+        out = model.model.language_model(
+            mx.array([list(tokens)]),
+            inputs_embeds=model.embed(tokens)[None],
+            cache=cache,
+            **extra,
+        )
     logits = out.logits[0].astype(mx.float32)
     mx.eval(logits)
     return logits
 
 
 def _offset(cache: list[Any]) -> int:
-    return int(cache[0].offset)
+    """Positions in ``cache``: the first layer that counts them (a recurrent layer does not)."""
+    return int(next(c.offset for c in cache if hasattr(c, "offset")))
 
 
 def _trim(cache: list[Any], n: int) -> None:
+    """Cut the last ``n`` rows of every layer that trims (recurrent layers are rolled back)."""
     if n > 0:
         for c in cache:
-            c.trim(n)
+            if hasattr(c, "trim") and c.is_trimmable():
+                c.trim(n)
 
 
 class Speculate:
@@ -180,6 +190,7 @@ class Speculate:
                 feed = drafts[-1:]
             # the target verifies the last token and the drafts in one forward
             q = _offset(cache)
+            saved = self.save_states(cache)
             verify = _all_logits(
                 target, [seq[-1], *drafts], cache, _positions(target, q + delta, k + 1)
             )
@@ -201,6 +212,8 @@ class Speculate:
             spec.accepted += n
             seq = list(ids) + tokens
             self.rewind(cache, len(seq) - 1, last=done)
+            if saved and _offset(cache) < q + k + 1:  # drafts rejected: the states too
+                self.roll_back(cache, saved, seq[q : _offset(cache)], q + delta)
             if done:
                 return tuple(tokens), steps
 
@@ -208,6 +221,23 @@ class Speculate:
         """Cut the target's cache back to ``rows`` (the KV of every emitted token but the
         last): the rejected drafts' rows go, on the last round too."""
         _trim(cache, _offset(cache) - rows)
+
+    def save_states(self, cache: list[Any]) -> dict[int, Any]:
+        """The recurrent layers' states before a verification (MLX arrays are immutable:
+        holding them is a copy)."""
+        kinds = self.model.kinds
+        return {i: list(cache[i].state) for i in range(len(cache)) if kinds[i] == RECURRENT}
+
+    def roll_back(
+        self, cache: list[Any], saved: dict[int, Any], kept: Sequence[int], position: int
+    ) -> None:
+        """After a rejection on a hybrid: the recurrent states back to before the verification,
+        the attention rows cut to there too, then the kept tokens (the last token and the
+        accepted drafts) computed again, so every layer holds exactly them."""
+        for i, state in saved.items():
+            cache[i].state = state
+        _trim(cache, len(kept))
+        _all_logits(self.model, kept, cache, _positions(self.model, position, len(kept)))
 
     def store_decoded(
         self, cache: list[Any], rendered: Rendered, request: Request, tokens: Sequence[int]

@@ -154,7 +154,7 @@ def test_bad_settings_are_named(
         Speculative(model, 0)
     with pytest.raises(EngineError, match="has a tokenizer of 400 tokens"):
         Engine(model, speculative=Speculative(models("tiny-gemma3"), 2))
-    with pytest.raises(EngineError, match="window or recurrent layers"):
+    with pytest.raises(EngineError, match="has 2 sliding-window layers"):
         Engine(models("tiny-gemma3"), speculative=Speculative(model, 2))
 
 
@@ -184,3 +184,22 @@ def test_a_rewind_that_keeps_a_row_changes_what_the_verifier_sees(
     v = Verifier(Engine(model))
     v.run([r])
     assert "speculation" not in v.report.coverage
+
+
+def test_on_a_hybrid_the_recurrent_state_is_rolled_back(models: Any) -> None:
+    """tiny-qwen3.5-vl (GatedDeltaNet x3 + attention, twice) with its 4-layer draft: after a
+    rejection the recurrent states return to before the verification and the kept tokens run
+    again, so the speculative decode equals plain greedy decoding bit for bit; the mutant that
+    keeps the advanced states does not, and the verifier says so."""
+    target = models("tiny-qwen3.5-vl")
+    spec = draft_for(target)
+    r = Request((Message("user", ("describe the picture please, and more",)),), "", 16)
+    cold = Engine(target).run(r, use_cache=False)
+    out = Engine(target, speculative=spec).run(r)
+    assert spec.rejected > 0 and out.speculated and out.tokens == cold.tokens
+    assert all(np.array_equal(a, b) for a, b in zip(out.step_logits, cold.step_logits))
+    Verifier(Engine(target, speculative=spec)).run([r, r])
+    mutant = MUTANTS["recurrent_not_rolled_back"].build(target)
+    assert mutant.run(r, use_cache=False).tokens == cold.tokens  # its cold run is plain
+    with pytest.raises(VerificationFailure, match="equivalence"):
+        Verifier(MUTANTS["recurrent_not_rolled_back"].build(target)).run([r])

@@ -50,7 +50,7 @@ from .layers import (
 from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
 from .prompts import HistoryRerendered, VolatileHeaderKept
-from .speculation import RejectedDraftKept
+from .speculation import RecurrentNotRolledBack, RejectedDraftKept
 from .state import (
     AliasedLiveCache,
     EmptySuffixRefeed,
@@ -212,6 +212,9 @@ _ALL = (
     Mutant("rejected_draft_kept", 26, "speculative decoding: the last round's rejected "
            "drafts' KV kept, stored under the reply's tokens", "equivalence",
            RejectedDraftKept),
+    Mutant("recurrent_not_rolled_back", 26, "speculative decoding on a hybrid: recurrent "
+           "states keep the rejected drafts' updates", "equivalence", RecurrentNotRolledBack,
+           model=QWEN3_5_VL),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
            "reuse bound", LyingHitCount),
 )  # fmt: skip

@@ -3,6 +3,7 @@ zoo, speculative decoding that leaves a rejected draft's state behind."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from ..fixtures.draft import draft_dir
 from ..model import LoadedModel, shared_model
 from ..speculative import Speculative
 
-__all__ = ["RejectedDraftKept", "draft_for"]
+__all__ = ["RecurrentNotRolledBack", "RejectedDraftKept", "draft_for"]
 
 #: Drafts per round of the speculative mutants.
 NUM_DRAFT = 3
@@ -49,3 +50,25 @@ class RejectedDraftKept(Engine):
         if last:  # BUG: the final round's rejected drafts are not trimmed
             return
         super().rewind(cache, rows, last=last)
+
+
+class RecurrentNotRolledBack(Engine):
+    """Class 26 on a hybrid model: after the target rejects a draft, the attention layers'
+    rejected rows are trimmed but the recurrent (GatedDeltaNet) states keep the updates of
+    every draft the verification computed, rejected ones included.
+
+    Every later token of the reply is computed from a state that has seen tokens the reply
+    does not hold: the speculative decode stops agreeing with plain greedy decoding, which is
+    what the verifier's cold run is. Reproduces vLLM #43559, #45477 and #57128 (a hybrid with
+    speculative decoding and the prefix cache loses accuracy).
+    """
+
+    def __init__(self, model: LoadedModel, **options: Any) -> None:
+        if options.get("speculative") is None:
+            options["speculative"] = draft_for(model)
+        super().__init__(model, **options)
+
+    def roll_back(
+        self, cache: list[Any], saved: dict[int, Any], kept: Sequence[int], position: int
+    ) -> None:
+        return  # BUG: the recurrent states stay advanced over the rejected drafts
