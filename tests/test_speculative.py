@@ -186,6 +186,7 @@ def test_a_rewind_that_keeps_a_row_changes_what_the_verifier_sees(
     assert "speculation" not in v.report.coverage
 
 
+@pytest.mark.slow  # about 10 s: the hybrid's fixture, target and draft
 def test_on_a_hybrid_the_recurrent_state_is_rolled_back(models: Any) -> None:
     """tiny-qwen3.5-vl (GatedDeltaNet x3 + attention, twice) with its 4-layer draft: after a
     rejection the recurrent states return to before the verification and the kept tokens run
@@ -203,3 +204,16 @@ def test_on_a_hybrid_the_recurrent_state_is_rolled_back(models: Any) -> None:
     assert mutant.run(r, use_cache=False).tokens == cold.tokens  # its cold run is plain
     with pytest.raises(VerificationFailure, match="equivalence"):
         Verifier(MUTANTS["recurrent_not_rolled_back"].build(target)).run([r])
+
+
+def test_the_mlx_lm_preset_speculates_against_a_cold_server_without_the_draft() -> None:
+    from pytest_prefixcache.adapters.presets import mlx_lm_server
+
+    e = mlx_lm_server(draft_model="tiny-llama-draft", num_draft_tokens=2, tap=False)
+    cmd = e.server.cmd  # type: ignore[union-attr]
+    draft = str(FIXTURES / "tiny-llama-draft")
+    assert cmd[-4:] == ["--draft-model", draft, "--num-draft-tokens", "2"]
+    assert "--draft-model" not in e.cold_server.cmd  # type: ignore[union-attr]
+    assert "--draft-model" not in mlx_lm_server(tap=False).server.cmd  # type: ignore[union-attr]
+    with pytest.raises(EngineError, match="'tiny-nothing' is not a fixture model"):
+        mlx_lm_server(draft_model="tiny-nothing")

@@ -21,6 +21,7 @@ calls without the draft are exact (the control below).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,18 +37,18 @@ CASES = [(1, True), (5, True), (2, False), (8, False)]
 
 
 @pytest.fixture(scope="module")
-def models() -> tuple[object, object, object]:
+def models() -> tuple[Any, Any, Any]:
     mx.set_default_device(mx.cpu)
     model, tok = mlx_lm.load(str(ROOT / "fixtures" / "tiny-llama"))
     draft, _ = mlx_lm.load(str(ROOT / "fixtures" / "tiny-llama-draft"))
     return model, draft, tok
 
 
-def repeat_diff(models: tuple[object, object, object], max_tokens: int, speculate: bool) -> float:
+def repeat_diff(models: tuple[Any, Any, Any], max_tokens: int, speculate: bool) -> float:
     """Generate as mlx_lm.server does, store the cache under prompt + output, fetch it for an
     exact repeat of the prompt; the repeat's last-position logits minus a cold forward's."""
     model, draft, tok = models
-    prompt = tok.apply_chat_template(  # type: ignore[attr-defined]
+    prompt = tok.apply_chat_template(
         [{"role": "user", "content": "what colour is it"}], add_generation_prompt=True
     )
     cache = make_prompt_cache(model) + (make_prompt_cache(draft) if speculate else [])
@@ -61,15 +62,15 @@ def repeat_diff(models: tuple[object, object, object], max_tokens: int, speculat
     lru = LRUPromptCache(max_size=10)
     lru.insert_cache("m", prompt + out, cache)
     warm_cache, rest = lru.fetch_nearest_cache("m", prompt)
-    layers = len(model.layers)  # type: ignore[attr-defined]
-    warm = model(mx.array([rest]), cache=warm_cache[:layers])[0, -1]  # type: ignore[operator]
-    cold = model(mx.array([prompt]))[0, -1]  # type: ignore[operator]
+    layers = len(model.layers)
+    warm = model(mx.array([rest]), cache=warm_cache[:layers])[0, -1]
+    cold = model(mx.array([prompt]))[0, -1]
     return float(mx.abs(warm - cold).max())
 
 
 @pytest.mark.parametrize(("max_tokens", "target_last"), CASES)
 def test_without_the_draft_an_exact_repeat_is_exact(
-    models: tuple[object, object, object], max_tokens: int, target_last: bool
+    models: tuple[Any, Any, Any], max_tokens: int, target_last: bool
 ) -> None:
     """The control: the same generation and fetch with no draft model."""
     assert repeat_diff(models, max_tokens, False) == 0.0
@@ -78,7 +79,7 @@ def test_without_the_draft_an_exact_repeat_is_exact(
 @pytest.mark.parametrize(("max_tokens", "target_last"), CASES)
 def test_with_the_draft_an_exact_repeat_is_exact(
     request: pytest.FixtureRequest,
-    models: tuple[object, object, object],
+    models: tuple[Any, Any, Any],
     max_tokens: int,
     target_last: bool,
 ) -> None:
