@@ -283,6 +283,9 @@ class Outcome(ShortRepr):
             with the request's id), ``"sequential"`` (inferred, with no other request's rows
             running meanwhile), ``"guessed"`` (inferred among requests in flight), or None
             (nothing observed the model: the engine's own figures).
+        speculated: the decode ran draft-then-verify (speculative decoding): True, False, or
+            None (the engine does not say). A cached run that speculated judged against a cold
+            run that did not is the ``speculation`` coverage row.
     """
 
     logits: np.ndarray | None = None
@@ -301,6 +304,7 @@ class Outcome(ShortRepr):
     text: str | None = None
     first_token_seconds: float | None = None
     attribution: str | None = None
+    speculated: bool | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

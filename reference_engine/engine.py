@@ -53,13 +53,14 @@ from .designs import (
 )
 from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
-from .kv import KVStore, Segments
+from .kv import KVStore
 from .model import LoadedModel, default_model_path, load_model
 from .persist import Persist
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
 from .resume import Resume
-from .stats import EngineStats
+from .speculative import Speculate, Speculative, checked, speculative_from_env
+from .stats import Counters, EngineStats
 from .tokens import PieceTokenizer
 from .vision import Prepared, VisionCache
 
@@ -74,7 +75,7 @@ __all__ = [
 ]
 
 
-class Engine(Persist, Resume, Compute, OutputDesign):
+class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -88,6 +89,8 @@ class Engine(Persist, Resume, Compute, OutputDesign):
         cache_dir: a storage directory for the disk tier (``persist.py``); a new engine over
             the same directory restores what an earlier one stored. Default: ``None`` (none).
         disk_bytes: byte budget of the disk tier. Default: ``DEFAULT_DISK_BYTES``.
+        speculative: decode by draft-then-verify with this draft (``speculative.py``).
+            Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -123,6 +126,7 @@ class Engine(Persist, Resume, Compute, OutputDesign):
         cache_output: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         disk_bytes: int = DEFAULT_DISK_BYTES,
+        speculative: Speculative | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -133,6 +137,9 @@ class Engine(Persist, Resume, Compute, OutputDesign):
         """Its decode never feeds the last generated token back (:meth:`decode`): a reuse
         bound of the prompt + all output tokens but the last."""
         self.block_size = block_size
+        self.speculative = (
+            speculative_from_env(model) if speculative is None else checked(speculative, model)
+        )
         self.kv = KVStore(model)
         self.pool = BlockPool(max_bytes, on_drop=self.kv.dropped)
         self.vision = VisionCache(model, vision_entries)
@@ -172,39 +179,6 @@ class Engine(Persist, Resume, Compute, OutputDesign):
             cache_output=cache_output,
             cache_dir=cache_dir,
         )
-
-    @property
-    def stats(self) -> EngineStats:
-        ps = self.pool.stats
-        return EngineStats(
-            requests=self._requests,
-            lookups=ps.lookups,
-            hit_tokens=self._hit_tokens,
-            prompt_tokens=self._prompt_tokens,
-            stored_blocks=ps.stored_blocks,
-            evictions=ps.evictions,
-            resident_bytes=self.pool.resident_bytes,
-            resident_blocks=len(self.pool),
-            vision_encoded=self.vision.encoded,
-            vision_hits=self.vision.hits,
-            snapshots_stored=self._snapshots_stored,
-            snapshot_hits=self._snapshot_hits,
-            disk_restored=self.disk_restored,
-            disk_torn=0 if self.disk is None else self.disk.stats.torn,
-        )
-
-    @property
-    def segments(self) -> Segments:
-        """The KV store's segments and their windows (for inspection)."""
-        return self.kv.segments
-
-    def cache_usage(self) -> dict[str, int]:
-        """Memory of the block pool, for the plugin's memory-budget check."""
-        return {
-            "resident_bytes": self.pool.resident_bytes,
-            "entries": len(self.pool),
-            "max_bytes": self.pool.max_bytes,
-        }
 
     def reset(self) -> None:
         """Drop every cached block and image, and zero the counters."""
@@ -374,9 +348,16 @@ class Engine(Persist, Resume, Compute, OutputDesign):
             self._requests += 1
             self._hit_tokens += start
             self._prompt_tokens += len(ids)
-        tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
-        if use_cache and self.caches_output:
-            self.store_output(cache, rendered, request, tokens)
+        speculated = self.speculative is not None and use_cache  # cold: plain greedy
+        if not speculated:
+            tokens, steps = self.decode(logits, cache, len(ids), delta, request.max_new_tokens)
+            if use_cache and self.caches_output:
+                self.store_output(cache, rendered, request, tokens)
+        else:  # draft-then-verify; the output rows stored are those the decode left
+            max_new = request.max_new_tokens
+            tokens, steps = self.speculate(logits, cache, ids, delta, max_new, self.interleave)
+            if use_cache and self.caches_output:
+                self.store_decoded(cache, rendered, request, tokens)
         return Outcome(
             logits=steps[0],
             tokens=tokens,
@@ -389,6 +370,7 @@ class Engine(Persist, Resume, Compute, OutputDesign):
             message_starts=rendered.message_starts,
             text=self.detokenize(tokens),
             first_token_seconds=first_token,
+            speculated=speculated,
         )
 
     def detokenize(self, tokens: Sequence[int]) -> str:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["EngineStats"]
+__all__ = ["Counters", "EngineStats"]
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,52 @@ class EngineStats:
     """Blocks brought back from the disk tier."""
     disk_torn: int = 0
     """Disk files found torn or truncated: never served, counted as misses."""
+
+
+class Counters:
+    """The engine's counters and usage, for inspection and the plugin's memory-budget check
+    (a mixin of ``Engine``: the attributes below are the engine's)."""
+
+    pool: Any
+    kv: Any
+    vision: Any
+    disk: Any
+    disk_restored: int
+    _requests: int
+    _hit_tokens: int
+    _prompt_tokens: int
+    _snapshots_stored: int
+    _snapshot_hits: int
+
+    @property
+    def stats(self) -> EngineStats:
+        ps = self.pool.stats
+        return EngineStats(
+            requests=self._requests,
+            lookups=ps.lookups,
+            hit_tokens=self._hit_tokens,
+            prompt_tokens=self._prompt_tokens,
+            stored_blocks=ps.stored_blocks,
+            evictions=ps.evictions,
+            resident_bytes=self.pool.resident_bytes,
+            resident_blocks=len(self.pool),
+            vision_encoded=self.vision.encoded,
+            vision_hits=self.vision.hits,
+            snapshots_stored=self._snapshots_stored,
+            snapshot_hits=self._snapshot_hits,
+            disk_restored=self.disk_restored,
+            disk_torn=0 if self.disk is None else self.disk.stats.torn,
+        )
+
+    @property
+    def segments(self) -> Any:
+        """The KV store's segments and their windows (for inspection)."""
+        return self.kv.segments
+
+    def cache_usage(self) -> dict[str, int]:
+        """Memory of the block pool, for the plugin's memory-budget check."""
+        return {
+            "resident_bytes": self.pool.resident_bytes,
+            "entries": len(self.pool),
+            "max_bytes": self.pool.max_bytes,
+        }

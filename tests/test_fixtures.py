@@ -17,12 +17,13 @@ pytest.importorskip("tokenizers")
 pytest.importorskip("transformers")
 
 from reference_engine import fixtures  # noqa: E402  (after the skips: it needs MLX)
+from reference_engine.fixtures.draft import DRAFTS, draft_dir  # noqa: E402
 from reference_engine.fixtures.tokenizer import SPECIAL_TOKENS, vocab_size  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 QWEN2_VL = FIXTURES / fixtures.QWEN2_VL_DIR
 LLAMA = FIXTURES / fixtures.LLAMA_DIR
-#: Every directory ``python -m reference_engine.fixtures`` writes.
+#: Every directory ``python -m reference_engine.fixtures`` writes (the drafts last).
 ALL_DIRS = (
     fixtures.QWEN2_VL_DIR,
     fixtures.LLAMA_DIR,
@@ -30,6 +31,7 @@ ALL_DIRS = (
     fixtures.QWEN3_5_DIR,
     fixtures.GEMMA3_DIR,
     fixtures.GEMMA3_TEXT_DIR,
+    *(draft_dir(name) for name in DRAFTS),
 )
 IMAGE_PAD = "<|image_pad|>"
 

@@ -38,7 +38,10 @@ ENGINE_LAYERS = (
         {"families", "render", "vision", "snapshots", "pool", "inflight", "disk"},
     ),
     ("the model", {"kv", "model"}),
-    ("the engine", {"engine", "resume", "compute", "designs", "stats", "persist", "__init__"}),
+    (
+        "the engine",
+        {"engine", "resume", "compute", "designs", "stats", "persist", "speculative", "__init__"},
+    ),
     ("the HTTP API", {"openai_api"}),
     ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),
 )

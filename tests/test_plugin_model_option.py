@@ -195,7 +195,7 @@ def test_a_bad_value_is_a_usage_error_naming_it(pytester: pytest.Pytester) -> No
     result.stderr.fnmatch_lines(
         [
             "*error: argument --prefixcache-model: 'tiny-nothing' is not a fixture model "
-            "(*tiny-llama, tiny-qwen2-vl*) or a model directory (*tiny-nothing': no such "
+            "(*tiny-llama, tiny-llama-draft, tiny-qwen2-vl*) or a model directory (*tiny-nothing': no such "
             "directory)"
         ]
     )

@@ -77,6 +77,8 @@ def mlx_lm_server(
     concurrency: int | None = None,
     tap: bool = True,
     flags: Sequence[str] = (),
+    draft_model: str | os.PathLike[str] | None = None,
+    num_draft_tokens: int = 3,
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
@@ -86,9 +88,16 @@ def mlx_lm_server(
     flags a matrix combination passes, each a command-line string).
     The tap labels each batch row with its request's BatchGenerator uid and ties it to the
     reply's id (``Outcome.attribution == "id"``); ``tap=False``: none, the logits are then the
-    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``."""
+    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``.
+    ``draft_model`` (a fixture name or directory, e.g. ``tiny-llama-draft``): speculative
+    decoding (``--draft-model``, ``--num-draft-tokens``; the server then serves one request
+    at a time), judged against a cold server without the draft."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
+    spec = ""
+    if draft_model is not None:
+        draft = engine_model(draft_model, default="", vision=False, who="--draft-model")
+        spec = f" --draft-model {shlex.quote(str(draft))} --num-draft-tokens {num_draft_tokens:d}"
 
     cmd = (
         f"{TAP if tap else '{python} -m'} mlx_lm.server"
@@ -96,7 +105,7 @@ def mlx_lm_server(
         "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     engine = OpenAIEngine(
-        cmd,
+        cmd + spec,
         cold="server",
         cold_cmd=cmd + " --prompt-cache-size 0",
         supports_images=False,

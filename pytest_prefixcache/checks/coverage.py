@@ -35,6 +35,7 @@ __all__ = [
     "NO_TAP",
     "REQUIRED",
     "SERVER_HINTS",
+    "SPECULATION",
     "UNCLAIMED",
     "CoverageRow",
     "attribution_of",
@@ -58,6 +59,11 @@ ATTRIBUTION_REASONS = {
     "guessed": "guessed (inferred among requests in flight)",
 }
 _STRENGTH = {"id": 0, "sequential": 1, "guessed": 2}
+#: The coverage row of speculative decoding (not required): applied when the cached run
+#: speculated and the cold run it is compared with did not, so that equivalence compared the
+#: speculative decode with plain greedy decoding; a row only where the cached run speculated.
+SPECULATION = "speculation"
+SPECULATED_BOTH = "the cold run speculated too"
 #: The correctness checks that must apply for a full PASS, in the order reports show them.
 REQUIRED = (
     "equivalence",
@@ -102,6 +108,8 @@ HINTS = {
     "fresh instance cheaply and drop supports_fresh_instances = False",
     NO_TAP: "run the server under the logit tap (tap=True) so that its claims can be "
     "compared with what the model computed",
+    SPECULATED_BOTH: "compare with a cold run without speculation (a cold server without "
+    "--draft-model; the reference engine's uncached run decodes plainly)",
     "engine from a conftest.py fixture": "name the engine's factory with "
     "--prefixcache-engine=MODULE:FACTORY instead of overriding prefixcache_engine",
 }
@@ -163,6 +171,8 @@ def coverage_of(
     yield "render stability", _first_missing(cached, "token_ids") or APPLIED
     yield "memory budget", APPLIED if has_usage else "no cache_usage()"
     yield from claims_coverage(cached, uncached)
+    if cached.speculated:
+        yield SPECULATION, SPECULATED_BOTH if uncached.speculated else APPLIED
     how = attribution_of(cached, uncached)
     if how is not None:
         yield ATTRIBUTION, APPLIED if how == "id" else ATTRIBUTION_REASONS[how]

@@ -51,6 +51,7 @@ from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
 from .persist import DtypeNotRestored, ModelDigestMissing, TornWriteServed
 from .prompts import HistoryRerendered, VolatileHeaderKept
+from .speculation import RecurrentNotRolledBack, RejectedDraftKept
 from .state import (
     AliasedLiveCache,
     EmptySuffixRefeed,
@@ -210,6 +211,12 @@ _ALL = (
            "min speedup", SlowRestore, verify={"min_speedup": 1.0}),
     Mutant("never_stores", 22, "store fails silently: nothing is ever cached",
            "positive control", NeverStores),
+    Mutant("rejected_draft_kept", 26, "speculative decoding: the last round's rejected "
+           "drafts' KV kept, stored under the reply's tokens", "equivalence",
+           RejectedDraftKept),
+    Mutant("recurrent_not_rolled_back", 26, "speculative decoding on a hybrid: recurrent "
+           "states keep the rejected drafts' updates", "equivalence", RecurrentNotRolledBack,
+           model=QWEN3_5_VL),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
            "reuse bound", LyingHitCount),
     Mutant("model_digest_missing", 25, "disk keys without the model's weights digest: a "
