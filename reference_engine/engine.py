@@ -53,6 +53,7 @@ from .designs import (
 )
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore, Segments
+from .kvquant import KVQuant, QuantizedKV, kv_quant_from_env
 from .model import LoadedModel, default_model_path, load_model
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 
-class Engine(Resume, Compute, OutputDesign):
+class Engine(Resume, Compute, OutputDesign, QuantizedKV):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -83,6 +84,8 @@ class Engine(Resume, Compute, OutputDesign):
         cache_output: also store the KV computed while decoding, under the prompt + output
             tokens (the ``prompt+output`` design). Default: ``PREFIXCACHE_REFERENCE_CACHE``,
             else ``False`` (``prompt``: the prompt's KV only).
+        kv_quant: quantize the KV rows (``kvquant.py``). Default:
+            ``PREFIXCACHE_REFERENCE_KV_BITS`` and its companions, else off.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -116,6 +119,7 @@ class Engine(Resume, Compute, OutputDesign):
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
         cache_output: bool | None = None,
+        kv_quant: KVQuant | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -142,6 +146,8 @@ class Engine(Resume, Compute, OutputDesign):
         self._snapshots_stored = 0
         self._snapshot_hits = 0
         self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
+        self.kv_quant: KVQuant | None = None
+        self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
 
     @classmethod
     def from_pretrained(
@@ -152,6 +158,7 @@ class Engine(Resume, Compute, OutputDesign):
         max_bytes: int = DEFAULT_MAX_BYTES,
         vision_entries: int = 64,
         cache_output: bool | None = None,
+        kv_quant: KVQuant | None = None,
     ) -> Engine:
         """Load an mlx-vlm model directory (offline) and wrap it in an engine."""
         return cls(
@@ -160,6 +167,7 @@ class Engine(Resume, Compute, OutputDesign):
             max_bytes=max_bytes,
             vision_entries=vision_entries,
             cache_output=cache_output,
+            kv_quant=kv_quant,
         )
 
     @property
@@ -302,7 +310,9 @@ class Engine(Resume, Compute, OutputDesign):
         """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = namespace_root(self.model.fingerprint, namespace)
+            root = self._roots[namespace] = namespace_root(
+                self.model.fingerprint, namespace, *self.kv_key()
+            )
         return root
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:

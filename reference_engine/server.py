@@ -53,6 +53,7 @@ from pytest_prefixcache.types import Outcome
 
 from . import env_model_path
 from .engine import Engine
+from .kvquant import KVQuant
 from .openai_api import (
     ENDPOINTS,
     APIError,
@@ -293,6 +294,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--block-size", type=int, default=16, help="Tokens per cache block (default: %(default)s)"
     )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        default=None,
+        help="Quantize the KV rows to this many bits (mlx_lm.server's flag; default: "
+        "$PREFIXCACHE_REFERENCE_KV_BITS, else off)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=0,
+        help="Values per quantization group along the head dim (default: min(64, head dim))",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=0,
+        help="First position whose KV rows are quantized (default: %(default)s)",
+    )
     p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
     return p
 
@@ -303,7 +323,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = resolve_model(args.model) if args.model else env_model_path()
     except PrefixCacheError as exc:
         parser().error(str(exc))
-    engine = Engine.from_pretrained(path, block_size=args.block_size)
+    try:
+        kv_quant = (
+            None
+            if args.kv_bits is None
+            else KVQuant(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
+        )
+        engine = Engine.from_pretrained(path, block_size=args.block_size, kv_quant=kv_quant)
+    except PrefixCacheError as exc:
+        parser().error(str(exc))
     name = args.served_model_name or path.resolve().name
     try:
         server = make_server(engine, args.host, args.port, model_name=name, verbose=args.verbose)
