@@ -60,7 +60,7 @@ KV_ENV = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class KVQuant:
     """A quantized-KV setting: ``bits`` per value, groups of ``group_size`` values along the
     head dimension (0: ``min(64, head dim)``, fixed when the engine is built), rows at positions
