@@ -27,8 +27,10 @@ from pytest_prefixcache.errors import VerificationFailure  # noqa: E402
 from pytest_prefixcache.output.streams import load_stream, waves_from  # noqa: E402
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions  # noqa: E402
 from reference_engine import Engine  # noqa: E402
+from reference_engine.kvquant import KVQuant  # noqa: E402
 from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
+from reference_engine.mutants.kvquant import SwitchingKV  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
 EXAMPLES = 10
@@ -69,6 +71,10 @@ CORPUS_ONLY = {
     "volatile_header_kept": "streams never carry a volatile header line in the system prompt",
 }
 
+#: Mutants whose bug shows once the engine's KV setting switches: each cached request is
+#: served under the mutant's own setting, then under this one (``SwitchingKV``).
+SWITCHED = {"kv_bits_not_keyed": KVQuant(4)}
+
 
 def examples_on(fixture: str) -> int:
     """The generated examples a run on ``fixture`` gets (its mutants' and the unmodified
@@ -92,6 +98,8 @@ def _cases() -> list[object]:
 def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> None:
     mutant = MUTANTS[name]
     engine = mutant.build(models(mutant.model))
+    if name in SWITCHED:
+        engine = SwitchingKV(engine, SWITCHED[name])  # type: ignore[assignment]
     if name in CORPUS_ONLY:
         failed = detect_in_corpus(engine, {**mutant.verify, **TIMEOUT})
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
@@ -127,7 +135,11 @@ CONFIGS: list[Config] = sorted(
 
 
 def _config_id(config: Config) -> str:
-    settings = "-".join(f"{k}={v:g}" for part in config[1:] for k, v in part)
+    settings = "-".join(
+        f"{k}={v.label if isinstance(v, KVQuant) else format(v, 'g')}"
+        for part in config[1:]
+        for k, v in part
+    )
     return f"{config[0]}-{settings or 'default'}"
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..engine import Engine
 from ..kvquant import KVQuant, fake_quantize, install
 
-__all__ = ["KvBitsNotKeyed", "KvStartOffByOneBlock"]
+__all__ = ["KvBitsNotKeyed", "KvStartOffByOneBlock", "SwitchingKV"]
 
 
 class KvBitsNotKeyed(Engine):
@@ -63,3 +63,33 @@ class KvStartOffByOneBlock(Engine):
                     )
         install(cache, self.model.full_layers, setting)
         return cache
+
+
+class SwitchingKV:
+    """An engine whose KV setting switches around every cached request: the request is served
+    under the engine's first setting (filling its cache), then again under ``then``, and that
+    second outcome is returned; a cold request runs under ``then``. What a server whose KV
+    bits change while its cache stays shows its clients (mlx-vlm's runtime ``kv_bits`` knob,
+    ``mlx_vlm/server/runtime_config.py``). One request at a time: the setting is the engine's.
+
+    Args:
+        engine: the engine (its ``kv_quant`` is the first setting).
+        then: the setting of the returned outcomes.
+    """
+
+    max_concurrency = 1
+
+    def __init__(self, engine: Engine, then: KVQuant) -> None:
+        self.engine = engine
+        self.first = engine.kv_quant
+        self.then = then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+    def run(self, request: Any, *, use_cache: bool = True, **kw: Any) -> Any:
+        if use_cache:
+            self.engine.set_kv_quant(self.first)
+            self.engine.run(request, use_cache=True, **kw)
+        self.engine.set_kv_quant(self.then)
+        return self.engine.run(request, use_cache=use_cache, **kw)
