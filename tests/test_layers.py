@@ -34,7 +34,7 @@ LAYERS = (
 ENGINE_LAYERS = (
     ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures"}),
     ("inputs and stores", {"families", "render", "vision", "snapshots", "pool", "inflight"}),
-    ("the model", {"kv", "model"}),
+    ("the model", {"kv", "kvquant", "model"}),
     ("the engine", {"engine", "resume", "compute", "designs", "stats", "__init__"}),
     ("the HTTP API", {"openai_api"}),
     ("the server, the bug zoo and the block-manager harness", {"server", "mutants", "harness"}),

@@ -71,10 +71,6 @@ CORPUS_ONLY = {
     "volatile_header_kept": "streams never carry a volatile header line in the system prompt",
 }
 
-#: Mutants whose bug shows once the engine's KV setting switches: each cached request is
-#: served under the mutant's own setting, then under this one (``SwitchingKV``).
-SWITCHED = {"kv_bits_not_keyed": KVQuant(4)}
-
 
 def examples_on(fixture: str) -> int:
     """The generated examples a run on ``fixture`` gets (its mutants' and the unmodified
@@ -98,8 +94,8 @@ def _cases() -> list[object]:
 def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> None:
     mutant = MUTANTS[name]
     engine = mutant.build(models(mutant.model))
-    if name in SWITCHED:
-        engine = SwitchingKV(engine, SWITCHED[name])  # type: ignore[assignment]
+    if mutant.switch is not None:  # a bug that shows after a switch of the KV setting
+        engine = SwitchingKV(engine, mutant.switch)  # type: ignore[assignment]
     if name in CORPUS_ONLY:
         failed = detect_in_corpus(engine, {**mutant.verify, **TIMEOUT})
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
@@ -207,8 +203,11 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
             pytest.skip(f"{name}: the race did not show in {RACE_REPLAYS} replays on this machine")
         assert checks == [mutant.expected_check], f"{name}: {checks} in {RACE_REPLAYS} replays"
         return
+    engine = mutant.build(model)
+    if mutant.switch is not None:
+        engine = SwitchingKV(engine, mutant.switch)  # type: ignore[assignment]
     with pytest.raises(VerificationFailure) as info:
-        Verifier(mutant.build(model), options=options).run(stream)
+        Verifier(engine, options=options).run(stream)
     assert info.value.check == mutant.expected_check
     Verifier(Engine(model, **mutant.options), options=options).run(stream)
     requests, _, images = stream_size(stream)

@@ -100,6 +100,8 @@ class Mutant:
         model: the fixture it is built on by default: one of the family whose layers it
             breaks (a sliding-window or recurrent mutant has nothing to break on a
             full-attention model).
+        switch: a KV setting the detection switches the engine to around every cached
+            request (``kvquant.SwitchingKV``): a bug that shows only after a switch.
     """
 
     name: str
@@ -110,6 +112,7 @@ class Mutant:
     options: dict[str, Any] = field(default_factory=dict)
     verify: dict[str, float | bool] = field(default_factory=dict)
     model: str = QWEN2_VL_DIR
+    switch: KVQuant | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -204,7 +207,7 @@ _ALL = (
            "without reset", "equivalence", SlotNotReset, model=QWEN3_5_VL),
     Mutant("kv_bits_not_keyed", 18, "KV bits left out of the cache key: 8-bit blocks "
            "served after a switch to 4 bits", "equivalence", KvBitsNotKeyed,
-           {"kv_quant": KVQuant(8, 0, 0)}),
+           {"kv_quant": KVQuant(8, 0, 0)}, switch=KVQuant(4)),
     Mutant("kv_start_off_by_one_block", 18, "a cache hit quantizes from the block before "
            "the quantized start", "equivalence", KvStartOffByOneBlock,
            {"kv_quant": KVQuant(4, 0, 16)}),
