@@ -9,7 +9,7 @@ import inspect
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 import numpy as np
@@ -35,13 +35,17 @@ class Compute:
     block_size: int
     _compute: threading.RLock
 
+    if TYPE_CHECKING:  # QuantizedKV's (kvquant.py)
+
+        def quantize_cache(self, cache: list[Any], reused: int) -> list[Any]: ...
+
     def restore(self, reuse: Reuse, capacity: int) -> list[Any]:
         """A fresh KV cache holding copies of the reused rows, in chain order, with room for
         ``capacity`` positions (prompt and decode), and copies of the snapshot's states."""
         cache = self.kv.restore([b.payload for b in reuse.blocks], reuse.tokens, capacity)
         if reuse.snapshot is not None:
             apply_snapshot(reuse.snapshot.payload, cache)
-        return cache
+        return self.quantize_cache(cache, reuse.tokens)
 
     def prefill(
         self,

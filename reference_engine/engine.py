@@ -54,6 +54,7 @@ from .designs import (
 from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore
+from .kvquant import KVQuant, QuantizedKV, kv_quant_from_env
 from .model import LoadedModel, default_model_path, load_model
 from .persist import Persist
 from .pool import BlockPool, Reuse
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 
-class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
+class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Counters):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -91,6 +92,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
         disk_bytes: byte budget of the disk tier. Default: ``DEFAULT_DISK_BYTES``.
         speculative: decode by draft-then-verify with this draft (``speculative.py``).
             Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
+        kv_quant: quantize the KV rows (``kvquant.py``). Default:
+            ``PREFIXCACHE_REFERENCE_KV_BITS`` and its companions, else off.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -127,6 +130,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
         cache_dir: str | os.PathLike[str] | None = None,
         disk_bytes: int = DEFAULT_DISK_BYTES,
         speculative: Speculative | None = None,
+        kv_quant: KVQuant | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -156,6 +160,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
         self._snapshots_stored = 0
         self._snapshot_hits = 0
         self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
+        self.kv_quant: KVQuant | None = None
+        self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
         self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
                        vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
 
@@ -169,6 +175,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
         vision_entries: int = 64,
         cache_output: bool | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
+        kv_quant: KVQuant | None = None,
     ) -> Engine:
         """Load an mlx-vlm model directory (offline) and wrap it in an engine."""
         return cls(
@@ -178,6 +185,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
             vision_entries=vision_entries,
             cache_output=cache_output,
             cache_dir=cache_dir,
+            kv_quant=kv_quant,
         )
 
     def reset(self) -> None:
@@ -290,7 +298,9 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, Counters):
         """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
         root = self._roots.get(namespace)
         if root is None:
-            root = self._roots[namespace] = namespace_root(self.identity.digest, namespace)
+            root = self._roots[namespace] = namespace_root(
+                self.identity.digest, namespace, *self.kv_key()
+            )
         return root
 
     def lookup(self, keys: Sequence[BlockKey], prompt_len: int) -> Reuse:

@@ -54,6 +54,7 @@ from pytest_prefixcache.types import Outcome
 from . import env_model_path
 from .disk import DEFAULT_DISK_BYTES
 from .engine import Engine
+from .kvquant import KVQuant
 from .model import load_model
 from .openai_api import (
     ENDPOINTS,
@@ -307,6 +308,25 @@ def parser() -> argparse.ArgumentParser:
         default=DEFAULT_DISK_BYTES,
         help="Byte budget of the disk tier (default: %(default)s)",
     )
+    p.add_argument(
+        "--kv-bits",
+        type=int,
+        default=None,
+        help="Quantize the KV rows to this many bits (mlx_lm.server's flag; default: "
+        "$PREFIXCACHE_REFERENCE_KV_BITS, else off)",
+    )
+    p.add_argument(
+        "--kv-group-size",
+        type=int,
+        default=0,
+        help="Values per quantization group along the head dim (default: min(64, head dim))",
+    )
+    p.add_argument(
+        "--quantized-kv-start",
+        type=int,
+        default=0,
+        help="First position whose KV rows are quantized (default: %(default)s)",
+    )
     p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
     return p
 
@@ -320,10 +340,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.disk_bytes <= 0:
         parser().error(f"--disk-bytes must be a positive number of bytes, got {args.disk_bytes}")
     try:
+        kv_quant = (
+            None
+            if args.kv_bits is None
+            else KVQuant(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
+        )
         disk = {} if args.cache_dir is None else {"cache_dir": args.cache_dir}
         engine = Engine(load_model(path), block_size=args.block_size, **disk,
-                        disk_bytes=args.disk_bytes)  # fmt: skip
-    except ValueError as exc:  # the block size, or a cache dir that is not a directory
+                        disk_bytes=args.disk_bytes, kv_quant=kv_quant)  # fmt: skip
+    except (ValueError, PrefixCacheError) as exc:  # the block size, a cache dir, KV bits
         parser().error(str(exc))
     name = args.served_model_name or path.resolve().name
     try:

@@ -28,8 +28,10 @@ from pytest_prefixcache.output.streams import load_stream, waves_from  # noqa: E
 from pytest_prefixcache.verify.restarts import restarts_from, run_restart_stream  # noqa: E402
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions  # noqa: E402
 from reference_engine import Engine  # noqa: E402
+from reference_engine.kvquant import KVQuant  # noqa: E402
 from reference_engine.model import LoadedModel  # noqa: E402
 from reference_engine.mutants import MUTANTS, PROTOCOL_CHECKS  # noqa: E402
+from reference_engine.mutants.kvquant import SwitchingKV  # noqa: E402
 from reference_engine.mutants.table import detect, detect_in_corpus, stream_size  # noqa: E402
 
 EXAMPLES = 10
@@ -93,6 +95,8 @@ def _cases() -> list[object]:
 def test_mutant_is_detected_by_its_expected_check(models: Any, name: str) -> None:
     mutant = MUTANTS[name]
     engine = mutant.build(models(mutant.model))
+    if mutant.switch is not None:  # a bug that shows after a switch of the KV setting
+        engine = SwitchingKV(engine, mutant.switch)  # type: ignore[assignment]
     if name in CORPUS_ONLY:
         failed = detect_in_corpus(engine, {**mutant.verify, **TIMEOUT})
         assert mutant.expected_check in {check for _, check in failed}, (name, failed)
@@ -128,7 +132,11 @@ CONFIGS: list[Config] = sorted(
 
 
 def _config_id(config: Config) -> str:
-    settings = "-".join(f"{k}={v:g}" for part in config[1:] for k, v in part)
+    settings = "-".join(
+        f"{k}={v.label if isinstance(v, KVQuant) else format(v, 'g')}"
+        for part in config[1:]
+        for k, v in part
+    )
     return f"{config[0]}-{settings or 'default'}"
 
 
@@ -204,8 +212,11 @@ def test_saved_counterexample_still_fails_and_the_engine_passes(
         engine = Engine(model, **mutant.options, cache_dir=tmp_path / "kv")
         run_restart_stream(Verifier(engine, options=options), restarts)
     else:
+        built = mutant.build(model)
+        if mutant.switch is not None:
+            built = SwitchingKV(built, mutant.switch)  # type: ignore[assignment]
         with pytest.raises(VerificationFailure) as info:
-            Verifier(mutant.build(model), options=options).run(stream)
+            Verifier(built, options=options).run(stream)
         assert info.value.check == mutant.expected_check
         Verifier(Engine(model, **mutant.options), options=options).run(stream)
     requests, _, images = stream_size(stream)

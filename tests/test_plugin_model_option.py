@@ -195,8 +195,8 @@ def test_a_bad_value_is_a_usage_error_naming_it(pytester: pytest.Pytester) -> No
     result.stderr.fnmatch_lines(
         [
             "*error: argument --prefixcache-model: 'tiny-nothing' is not a fixture model "
-            "(*tiny-llama, tiny-llama-draft, tiny-qwen2-vl*) or a model directory (*tiny-nothing': no such "
-            "directory)"
+            "(*tiny-llama, tiny-llama-draft, tiny-qwen2-vl*) or a model directory "
+            "(*tiny-nothing': no such directory)"
         ]
     )
 

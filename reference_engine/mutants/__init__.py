@@ -22,6 +22,7 @@ from pytest_prefixcache.package_data import model_from_env
 
 from ..engine import Engine
 from ..fixtures.qwen2_vl import QWEN2_VL_DIR
+from ..kvquant import KVQuant
 from ..model import LoadedModel, shared_model
 from .accounting import (
     SMALL_BUDGET,
@@ -39,6 +40,7 @@ from .keys import (
     UnchainedBlocks,
     WeakImageHash,
 )
+from .kvquant import KvBitsNotKeyed, KvStartOffByOneBlock
 from .layers import (
     LayersOutOfStep,
     RecurrentTrimmed,
@@ -101,6 +103,8 @@ class Mutant:
         model: the fixture it is built on by default: one of the family whose layers it
             breaks (a sliding-window or recurrent mutant has nothing to break on a
             full-attention model).
+        switch: a KV setting the detection switches the engine to around every cached
+            request (``kvquant.SwitchingKV``): a bug that shows only after a switch.
     """
 
     name: str
@@ -111,6 +115,7 @@ class Mutant:
     options: dict[str, Any] = field(default_factory=dict)
     verify: dict[str, float | bool] = field(default_factory=dict)
     model: str = QWEN2_VL_DIR
+    switch: KVQuant | None = None
 
     @property
     def flags(self) -> tuple[str, ...]:
@@ -203,6 +208,12 @@ _ALL = (
            "after p - 1", "equivalence", SnapshotOffByOne, model=QWEN3_5_VL),
     Mutant("slot_not_reset", 17, "a recurrent state slot handed to the next request "
            "without reset", "equivalence", SlotNotReset, model=QWEN3_5_VL),
+    Mutant("kv_bits_not_keyed", 18, "KV bits left out of the cache key: 8-bit blocks "
+           "served after a switch to 4 bits", "equivalence", KvBitsNotKeyed,
+           {"kv_quant": KVQuant(8, 0, 0)}, switch=KVQuant(4)),
+    Mutant("kv_start_off_by_one_block", 18, "a cache hit quantizes from the block before "
+           "the quantized start", "equivalence", KvStartOffByOneBlock,
+           {"kv_quant": KVQuant(4, 0, 16)}),
     Mutant("zero_byte_accounting", 20, "blocks counted as 0 bytes: budget never enforced",
            "memory budget", ZeroByteAccounting),
     Mutant("evicts_in_use", 20, "in-use blocks evicted; their memory reused while still "

@@ -45,6 +45,7 @@ from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 from ..engine import Engine
 from ..model import LoadedModel, load_model
 from . import MUTANTS, PROTOCOL_CHECKS, Mutant
+from .kvquant import SwitchingKV
 
 __all__ = [
     "Detection",
@@ -250,6 +251,8 @@ def detection_table(
     merged = {k: v for _, m, _ in todo if m is not None for k, v in m.verify.items()}
     for name, mutant, fixture in todo:
         engine = Engine(on(fixture)) if mutant is None else mutant.build(on(fixture))
+        if mutant is not None and mutant.switch is not None:
+            engine = SwitchingKV(engine, mutant.switch)  # type: ignore[assignment]
         # the unmodified engine runs with every opt-in check the mutants need
         verify = mutant.verify if mutant is not None else merged
         row = detect(
