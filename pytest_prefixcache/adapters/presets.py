@@ -79,6 +79,7 @@ def mlx_lm_server(
     concurrency: int | None = None,
     tap: bool = True,
     flags: Sequence[str] = (),
+    cold_module: str = "",
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
@@ -88,19 +89,25 @@ def mlx_lm_server(
     flags a matrix combination passes, each a command-line string).
     The tap labels each batch row with its request's BatchGenerator uid and ties it to the
     reply's id (``Outcome.attribution == "id"``); ``tap=False``: none, the logits are then the
-    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``."""
+    API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``.
+    ``cold_module``: a module whose ``main`` serves as ``mlx_lm.server`` with no prompt cache,
+    the cold server of versions without ``--prompt-cache-size`` (before 0.31.0; the public
+    record's ``engines.history.history_nocache``)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
 
-    cmd = (
-        f"{TAP if tap else '{python} -m'} mlx_lm.server"
-        f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
-        "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
-    )
+    def serve(module: str) -> str:
+        return (
+            f"{TAP if tap else '{python} -m'} {module}"
+            f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
+            "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
+        )
+
+    cmd = serve("mlx_lm.server")
     engine = OpenAIEngine(
         cmd,
         cold="server",
-        cold_cmd=cmd + " --prompt-cache-size 0",
+        cold_cmd=serve(cold_module) if cold_module else cmd + " --prompt-cache-size 0",
         supports_images=False,
         tap=tap,
         render=TextRenderer(model),
@@ -111,16 +118,23 @@ def mlx_lm_server(
 
 
 def mlx_vlm_server(
-    model_dir: str | os.PathLike[str] | None = None, *, claims: ClaimWatch | None = None
+    model_dir: str | os.PathLike[str] | None = None,
+    *,
+    claims: ClaimWatch | None = None,
+    flags: Sequence[str] = (),
+    images: bool = True,
 ) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
     default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
     fresh ``x-apc-tenant`` salt on the same server; token ids and image spans rendered
-    locally; ``claims``: the claim sources to check (see :mod:`.claims`)."""
+    locally; ``claims``: the claim sources to check (see :mod:`.claims`); ``flags``: serve
+    flags a matrix combination passes (``--prefill-step-size 32``), each a command-line
+    string; ``images=False``: text requests only (its image requests reuse nothing)."""
     model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port} --top-logprobs-k 20"
+        + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     engine = OpenAIEngine(
         cmd,
@@ -129,6 +143,7 @@ def mlx_vlm_server(
         model=str(model),
         top_logprobs=20,
         tap=True,
+        supports_images=images,
         vocab=model,
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
         render=VlmRenderer(model),
