@@ -65,8 +65,8 @@ EXAMPLES = 30
 SEED = 1
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(
-    r"prefixcache: (\d+) requests .*?, (\d+) failed test\(s\)"
-    r"(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
+    r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
+    r"test\(s\)(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
 )
 
 
@@ -204,12 +204,19 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     return Run(argv, env, out)
 
 
-def first_failure_seconds(log: str) -> int | None:
-    """The clock of the first progress line that counts a failing example or a failed test."""
+def first_failure(log: str) -> tuple[int, int, int] | None:
+    """(seconds, streams, requests) of the first progress line that counts a failing example
+    or a failed test: the clock, and the examples (streams) and requests run by then."""
     for m in PROGRESS.finditer(log):
-        if int(m.group(2)) or int(m.group(3) or 0):
-            return int(m.group(4) or 0) * 60 + int(m.group(5))
+        if int(m.group(3)) or int(m.group(4) or 0):
+            return int(m.group(5) or 0) * 60 + int(m.group(6)), int(m.group(2)), int(m.group(1))
     return None
+
+
+def first_failure_seconds(log: str) -> int | None:
+    """The clock of :func:`first_failure`, or None."""
+    first = first_failure(log)
+    return first[0] if first else None
 
 
 def stream_size(stream_dir: str | None) -> int | None:
@@ -242,6 +249,7 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "test": first.get("test"),
         "shrunk_requests": stream_size(first.get("stream_dir")),
         "seconds_to_failure": first_failure_seconds(log) if failures else None,
+        "examples_to_failure": (first_failure(log) or (None, None))[1] if failures else None,
         "requests": suite.get("requests"),
         "cache_hits": suite.get("cache_hits"),
         "failures_by_check": suite.get("failures_by_check") or {},

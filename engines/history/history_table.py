@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
 HEADER = (
     "| bug | engine | version with the bug | verdict | check | version with the fix | verdict "
-    "| seconds to first failure | outcome |"
+    "| seconds (examples) to first failure | outcome |"
 )
 
 
@@ -67,9 +67,11 @@ def row(bug: Bug, result: dict[str, Any] | None) -> str:
         cells = [title, where, bug.buggy, "-", f"({bug.check})", bug.fixed, "-", "-"]
     else:
         b, f = result["buggy"], result["fixed"]
-        seconds = b.get("seconds_to_failure")
+        seconds: Any = b.get("seconds_to_failure")
         if seconds is None and b["verdict"].startswith("FAIL"):
             seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a timeout: no progress
+        elif b.get("examples_to_failure") is not None:
+            seconds = f"{seconds} ({b['examples_to_failure']})"
         cells = [title, where, b["version"], b["verdict"], b.get("check"), f["version"]]
         cells += [f["verdict"], seconds]
     return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result)]) + " |"
@@ -85,6 +87,13 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     ]
     times = [s for s in caught if s is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
+    examples = [
+        results[b.name]["buggy"].get("examples_to_failure")
+        for b, k in zip(ran, kinds)
+        if k == "caught" or k.startswith("caught once")
+    ]
+    counted = [e for e in examples if e is not None]
+    median_examples = f"{statistics.median(counted):g}" if counted else "n/a"
     public = [b for b in bugs if b.engine != OURS]
     engines = sorted({b.engine for b in public})
     return [
@@ -99,7 +108,9 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"{len(ran) - len(caught) - kinds.count('missed')}",
         f"- median seconds to the first failure over the caught rows: {median} (over "
         f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
-        "counts it, so only the run's wall time bounds it)",
+        "counts it, so only the run's wall time bounds it); median examples (generated "
+        f"streams, corpus scenarios included) run by then: {median_examples} (over "
+        f"{len(counted)} of {len(caught)})",
     ]
 
 
@@ -115,7 +126,8 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "results file (run from the checkout's root with `PYTHONPATH=.`, as run.sh does).",
         "Seconds to the first failure: the plugin's first progress line (one a second) that",
         "counts a failing example, from the session's start (servers included), installs",
-        "excluded; on a shared 2-core machine at a load average of 8-11.",
+        "excluded; on a shared 2-core machine at a load average of 6-11. In brackets: the",
+        "examples (streams, corpus scenarios included) that line counts.",
         "",
         *summary(bugs, results),
         "",

@@ -34,6 +34,7 @@ from history_runner import (  # noqa: E402
     Run,
     command,
     companions,
+    first_failure,
     first_failure_seconds,
     install,
     matrix_text,
@@ -226,6 +227,7 @@ LOG = "\n".join(  # the plugin's progress lines, as a run on mlx-lm 0.31.0 print
 
 def test_the_seconds_to_the_first_failure_come_from_the_first_failing_progress_line() -> None:
     assert first_failure_seconds(LOG) == 69
+    assert first_failure(LOG) == (69, 3, 3)  # the clock, the streams and requests by then
     clean = "\n".join(x for x in LOG.splitlines() if "shrinking" not in x and "1 failed" not in x)
     assert first_failure_seconds(clean) is None  # the control: no failing line, no figure
 
@@ -264,6 +266,7 @@ def test_a_report_is_parsed_into_the_sides_outcome(tmp_path: Path) -> None:
         "logits differ",
     )
     assert (got["shrunk_requests"], got["seconds_to_failure"]) == (3, 69)
+    assert got["examples_to_failure"] == 3
     passed = parse({"verdict": "PASS", "failures": [], "requests": 3}, LOG, 0)
     assert (passed["verdict"], passed["check"], passed["seconds_to_failure"]) == (
         "PASS",
