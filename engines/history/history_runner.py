@@ -2,19 +2,23 @@
 keep what it found.
 
 ``install`` makes ``.engines/history/<package>-<version>/`` (git-ignored, kept between runs): a
-virtual environment holding only that version of the package and the MLX of its series
-(:data:`MLX`; ``pip install --no-deps``) over this project's environment (a ``.pth`` line adds
-its site-packages after the venv's own: the old package and MLX shadow the project's, and
-everything else, transformers included, is the project's). The verifier then runs in that
-interpreter: the preset's ``{python}`` is the old version's, and ``presets.mlx_lm_server``
-starts its server exactly as it starts the project's own, under the logit tap, this
-checkout's ``pytest_prefixcache`` first on ``PYTHONPATH``.
+virtual environment holding only that version of the package and what its series runs on
+(:func:`companions`: the MLX of an mlx-lm series, :data:`MLX`; the MLX and mlx-lm an mlx-vlm
+wheel requires, :data:`MLX_VLM`; ``pip install --no-deps``) over this project's environment
+(a ``.pth`` line adds its site-packages after the venv's own: the old packages shadow the
+project's, and everything else, transformers included, is the project's). The verifier then
+runs in that interpreter: the preset's ``{python}`` is the old version's, and
+``presets.mlx_lm_server`` (``mlx_vlm_server``) starts its server exactly as it starts the
+project's own, under the logit tap, this checkout's ``pytest_prefixcache`` first on
+``PYTHONPATH``. An mlx-lm before 0.31.0 gets the cold server of history_nocache.py
+(:func:`cold_module`): it has no ``--prompt-cache-size``.
 
 ``command`` builds that pytest run for one side (``buggy`` or ``fixed``) of an entry: the
 preset, the fixture, a fixed seed, a bounded example budget, the entry's ``select``, its
 ``concurrency`` (``PREFIXCACHE_CONCURRENCY``: above 1 the waves property runs) and ``flags``
 (a one-combination matrix file), ``-x`` (the first failing test ends the run) and a progress
-line every second, from which ``parse`` reads the seconds to the first failure.
+line every second, from which ``parse`` reads the seconds and the examples (streams) to the
+first failure.
 """
 
 from __future__ import annotations

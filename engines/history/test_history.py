@@ -28,12 +28,9 @@ from history_catalogue import (  # noqa: E402
     plugin_checks,
 )
 from history_cli import main  # noqa: E402
-from history_nocache import no_prompt_cache  # noqa: E402
 from history_runner import (  # noqa: E402
-    NOCACHE,
     Run,
     command,
-    companions,
     first_failure,
     first_failure_seconds,
     install,
@@ -41,7 +38,6 @@ from history_runner import (  # noqa: E402
     mlx_for,
     parse,
     stream_size,
-    uses_matrix,
 )
 from history_table import DOC, load_results, outcome, render  # noqa: E402
 
@@ -161,57 +157,6 @@ def test_each_series_runs_on_its_own_mlx() -> None:
     assert mlx_for(stub_bug(fixed="0.30.4"), "fixed") == "0.30.6"
     with pytest.raises(ValueError, match=re.escape("0.25 series")):
         mlx_for(stub_bug(buggy="0.25.0"), "buggy")
-
-
-def test_an_mlx_vlm_version_runs_on_the_mlx_and_mlx_lm_its_wheel_requires() -> None:
-    vlm = stub_bug(engine="mlx-vlm", runner="mlx-vlm", buggy="0.6.7", fixed="0.6.8")
-    assert companions(vlm, "buggy") == {"mlx": "0.32.4", "mlx-cpu": "0.32.4", "mlx-lm": "0.32.2"}
-    assert "mlx-lm" not in companions(stub_bug(), "buggy")  # an mlx-lm row: its own MLX only
-    with pytest.raises(ValueError, match=re.escape("mlx-vlm 0.5 series")):
-        companions(replace(vlm, buggy="0.5.1"), "buggy")
-
-
-def test_an_mlx_lm_version_before_0_31_gets_the_cache_less_cold_server(tmp_path: Path) -> None:
-    old = stub_bug(buggy="0.30.2", fixed="0.31.0")
-    assert uses_matrix(old, "buggy") and not uses_matrix(old, "fixed")
-    (tmp_path / "matrix.toml").write_text(matrix_text(old, "buggy"))
-    (target,) = read_matrix(tmp_path / "matrix.toml")  # the plugin's own parser
-    assert target.args == {"concurrency": 8, "cold_module": NOCACHE}
-    assert "cold_module" not in matrix_text(old, "fixed")  # the control: 0.31.0 has the flag
-    assert (
-        f"--prefixcache-matrix={tmp_path / 'matrix.toml'}"
-        in command(old, "buggy", Path("p"), tmp_path).argv
-    )
-
-
-def test_an_mlx_vlm_entry_runs_its_preset_text_only_when_asked(tmp_path: Path) -> None:
-    vlm = stub_bug(engine="mlx-vlm", runner="mlx-vlm", buggy="0.6.7", fixed="0.6.8", images=False)
-    (tmp_path / "matrix.toml").write_text(matrix_text(vlm))
-    (target,) = read_matrix(tmp_path / "matrix.toml")
-    assert target.engine.endswith(":mlx_vlm_server") and target.args == {"images": False}
-    with_images = replace(vlm, images=True)
-    assert not uses_matrix(with_images)  # the control: the stock preset, no matrix
-    run = command(with_images, "buggy", Path("p"), tmp_path)
-    assert "--prefixcache-engine=pytest_prefixcache.adapters.presets:mlx_vlm_server" in run.argv
-
-
-def test_the_cold_server_of_old_mlx_lm_finds_and_keeps_nothing() -> None:
-    class Lru:  # what mlx-lm 0.30's LRUPromptCache does with an inserted prompt
-        def __init__(self) -> None:
-            self.kept: dict[tuple[int, ...], str] = {}
-
-        def insert_cache(self, model: str, tokens: list[int], cache: str) -> None:
-            self.kept[tuple(tokens)] = cache
-
-        def fetch_nearest_cache(self, model: str, tokens: list[int]) -> tuple[object, list[int]]:
-            return self.kept.get(tuple(tokens)), [] if tuple(tokens) in self.kept else tokens
-
-    real = Lru()
-    real.insert_cache("m", [1, 2, 3], "kv")
-    assert real.fetch_nearest_cache("m", [1, 2, 3]) == ("kv", [])  # the control: a hit
-    cold = no_prompt_cache(Lru)()
-    cold.insert_cache("m", [1, 2, 3], "kv")
-    assert cold.fetch_nearest_cache("m", [1, 2, 3]) == (None, [1, 2, 3]) and not cold.kept
 
 
 LOG = "\n".join(  # the plugin's progress lines, as a run on mlx-lm 0.31.0 printed them
@@ -390,24 +335,3 @@ def test_an_entry_runs() -> None:
 def test_the_run_words_are_shell_quoted() -> None:
     run = Run(["p", "-k", "a or b"], {"X": "1 2"}, Path("."))
     assert run.shell() == "X='1 2' p -k 'a or b'"
-
-
-def test_the_vlm_renderer_knows_the_special_tokens_rule_of_versions_before_its_helper(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """mlx-vlm before 0.6.12 has no ``should_add_special_tokens``: the renderer falls back to
-    the rule 0.6.7's server inlined, which agrees with the helper where both exist."""
-    utils = pytest.importorskip("mlx_vlm.utils")
-    from types import SimpleNamespace
-
-    from pytest_prefixcache.adapters.http.render import _add_special_tokens
-
-    cases = [
-        (kind, SimpleNamespace(chat_template=t))
-        for kind in ("gemma3", "gemma4", "qwen2_vl")
-        for t in ("{{ x }}", None)
-    ]
-    helper = [utils.should_add_special_tokens(kind, p) for kind, p in cases]
-    assert helper == [False, True, False, True, True, True]  # the control: the helper's answers
-    monkeypatch.delattr(utils, "should_add_special_tokens")
-    assert [_add_special_tokens(kind, p) for kind, p in cases] == helper
