@@ -87,6 +87,15 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     ]
     times = [s for s in caught if s is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
+    caught_rows = [b for b, k in zip(ran, kinds) if k == "caught" or k.startswith("caught once")]
+    bounded = [  # a timeout counted at its run's wall time, an upper bound
+        results[b.name]["buggy"].get("seconds_to_failure")
+        if results[b.name]["buggy"].get("seconds_to_failure") is not None
+        else results[b.name]["buggy"].get("seconds")
+        for b in caught_rows
+    ]
+    bounded = [x for x in bounded if x is not None]
+    median_bounded = f"{statistics.median(bounded):g} s" if bounded else "n/a"
     examples = [
         results[b.name]["buggy"].get("examples_to_failure")
         for b, k in zip(ran, kinds)
@@ -105,12 +114,14 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
         f"{len(caught)}, of which {len(caught) - kinds.count('caught')} unconfirmed (the saved "
         f"stream did not fail again alone); missed: {kinds.count('missed')}; other: "
-        f"{len(ran) - len(caught) - kinds.count('missed')}",
+        f"{len(ran) - len(caught) - kinds.count('missed')}; distinct public bugs caught in at "
+        f"least one configuration: {len({b.reference for b in caught_rows if b.engine != OURS})}",
         f"- median seconds to the first failure over the caught rows: {median} (over "
         f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
         "counts it, so only the run's wall time bounds it); median examples (generated "
         f"streams, corpus scenarios included) run by then: {median_examples} (over "
-        f"{len(counted)} of {len(caught)})",
+        f"{len(counted)} of {len(caught)}); counting each timeout at its run's wall time (an "
+        f"upper bound): {median_bounded} over {len(bounded)}",
     ]
 
 

@@ -273,6 +273,14 @@ def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
         "| caught |" in page
         and "median seconds to the first failure over the caught rows: 5 s" in page
     )
+    timed_out = _result("FAIL", "timeout", "PASS")
+    timed_out["buggy"].update(seconds_to_failure=None, seconds=90.0)  # no progress line counted it
+    hung = replace(bug, name="x-2-hang", check="timeout", reference="o/r#2")
+    page = render(
+        [bug, hung], {bug.name: _result("FAIL", "equivalence", "PASS"), hung.name: timed_out}
+    )
+    assert "over 1 of 2" in page and "upper bound): 47.5 s over 2" in page
+    assert "distinct public bugs caught in at least one configuration: 2" in page
 
 
 def test_the_page_is_not_stale() -> None:
