@@ -34,7 +34,7 @@ def test_an_mlx_lm_version_before_0_31_gets_the_cache_less_cold_server(tmp_path:
     assert uses_matrix(old, "buggy") and not uses_matrix(old, "fixed")
     (tmp_path / "matrix.toml").write_text(matrix_text(old, "buggy"))
     (target,) = read_matrix(tmp_path / "matrix.toml")  # the plugin's own parser
-    assert target.args == {"concurrency": 8, "cold_module": NOCACHE}
+    assert target.args == {"concurrency": 8, "cold_module": NOCACHE, "body": {"top_logprobs": 0}}
     assert "cold_module" not in matrix_text(old, "fixed")  # the control: 0.31.0 has the flag
     assert (
         f"--prefixcache-matrix={tmp_path / 'matrix.toml'}"

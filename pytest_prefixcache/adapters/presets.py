@@ -80,6 +80,7 @@ def mlx_lm_server(
     tap: bool = True,
     flags: Sequence[str] = (),
     cold_module: str = "",
+    body: dict[str, Any] | None = None,
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
@@ -92,7 +93,8 @@ def mlx_lm_server(
     API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``.
     ``cold_module``: a module whose ``main`` serves as ``mlx_lm.server`` with no prompt cache,
     the cold server of versions without ``--prompt-cache-size`` (before 0.31.0; the public
-    record's ``engines.history.history_nocache``)."""
+    record's ``engines.history.history_nocache``); ``body``: fields added to every request
+    (``{"top_logprobs": 0}`` for mlx-lm 0.30, whose batch loop fails on any top_logprobs)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
 
@@ -108,6 +110,7 @@ def mlx_lm_server(
         cmd,
         cold="server",
         cold_cmd=serve(cold_module) if cold_module else cmd + " --prompt-cache-size 0",
+        extra_body=dict(body or {}),
         supports_images=False,
         tap=tap,
         render=TextRenderer(model),
