@@ -8,6 +8,7 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,32 @@ def test_the_vlm_renderer_knows_the_special_tokens_rule_of_versions_before_its_h
     assert helper == [False, True, False, True, True, True]  # the control: the helper's answers
     monkeypatch.delattr(utils, "should_add_special_tokens")
     assert [_add_special_tokens(kind, p) for kind, p in cases] == helper
+
+
+class _Recorder:
+    """Stands in for OpenAIEngine (as in tests/test_tolerance_doors.py): keeps its arguments."""
+
+    def __init__(self, cmd: object = None, **kwargs: object) -> None:
+        self.cmd, self.kwargs = cmd, kwargs
+        self.atol, self.tolerance_rule = 0.0, ""
+
+
+def test_the_presets_take_what_the_runner_passes_old_versions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pytest_prefixcache.adapters import presets
+
+    monkeypatch.setattr(presets, "OpenAIEngine", _Recorder)
+    monkeypatch.delenv("PREFIXCACHE_MODEL", raising=False)
+    stock: Any = presets.mlx_lm_server(concurrency=1)
+    assert stock.kwargs["cold_cmd"] == stock.cmd + " --prompt-cache-size 0"  # the control
+    assert stock.kwargs["extra_body"] == {}
+    old: Any = presets.mlx_lm_server(concurrency=1, cold_module=NOCACHE, body={"top_logprobs": 0})
+    assert old.cmd == stock.cmd and old.kwargs["extra_body"] == {"top_logprobs": 0}
+    assert old.kwargs["cold_cmd"] == stock.cmd.replace("mlx_lm.server:main", f"{NOCACHE}:main")
+    assert "--prompt-cache-size" not in old.kwargs["cold_cmd"]
+    vlm: Any = presets.mlx_vlm_server()
+    assert vlm.kwargs["supports_images"] is True  # the control
+    text: Any = presets.mlx_vlm_server(images=False, flags=["--prefill-step-size 32"])
+    assert text.kwargs["supports_images"] is False
+    assert text.cmd == vlm.cmd + " --prefill-step-size 32"
