@@ -178,8 +178,11 @@ def matrix_text(bug: Bug, side: str = "buggy") -> str:
     args = [f"concurrency = {bug.concurrency}"] if bug.runner == "mlx-lm" else []
     args += [] if bug.tap else ["tap = false"]  # the mlx_vlm preset takes neither
     if cold_module(bug, side):  # 0.30: no --prompt-cache-size, and its batch loop dies on
-        # any top_logprobs (server.py _generate: NameError 'gen'); the tap has the logits
-        args += [f'cold_module = "{cold_module(bug, side)}"', "body = { top_logprobs = 0 }"]
+        # any logprobs count (server.py _generate: NameError 'gen'); the tap has the logits
+        args += [
+            f'cold_module = "{cold_module(bug, side)}"',
+            "body = { logprobs = -1 }",
+        ]
     args += [] if bug.images else ["images = false"]
     text = f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\n'
     text += f"args = {{ {', '.join(args)} }}\n" if args else ""

@@ -35,7 +35,11 @@ def test_an_mlx_lm_version_before_0_31_gets_the_cache_less_cold_server(tmp_path:
     assert uses_matrix(old, "buggy") and not uses_matrix(old, "fixed")
     (tmp_path / "matrix.toml").write_text(matrix_text(old, "buggy"))
     (target,) = read_matrix(tmp_path / "matrix.toml")  # the plugin's own parser
-    assert target.args == {"concurrency": 8, "cold_module": NOCACHE, "body": {"top_logprobs": 0}}
+    assert target.args == {
+        "concurrency": 8,
+        "cold_module": NOCACHE,
+        "body": {"logprobs": -1},
+    }
     assert "cold_module" not in matrix_text(old, "fixed")  # the control: 0.31.0 has the flag
     assert (
         f"--prefixcache-matrix={tmp_path / 'matrix.toml'}"
@@ -112,8 +116,8 @@ def test_the_presets_take_what_the_runner_passes_old_versions(
     stock: Any = presets.mlx_lm_server(concurrency=1)
     assert stock.kwargs["cold_cmd"] == stock.cmd + " --prompt-cache-size 0"  # the control
     assert stock.kwargs["extra_body"] == {}
-    old: Any = presets.mlx_lm_server(concurrency=1, cold_module=NOCACHE, body={"top_logprobs": 0})
-    assert old.cmd == stock.cmd and old.kwargs["extra_body"] == {"top_logprobs": 0}
+    old: Any = presets.mlx_lm_server(concurrency=1, cold_module=NOCACHE, body={"logprobs": -1})
+    assert old.cmd == stock.cmd and old.kwargs["extra_body"] == {"logprobs": -1}
     assert old.kwargs["cold_cmd"] == stock.cmd.replace("mlx_lm.server:main", f"{NOCACHE}:main")
     assert "--prompt-cache-size" not in old.kwargs["cold_cmd"]
     vlm: Any = presets.mlx_vlm_server()

@@ -94,7 +94,7 @@ def mlx_lm_server(
     ``cold_module``: a module whose ``main`` serves as ``mlx_lm.server`` with no prompt cache,
     the cold server of versions without ``--prompt-cache-size`` (before 0.31.0; the public
     record's ``engines.history.history_nocache``); ``body``: fields added to every request
-    (``{"top_logprobs": 0}`` for mlx-lm 0.30, whose batch loop fails on any top_logprobs)."""
+    (``{"logprobs": -1}`` for mlx-lm 0.30, whose batch loop fails on any logprobs count)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
 
