@@ -37,6 +37,8 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
     buggy, fixed = result["buggy"], result["fixed"]
     if "ERROR" in (buggy["verdict"], fixed["verdict"]):
         return "error: the run did not finish (see results/)"
+    if buggy["verdict"].startswith("INCONCLUSIVE"):
+        return "inconclusive: the buggy version's run neither failed nor passed (see the notes)"
     if not buggy["verdict"].startswith("FAIL"):
         return "missed"
     if fixed["verdict"].startswith("FAIL"):
