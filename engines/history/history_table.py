@@ -45,6 +45,10 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
         if bug.fixed_fails:
             return f"the fixed version fails ({fixed.get('check')}): {bug.fixed_fails}"
         return f"false alarm? the fixed version fails ({fixed.get('check')})"
+    if not fixed["verdict"].startswith("PASS"):  # INCONCLUSIVE: no clean fixed side
+        return f"the fixed version is {fixed['verdict'].lower()}" + (
+            f": {bug.fixed_fails}" if bug.fixed_fails else ""
+        )
     if buggy.get("check") != bug.check:
         return f"caught by another check (expected {bug.check})"
     if bug.replays.startswith("0 of"):

@@ -262,6 +262,8 @@ def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
     assert outcome(bug, _result("FAIL", "equivalence", "PASS")) == "caught"
     assert outcome(bug, _result("PASS", None, "PASS")) == "missed"
     assert outcome(bug, _result("INCONCLUSIVE", None, "PASS")).startswith("inconclusive")
+    unclean = _result("FAIL", "equivalence", "INCONCLUSIVE")  # no clean fixed side: no catch
+    assert outcome(bug, unclean) == "the fixed version is inconclusive"
     assert outcome(bug, _result("FAIL", "fault", "PASS")).startswith("caught by another check")
     assert outcome(bug, _result("FAIL", "equivalence", "FAIL")).startswith("false alarm")
     once = replace(bug, replays="0 of 2")
