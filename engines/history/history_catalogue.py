@@ -7,15 +7,18 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm`` (history_runner.py installs the version and runs
-the stock verifier against it), or ``none`` with ``why``: the entry is
-catalogued but not run (its engine needs an install this lab does not make yet, or it is a
+``runner`` says how it is run: ``mlx-lm`` or ``mlx-vlm`` (history_runner.py installs the
+version and runs the stock verifier against it), or ``none`` with ``why``: the entry is catalogued
+but not run (its engine needs an install this lab does not make yet, or it is a
 regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
 budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
 showed (a miss and the capability that turned it into a catch), printed under the table;
 ``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
-as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``fixed_fails``: what the failure
-of the version with the fix was classified as (another bug, or the tap's), once a run showed it;
+as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``images = false``: the mlx-vlm
+preset sends text requests only (mlx_vlm.server reuses 0 tokens of an image request in every
+version run here, 0.6.7 to 0.7.10: the positive control fails on any image stream);
+``fixed_fails``: what the failure of the version with the fix was classified as (another bug,
+or the tap's), once a run showed it;
 ``replays``: how often the buggy side's saved stream failed again when replayed alone on fresh
 servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed.
 """
@@ -39,10 +42,11 @@ CATALOGUE = HERE / "bugs.toml"
 
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
-RUNNERS = ("mlx-lm", "none")
-#: The oldest version each runner can run: the mlx_lm_server preset's cold server passes
-#: --prompt-cache-size 0, which mlx_lm.server has from 0.31.0 on (#906).
-RUNS_FROM = {"mlx-lm": (0, 31, 0)}
+RUNNERS = ("mlx-lm", "mlx-vlm", "none")
+#: The oldest version each runner can run: before 0.31.0 (#906) mlx_lm.server has no
+#: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
+#: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on.
+RUNS_FROM = {"mlx-lm": (0, 30, 0), "mlx-vlm": (0, 6, 7)}
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
     "tiny-llama",
@@ -83,6 +87,7 @@ OPTIONAL = {
     "examples": int,
     "note": str,
     "tap": bool,
+    "images": bool,
     "fixed_fails": str,
     "replays": str,
 }
@@ -116,6 +121,7 @@ class Bug:
     examples: int = 0
     note: str = ""
     tap: bool = True
+    images: bool = True
     fixed_fails: str = ""
     replays: str = ""
 

@@ -2,19 +2,23 @@
 keep what it found.
 
 ``install`` makes ``.engines/history/<package>-<version>/`` (git-ignored, kept between runs): a
-virtual environment holding only that version of the package and the MLX of its series
-(:data:`MLX`; ``pip install --no-deps``) over this project's environment (a ``.pth`` line adds
-its site-packages after the venv's own: the old package and MLX shadow the project's, and
-everything else, transformers included, is the project's). The verifier then runs in that
-interpreter: the preset's ``{python}`` is the old version's, and ``presets.mlx_lm_server``
-starts its server exactly as it starts the project's own, under the logit tap, this
-checkout's ``pytest_prefixcache`` first on ``PYTHONPATH``.
+virtual environment holding only that version of the package and what its series runs on
+(:func:`companions`: the MLX of an mlx-lm series, :data:`MLX`; the MLX and mlx-lm an mlx-vlm
+wheel requires, :data:`MLX_VLM`; ``pip install --no-deps``) over this project's environment
+(a ``.pth`` line adds its site-packages after the venv's own: the old packages shadow the
+project's, and everything else, transformers included, is the project's). The verifier then
+runs in that interpreter: the preset's ``{python}`` is the old version's, and
+``presets.mlx_lm_server`` (``mlx_vlm_server``) starts its server exactly as it starts the
+project's own, under the logit tap, this checkout's ``pytest_prefixcache`` first on
+``PYTHONPATH``. An mlx-lm before 0.31.0 gets the cold server of history_nocache.py
+(:func:`cold_module`): it has no ``--prompt-cache-size``.
 
 ``command`` builds that pytest run for one side (``buggy`` or ``fixed``) of an entry: the
 preset, the fixture, a fixed seed, a bounded example budget, the entry's ``select``, its
 ``concurrency`` (``PREFIXCACHE_CONCURRENCY``: above 1 the waves property runs) and ``flags``
 (a one-combination matrix file), ``-x`` (the first failing test ends the run) and a progress
-line every second, from which ``parse`` reads the seconds to the first failure.
+line every second, from which ``parse`` reads the seconds and the examples (streams) to the
+first failure.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from history_catalogue import Bug
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGES = {"mlx-lm": "mlx-lm"}
+PACKAGES = {"mlx-lm": "mlx-lm", "mlx-vlm": "mlx-vlm"}
 #: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
 #: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
 #: or of a later one where the series' wheels require it (mlx-lm 0.28.4 and 0.29.1 require
@@ -51,13 +55,22 @@ MLX = {
     "0.27": "0.27.1",
     "0.26": "0.26.5",
 }
-PRESETS = {"mlx-lm": "pytest_prefixcache.adapters.presets:mlx_lm_server"}
+#: The MLX and mlx-lm each mlx-vlm series runs on: every mlx-vlm 0.6.x wheel requires mlx>=0.32.0
+#: and (to 0.6.13) mlx-lm>=0.31.3 in its METADATA (read 2026-11-28 from the wheels of 0.6.7,
+#: 0.6.8, 0.6.9, 0.6.12, 0.6.13, 0.6.14): the project's own mlx 0.32.4 and mlx-lm 0.32.2.
+MLX_VLM = {"0.6": ("0.32.4", "0.32.2"), "0.7": ("0.32.4", "0.32.2")}
+PRESETS = {
+    "mlx-lm": "pytest_prefixcache.adapters.presets:mlx_lm_server",
+    "mlx-vlm": "pytest_prefixcache.adapters.presets:mlx_vlm_server",
+}
+#: The cold server of mlx-lm before 0.31.0 (no --prompt-cache-size): history_nocache.py.
+NOCACHE = "engines.history.history_nocache"
 EXAMPLES = 30
 SEED = 1
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(
-    r"prefixcache: (\d+) requests .*?, (\d+) failed test\(s\)"
-    r"(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
+    r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
+    r"test\(s\)(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
 )
 
 
@@ -75,13 +88,23 @@ def version_of(bug: Bug, side: str) -> str:
     return bug.buggy if side == "buggy" else bug.fixed
 
 
-def mlx_for(bug: Bug, side: str) -> str:
-    """The MLX release a side runs on (:data:`MLX`, by the mlx-lm series it needs)."""
+def companions(bug: Bug, side: str) -> dict[str, str]:
+    """The packages a side runs on besides its own, by the series of its version: the MLX
+    (:data:`MLX` for mlx-lm, :data:`MLX_VLM` for mlx-vlm, with the mlx-lm of its time)."""
     version = version_of(bug, side)
     series = ".".join(version.split(".")[:2])
-    if series not in MLX:
-        raise ValueError(f"{bug.name}: no MLX release known for the {series} series")
-    return MLX[series]
+    table: dict[str, Any] = MLX_VLM if bug.runner == "mlx-vlm" else MLX
+    if series not in table:
+        raise ValueError(f"{bug.name}: no MLX release known for the {bug.runner} {series} series")
+    if bug.runner == "mlx-vlm":
+        mlx, lm = table[series]
+        return {"mlx": mlx, "mlx-cpu": mlx, "mlx-lm": lm}
+    return {"mlx": table[series], "mlx-cpu": table[series]}
+
+
+def mlx_for(bug: Bug, side: str) -> str:
+    """The MLX release a side runs on (:func:`companions`)."""
+    return companions(bug, side)["mlx"]
 
 
 def installed(python: Path, package: str) -> str | None:
@@ -98,8 +121,10 @@ def install(bug: Bug, side: str) -> Path:
     venv, version = venv_of(bug, side), version_of(bug, side)
     package = PACKAGES[bug.runner]
     python = venv / "bin" / "python"
-    mlx = mlx_for(bug, side)
-    if installed(python, package) == version and installed(python, "mlx") == mlx:
+    others = companions(bug, side)
+    if installed(python, package) == version and all(
+        installed(python, name) == v for name, v in others.items() if name != "mlx-cpu"
+    ):
         return python
     engines_dir().mkdir(parents=True, exist_ok=True)
     ignore = engines_dir() / ".gitignore"
@@ -111,9 +136,9 @@ def install(bug: Bug, side: str) -> Path:
     (site / "zz-project.pth").write_text("\n".join(here) + "\n")
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
     env = {**os.environ, "PIP_CACHE_DIR": str(engines_dir() / "pip-cache")}
-    wanted = [f"{package}=={version}", f"mlx=={mlx}", f"mlx-cpu=={mlx}"]
+    wanted = [f"{package}=={version}", *(f"{name}=={v}" for name, v in others.items())]
     subprocess.run([*pip, *wanted], check=True, env=env)
-    if installed(python, package) != version or installed(python, "mlx") != mlx:
+    if installed(python, package) != version or installed(python, "mlx") != others["mlx"]:
         raise RuntimeError(f"{venv}: {' '.join(wanted)} did not install")
     return python
 
@@ -132,17 +157,35 @@ class Run:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
-def uses_matrix(bug: Bug) -> bool:
-    """Server flags or the preset without the tap: arguments only a matrix file passes."""
-    return bool(bug.flags) or not bug.tap
+def cold_module(bug: Bug, side: str) -> str:
+    """The cold server's module for an mlx-lm version without ``--prompt-cache-size`` (before
+    0.31.0, :data:`NOCACHE`), else "" (the preset's own cold server)."""
+    if bug.runner != "mlx-lm":
+        return ""
+    version = tuple(int(x) for x in re.findall(r"\d+", version_of(bug, side))[:3])
+    return NOCACHE if version < (0, 31, 0) else ""
 
 
-def matrix_text(bug: Bug) -> str:
-    """A one-combination matrix file for an entry with server flags or without the tap."""
-    args = f"concurrency = {bug.concurrency}" + ("" if bug.tap else ", tap = false")
-    text = (
-        f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\nargs = {{ {args} }}\n'
-    )
+def uses_matrix(bug: Bug, side: str = "buggy") -> bool:
+    """Server flags, the preset without the tap or images, or another cold server: arguments
+    only a matrix file passes."""
+    return bool(bug.flags) or not bug.tap or not bug.images or bool(cold_module(bug, side))
+
+
+def matrix_text(bug: Bug, side: str = "buggy") -> str:
+    """A one-combination matrix file for an entry with server flags, without the tap or with
+    another cold server."""
+    args = [f"concurrency = {bug.concurrency}"] if bug.runner == "mlx-lm" else []
+    args += [] if bug.tap else ["tap = false"]  # the mlx_vlm preset takes neither
+    if cold_module(bug, side):  # 0.30: no --prompt-cache-size, and its batch loop dies on
+        # any logprobs count (server.py _generate: NameError 'gen'); the tap has the logits
+        args += [
+            f'cold_module = "{cold_module(bug, side)}"',
+            "body = { logprobs = -1 }",
+        ]
+    args += [] if bug.images else ["images = false"]
+    text = f'[[config]]\nname = "{bug.name}"\nengine = "{PRESETS[bug.runner]}"\n'
+    text += f"args = {{ {', '.join(args)} }}\n" if args else ""
     if bug.flags:
         text += f"\n[config.flags]\nbug = {{ on = {json.dumps(bug.flags)} }}\n"
     return text
@@ -155,7 +198,7 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     if bug.select:
         argv += ["-k", bug.select]
     argv += ["--prefixcache-verify", "--pyargs", "pytest_prefixcache.suite"]
-    if uses_matrix(bug):
+    if uses_matrix(bug, side):
         argv.append(f"--prefixcache-matrix={out / 'matrix.toml'}")
     else:
         argv.append(f"--prefixcache-engine={PRESETS[bug.runner]}")
@@ -170,12 +213,19 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     return Run(argv, env, out)
 
 
-def first_failure_seconds(log: str) -> int | None:
-    """The clock of the first progress line that counts a failing example or a failed test."""
+def first_failure(log: str) -> tuple[int, int, int] | None:
+    """(seconds, streams, requests) of the first progress line that counts a failing example
+    or a failed test: the clock, and the examples (streams) and requests run by then."""
     for m in PROGRESS.finditer(log):
-        if int(m.group(2)) or int(m.group(3) or 0):
-            return int(m.group(4) or 0) * 60 + int(m.group(5))
+        if int(m.group(3)) or int(m.group(4) or 0):
+            return int(m.group(5) or 0) * 60 + int(m.group(6)), int(m.group(2)), int(m.group(1))
     return None
+
+
+def first_failure_seconds(log: str) -> int | None:
+    """The clock of :func:`first_failure`, or None."""
+    first = first_failure(log)
+    return first[0] if first else None
 
 
 def stream_size(stream_dir: str | None) -> int | None:
@@ -208,6 +258,7 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "test": first.get("test"),
         "shrunk_requests": stream_size(first.get("stream_dir")),
         "seconds_to_failure": first_failure_seconds(log) if failures else None,
+        "examples_to_failure": (first_failure(log) or (None, None))[1] if failures else None,
         "requests": suite.get("requests"),
         "cache_hits": suite.get("cache_hits"),
         "failures_by_check": suite.get("failures_by_check") or {},
@@ -222,8 +273,8 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
-    if uses_matrix(bug):
-        (out / "matrix.toml").write_text(matrix_text(bug))
+    if uses_matrix(bug, side):
+        (out / "matrix.toml").write_text(matrix_text(bug, side))
     run = command(bug, side, python, out, examples)
     env = {**os.environ, **run.env}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")

@@ -21,7 +21,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
 HEADER = (
     "| bug | engine | version with the bug | verdict | check | version with the fix | verdict "
-    "| seconds to first failure | outcome |"
+    "| seconds (examples) to first failure | outcome |"
 )
 
 
@@ -37,12 +37,18 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
     buggy, fixed = result["buggy"], result["fixed"]
     if "ERROR" in (buggy["verdict"], fixed["verdict"]):
         return "error: the run did not finish (see results/)"
+    if buggy["verdict"].startswith("INCONCLUSIVE"):
+        return "inconclusive: the buggy version's run neither failed nor passed (see the notes)"
     if not buggy["verdict"].startswith("FAIL"):
         return "missed"
     if fixed["verdict"].startswith("FAIL"):
         if bug.fixed_fails:
             return f"the fixed version fails ({fixed.get('check')}): {bug.fixed_fails}"
         return f"false alarm? the fixed version fails ({fixed.get('check')})"
+    if not fixed["verdict"].startswith("PASS"):  # INCONCLUSIVE: no clean fixed side
+        return f"the fixed version is {fixed['verdict'].lower()}" + (
+            f": {bug.fixed_fails}" if bug.fixed_fails else ""
+        )
     if buggy.get("check") != bug.check:
         return f"caught by another check (expected {bug.check})"
     if bug.replays.startswith("0 of"):
@@ -67,9 +73,11 @@ def row(bug: Bug, result: dict[str, Any] | None) -> str:
         cells = [title, where, bug.buggy, "-", f"({bug.check})", bug.fixed, "-", "-"]
     else:
         b, f = result["buggy"], result["fixed"]
-        seconds = b.get("seconds_to_failure")
+        seconds: Any = b.get("seconds_to_failure")
         if seconds is None and b["verdict"].startswith("FAIL"):
             seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a timeout: no progress
+        elif b.get("examples_to_failure") is not None:
+            seconds = f"{seconds} ({b['examples_to_failure']})"
         cells = [title, where, b["version"], b["verdict"], b.get("check"), f["version"]]
         cells += [f["verdict"], seconds]
     return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result)]) + " |"
@@ -85,6 +93,22 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
     ]
     times = [s for s in caught if s is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
+    caught_rows = [b for b, k in zip(ran, kinds) if k == "caught" or k.startswith("caught once")]
+    bounded = [  # a timeout counted at its run's wall time, an upper bound
+        results[b.name]["buggy"].get("seconds_to_failure")
+        if results[b.name]["buggy"].get("seconds_to_failure") is not None
+        else results[b.name]["buggy"].get("seconds")
+        for b in caught_rows
+    ]
+    bounded = [x for x in bounded if x is not None]
+    median_bounded = f"{statistics.median(bounded):g} s" if bounded else "n/a"
+    examples = [
+        results[b.name]["buggy"].get("examples_to_failure")
+        for b, k in zip(ran, kinds)
+        if k == "caught" or k.startswith("caught once")
+    ]
+    counted = [e for e in examples if e is not None]
+    median_examples = f"{statistics.median(counted):g}" if counted else "n/a"
     public = [b for b in bugs if b.engine != OURS]
     engines = sorted({b.engine for b in public})
     return [
@@ -96,10 +120,14 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
         f"{len(caught)}, of which {len(caught) - kinds.count('caught')} unconfirmed (the saved "
         f"stream did not fail again alone); missed: {kinds.count('missed')}; other: "
-        f"{len(ran) - len(caught) - kinds.count('missed')}",
+        f"{len(ran) - len(caught) - kinds.count('missed')}; distinct public bugs caught in at "
+        f"least one configuration: {len({b.reference for b in caught_rows if b.engine != OURS})}",
         f"- median seconds to the first failure over the caught rows: {median} (over "
         f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
-        "counts it, so only the run's wall time bounds it)",
+        "counts it, so only the run's wall time bounds it); median examples (generated "
+        f"streams, corpus scenarios included) run by then: {median_examples} (over "
+        f"{len(counted)} of {len(caught)}); counting each timeout at its run's wall time (an "
+        f"upper bound): {median_bounded} over {len(bounded)}",
     ]
 
 
@@ -115,7 +143,8 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "results file (run from the checkout's root with `PYTHONPATH=.`, as run.sh does).",
         "Seconds to the first failure: the plugin's first progress line (one a second) that",
         "counts a failing example, from the session's start (servers included), installs",
-        "excluded; on a shared 2-core machine at a load average of 8-11.",
+        "excluded; on a shared 2-core machine at a load average of 6-11. In brackets: the",
+        "examples (streams, corpus scenarios included) that line counts.",
         "",
         *summary(bugs, results),
         "",

@@ -31,6 +31,7 @@ from history_cli import main  # noqa: E402
 from history_runner import (  # noqa: E402
     Run,
     command,
+    first_failure,
     first_failure_seconds,
     install,
     matrix_text,
@@ -94,7 +95,7 @@ def test_the_plugins_check_names_are_read_from_the_plugin() -> None:
         ('runner = "mlx-lm"', 'runner = "none"', "needs a 'why'"),
         ('model = "tiny-llama"', 'model = "llama-70b"', "is not one of"),
         ('flags = ""', 'flags = ""\ncolour = "red"', "unknown field 'colour'"),
-        ('buggy = "0.31.0"', 'buggy = "0.30.4"', "runs versions from 0.31.0 on"),
+        ('buggy = "0.31.0"', 'buggy = "0.29.1"', "runs versions from 0.30.0 on"),
     ],
 )
 def test_a_bad_entry_is_refused_naming_it_and_the_field(old: str, new: str, says: str) -> None:
@@ -171,6 +172,7 @@ LOG = "\n".join(  # the plugin's progress lines, as a run on mlx-lm 0.31.0 print
 
 def test_the_seconds_to_the_first_failure_come_from_the_first_failing_progress_line() -> None:
     assert first_failure_seconds(LOG) == 69
+    assert first_failure(LOG) == (69, 3, 3)  # the clock, the streams and requests by then
     clean = "\n".join(x for x in LOG.splitlines() if "shrinking" not in x and "1 failed" not in x)
     assert first_failure_seconds(clean) is None  # the control: no failing line, no figure
 
@@ -209,6 +211,7 @@ def test_a_report_is_parsed_into_the_sides_outcome(tmp_path: Path) -> None:
         "logits differ",
     )
     assert (got["shrunk_requests"], got["seconds_to_failure"]) == (3, 69)
+    assert got["examples_to_failure"] == 3
     passed = parse({"verdict": "PASS", "failures": [], "requests": 3}, LOG, 0)
     assert (passed["verdict"], passed["check"], passed["seconds_to_failure"]) == (
         "PASS",
@@ -258,6 +261,9 @@ def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
     bug = stub_bug()
     assert outcome(bug, _result("FAIL", "equivalence", "PASS")) == "caught"
     assert outcome(bug, _result("PASS", None, "PASS")) == "missed"
+    assert outcome(bug, _result("INCONCLUSIVE", None, "PASS")).startswith("inconclusive")
+    unclean = _result("FAIL", "equivalence", "INCONCLUSIVE")  # no clean fixed side: no catch
+    assert outcome(bug, unclean) == "the fixed version is inconclusive"
     assert outcome(bug, _result("FAIL", "fault", "PASS")).startswith("caught by another check")
     assert outcome(bug, _result("FAIL", "equivalence", "FAIL")).startswith("false alarm")
     once = replace(bug, replays="0 of 2")
@@ -270,6 +276,14 @@ def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
         "| caught |" in page
         and "median seconds to the first failure over the caught rows: 5 s" in page
     )
+    timed_out = _result("FAIL", "timeout", "PASS")
+    timed_out["buggy"].update(seconds_to_failure=None, seconds=90.0)  # no progress line counted it
+    hung = replace(bug, name="x-2-hang", check="timeout", reference="o/r#2")
+    page = render(
+        [bug, hung], {bug.name: _result("FAIL", "equivalence", "PASS"), hung.name: timed_out}
+    )
+    assert "over 1 of 2" in page and "upper bound): 47.5 s over 2" in page
+    assert "distinct public bugs caught in at least one configuration: 2" in page
 
 
 def test_the_page_is_not_stale() -> None:

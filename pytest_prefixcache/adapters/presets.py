@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from typing import Any
 
 from ..errors import EngineError
 from ..package_data import engine_model
@@ -79,6 +80,8 @@ def mlx_lm_server(
     flags: Sequence[str] = (),
     draft_model: str | os.PathLike[str] | None = None,
     num_draft_tokens: int = 3,
+    cold_module: str = "",
+    body: dict[str, Any] | None = None,
 ) -> OpenAIEngine:
     """``mlx_lm.server`` on ``model_dir`` (a text model; default: ``PREFIXCACHE_MODEL``, else
     the tiny Llama) under the logit tap; cold = a second server with ``--prompt-cache-size
@@ -91,7 +94,12 @@ def mlx_lm_server(
     API's ``top_logprobs`` (10; it refuses 20) and the reuse its ``cached_tokens``.
     ``draft_model`` (a fixture name or directory, e.g. ``tiny-llama-draft``): speculative
     decoding (``--draft-model``, ``--num-draft-tokens``; the server then serves one request
-    at a time), judged against a cold server without the draft."""
+    at a time), judged against a cold server without the draft.
+
+    ``cold_module``: a module whose ``main`` serves as ``mlx_lm.server`` with no prompt cache,
+    the cold server of versions without ``--prompt-cache-size`` (before 0.31.0; the public
+    record's ``engines.history.history_nocache``); ``body``: fields added to every request
+    (``{"logprobs": -1}`` for mlx-lm 0.30, whose batch loop fails on any logprobs count)."""
     model = engine_model(model_dir, default="tiny-llama", vision=False, who="mlx_lm.server")
     n = concurrency_from_env() if concurrency is None else concurrency
     spec = ""
@@ -99,15 +107,19 @@ def mlx_lm_server(
         draft = engine_model(draft_model, default="", vision=False, who="--draft-model")
         spec = f" --draft-model {shlex.quote(str(draft))} --num-draft-tokens {num_draft_tokens:d}"
 
-    cmd = (
-        f"{TAP if tap else '{python} -m'} mlx_lm.server"
-        f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
-        "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
-    )
+    def serve(module: str) -> str:
+        return (
+            f"{TAP if tap else '{python} -m'} {module}"
+            f"{':main' if tap else ''} --model {shlex.quote(str(model))} --host 127.0.0.1 "
+            "--port {port}" + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
+        )
+
+    cmd = serve("mlx_lm.server")
     engine = OpenAIEngine(
         cmd + spec,
         cold="server",
-        cold_cmd=cmd + " --prompt-cache-size 0",
+        cold_cmd=serve(cold_module) if cold_module else cmd + " --prompt-cache-size 0",
+        extra_body=dict(body or {}),
         supports_images=False,
         tap=tap,
         render=TextRenderer(model),
@@ -122,17 +134,22 @@ def mlx_vlm_server(
     *,
     claims: ClaimWatch | None = None,
     concurrency: int | None = None,
+    flags: Sequence[str] = (),
+    images: bool = True,
 ) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
     default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
     fresh ``x-apc-tenant`` salt on the same server; token ids and image spans rendered
-    locally; ``claims``: the claim sources to check (see :mod:`.claims`). ``concurrency``:
-    requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its continuous
-    batching serves them in one BatchGenerator)."""
+    locally; ``claims``: the claim sources to check (see :mod:`.claims`); ``flags``: serve
+    flags a matrix combination passes (``--prefill-step-size 32``), each a command-line
+    string; ``images=False``: text requests only (its image requests reuse nothing).
+    ``concurrency``: requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its
+    continuous batching serves them in one BatchGenerator)."""
     model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
         f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port} --top-logprobs-k 20"
+        + "".join(f" {shlex.quote(w)}" for f in flags for w in shlex.split(f))
     )
     engine = OpenAIEngine(
         cmd,
@@ -141,6 +158,7 @@ def mlx_vlm_server(
         model=str(model),
         top_logprobs=20,
         tap=True,
+        supports_images=images,
         vocab=model,
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
         render=VlmRenderer(model),

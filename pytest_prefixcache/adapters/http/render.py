@@ -62,12 +62,7 @@ class VlmRenderer:
     """Prompts with images through mlx-vlm's processor (what mlx_vlm.server prepares)."""
 
     def __init__(self, model_dir: str | os.PathLike[str]) -> None:
-        from mlx_vlm.utils import (
-            get_model_and_args,
-            load_image_processor,
-            load_processor,
-            should_add_special_tokens,
-        )
+        from mlx_vlm.utils import get_model_and_args, load_image_processor, load_processor
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         path = Path(model_dir)
@@ -85,7 +80,7 @@ class VlmRenderer:
                 f"{str(path)!r}: config.json names no image_token_id or image_token_index"
             )
         self.image_token_id = int(token)
-        self.add_special = should_add_special_tokens(config["model_type"], self.processor)
+        self.add_special = _add_special_tokens(config["model_type"], self.processor)
 
     def __call__(self, request: Request) -> tuple[list[int], Spans]:
         from mlx_vlm.utils import prepare_inputs
@@ -109,3 +104,16 @@ class VlmRenderer:
         ids = [int(t) for t in np.asarray(inputs["input_ids"]).reshape(-1)]
         runs = placeholder_runs(ids, self.image_token_id)
         return ids, tuple((s, e, img.digest) for (s, e), img in zip(runs, images))
+
+
+def _add_special_tokens(model_type: str, processor: Any) -> bool:
+    """Whether mlx-vlm's tokenization adds markers outside the chat template: its own
+    ``should_add_special_tokens`` (mlx-vlm 0.6.12 on); before it, the rule the server inlined
+    (mlx-vlm 0.6.7 server/generation.py ``_cpu_preprocess``: Gemma 3, 3n and 4 add none when
+    their processor has a chat template)."""
+    try:
+        from mlx_vlm.utils import should_add_special_tokens
+    except ImportError:  # mlx-vlm < 0.6.12 (the public record runs those)
+        owns = model_type in ("gemma3", "gemma3n", "gemma4", "gemma4_unified")
+        return not owns or getattr(processor, "chat_template", None) is None
+    return bool(should_add_special_tokens(model_type, processor))
