@@ -1,6 +1,7 @@
-"""Identity at the batch boundary for vllm-mlx 0.6.0 (and its fork rapid-mlx, which ships the
-same ``vllm_mlx`` package): which request each batch row belongs to, read where its
-schedulers hold it, and the tie from that request to the HTTP exchange.
+"""Identity at the batch boundary for vllm-mlx 0.6.0 and its fork rapid-mlx 0.16.10 (package
+``rapid_mlx``, the same classes and methods where these hooks read): which request each batch
+row belongs to, read where its schedulers hold it, and the tie from that request to the HTTP
+exchange.
 
 The tie: the tap's client sends each request with a header of its own
 (:data:`REQUEST_HEADER`, a fresh uuid). vllm-mlx's reply ``id`` is drawn after generation
@@ -22,7 +23,9 @@ model call inside an iteration is that request's), and ``_step`` decodes ``activ
 rows in ``active_batch.uids`` order. Chunked prefill (``install_chunked_prefill_mllm``
 replaces the generator's ``_next`` on the instance) runs each chunk of the one request it
 prefills right after ``_language_model_kwargs(request, ...)``: that call labels the next
-forward call alone.
+forward call alone. rapid-mlx's ``_process_prompts`` drives ``_process_prompt_steps(requests)``
+to its end with the same list (its cooperative prefill, with ``--completion-batch-size 1``
+only, is not labelled).
 
 A request is admitted (a line in the tap's file) once both its label and its header's value
 are known, whichever comes first: the engine may insert a request before ``add_request``
@@ -46,13 +49,13 @@ __all__ = ["REQUEST_HEADER", "VLLM_MLX_MODULES", "vllm_mlx_hooks"]
 REQUEST_HEADER = "X-Prefixcache-Request"
 _HEADER_KEY = REQUEST_HEADER.lower().encode("ascii")
 
+#: The packages: vllm-mlx's, and rapid-mlx's (0.16.10 renamed it; ``vllm_mlx`` is its shim).
+_PACKAGES = ("vllm_mlx", "rapid_mlx")
+_MODULES = ("engine_core", "scheduler", "mllm_scheduler", "mllm_batch_generator")
 #: The modules whose import installs these hooks.
 VLLM_MLX_MODULES = (
     "fastapi.applications",
-    "vllm_mlx.engine_core",
-    "vllm_mlx.scheduler",
-    "vllm_mlx.mllm_scheduler",
-    "vllm_mlx.mllm_batch_generator",
+    *(f"{package}.{name}" for package in _PACKAGES for name in _MODULES),
 )
 
 _exchange: contextvars.ContextVar[str | None] = contextvars.ContextVar(
@@ -243,23 +246,28 @@ def _static(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[
 def vllm_mlx_hooks(sink: Writer) -> list[str]:
     """Install the hooks on the modules of :data:`VLLM_MLX_MODULES` imported now (the HTTP
     one only once a vllm_mlx module is: another FastAPI server needs no header)."""
-    if not any(name.startswith("vllm_mlx") for name in sys.modules):
+    if not any(name.split(".")[0] in _PACKAGES for name in sys.modules):
         return []
     plan: list[tuple[str, str, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
-        ("fastapi.applications", "FastAPI", "__call__", _http),
-        ("vllm_mlx.engine_core", "EngineCore", "add_request", _adding(sink)),
-        ("vllm_mlx.mllm_scheduler", "MLLMScheduler", "add_request_async", _adding(sink)),
-        ("vllm_mlx.scheduler", "Scheduler", "_schedule_waiting", _scheduled(sink)),
-        ("vllm_mlx.mllm_batch_generator", "MLLMBatchGenerator", "insert", _inserting(sink)),
-        ("vllm_mlx.mllm_batch_generator", "MLLMBatchGenerator", "_process_prompts", _prompts),
-        ("vllm_mlx.mllm_batch_generator", "MLLMBatchGenerator", "_step", _decoding),
+        ("fastapi.applications", "FastAPI", "__call__", _http)
     ]
+    for package in _PACKAGES:  # a module of the shim is the package's own: patched once
+        plan += [
+            (f"{package}.engine_core", "EngineCore", "add_request", _adding(sink)),
+            (f"{package}.mllm_scheduler", "MLLMScheduler", "add_request_async", _adding(sink)),
+            (f"{package}.scheduler", "Scheduler", "_schedule_waiting", _scheduled(sink)),
+            (f"{package}.mllm_batch_generator", "MLLMBatchGenerator", "insert", _inserting(sink)),
+            (f"{package}.mllm_batch_generator", "MLLMBatchGenerator", "_process_prompts", _prompts),
+            (f"{package}.mllm_batch_generator", "MLLMBatchGenerator", "_step", _decoding),
+        ]
     done: list[str] = []
     for module_name, cls_name, method, make in plan:
         cls = getattr(sys.modules.get(module_name), cls_name, None)
         if isinstance(cls, type) and patch(cls, method, make):
             done.append(f"{module_name}:{cls_name}.{method}")
-    gen = getattr(sys.modules.get("vllm_mlx.mllm_batch_generator"), "MLLMBatchGenerator", None)
-    if isinstance(gen, type) and _static(gen, "_language_model_kwargs", _kwargs):
-        done.append("vllm_mlx.mllm_batch_generator:MLLMBatchGenerator._language_model_kwargs")
+    for package in _PACKAGES:
+        module_name = f"{package}.mllm_batch_generator"
+        gen = getattr(sys.modules.get(module_name), "MLLMBatchGenerator", None)
+        if isinstance(gen, type) and _static(gen, "_language_model_kwargs", _kwargs):
+            done.append(f"{module_name}:MLLMBatchGenerator._language_model_kwargs")
     return done
