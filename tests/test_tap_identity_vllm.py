@@ -64,7 +64,8 @@ def test_text_requests_are_admitted_under_their_header_whichever_side_comes_firs
 
     class Request:
         def __init__(self, rid: str) -> None:
-            self.request_id, self.batch_uid = rid, None
+            self.request_id = rid
+            self.batch_uid: int | None = None
 
     class Scheduler:
         def __init__(self) -> None:
@@ -224,3 +225,35 @@ def test_the_ledger_finds_a_reply_by_its_header_among_the_ids_tried(tmp_path: Pa
 
 def test_the_client_sends_the_header_the_hooks_read() -> None:
     assert identity.REQUEST_HEADER == identity_vllm.REQUEST_HEADER == "X-Prefixcache-Request"
+
+
+SEED_VENV = Path(os.environ.get("SEED_DIR") or Path(__file__).parent.parent / ".engines" / "seed")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (SEED_VENV / "vllm-mlx" / "bin" / "python").exists(),
+    reason="needs vllm-mlx 0.6.0's venv (engines/seed/run.sh install vllm-mlx)",
+)
+def test_vllm_mlx_chunked_mllm_wave_is_attributed_by_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wave the guessing ledger crossed in 5 of 6 tries (vllm-mlx --mllm with chunked
+    prefill: [A] x3 and [B], the same text): every reply by id, each equal to its request
+    served alone, one prefill per reply."""
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.setenv("PYTHONPATH", str(root))  # the server imports this checkout's tap
+    monkeypatch.setenv("SEED_DIR", str(SEED_VENV))
+    from pytest_prefixcache import Verifier
+    from pytest_prefixcache.adapters.seed import seed_server
+    from pytest_prefixcache.checks.coverage import ATTRIBUTION
+    from pytest_prefixcache.output.streams import load_stream, waves_from
+
+    stream, meta = load_stream(root / "benchmarks/results/seed_claims/chunked_tap_wave/stream.json")
+    waves = waves_from(stream, meta)
+    assert waves is not None
+    flags = ["--continuous-batching", "--mllm", "--chunked-prefill-tokens", "32"]
+    with seed_server("vllm-mlx", flags, concurrency=4, audit=False, claims=False) as engine:
+        verifier = Verifier(engine)
+        steps = verifier.run_waves(waves)
+        assert {s.cached.attribution for s in steps} == {"id"}
+        assert verifier.report.coverage[ATTRIBUTION] == {"applied": len(steps)}
+        assert engine.request_count_problems() == []
