@@ -95,7 +95,7 @@ def test_the_hooks_label_rows_and_admit_the_reply_id_before_it_is_sent(
             sent.append(("admitted", reply_id))
 
     done = identity.install(Sink(), families=(identity_vlm.FAMILY,))
-    assert "fastapi.applications:FastAPI.__call__" in done
+    assert "fastapi.applications:FastAPI.__call__ (reply id)" in done
     assert "mlx_vlm.server.generation:ResponseGenerator.generate" in done
     gen = classes["Generator"]()
     responder = classes["Responder"](gen)

@@ -26,7 +26,7 @@
 #   only these, e.g. 'vllm-mlx[cb,mllm,memory,whole,full]'), SEED_RUN (the run directory's
 #   name, default the engines'), SEED_SELECT (a pytest -k expression for the suite, e.g.
 #   'test_waves or test_request_streams': the waves and the (half closed-loop) streams only),
-#   SEED_PYTEST_ARGS (more words for that pytest, e.g. --tb=native: Python 3.11.7's ast.parse
+#   SEED_SEED (the suite's --prefixcache-seed, default 1), SEED_PYTEST_ARGS (more words for that pytest, e.g. --tb=native: Python 3.11.7's ast.parse
 #   raised 'AST constructor recursion depth mismatch' inside pytest's traceback formatting
 #   after a failed waves property, an INTERNALERROR that lost the report).
 # The waves property runs on the combinations whose args declare concurrency above 1 (the
@@ -141,7 +141,7 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
   read -r -a more <<<"${SEED_PYTEST_ARGS:-}"
   (cd "$run" && SEED_TAP_LOGS="$run/tap" "$PYTHON" -m pytest -p no:randomly -q -rfE "${select[@]}" "${more[@]}" \
     --prefixcache-verify --prefixcache-matrix="$MATRIX" "${configs[@]}" --prefixcache-allow-partial \
-    --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+    --prefixcache-examples="$EXAMPLES" --prefixcache-seed="${SEED_SEED:-1}" --prefixcache-timeout=300 \
     --prefixcache-report="$run/suite.json" 2>&1 | tee "$run/suite.log" | tail -n 40) || true
   "$PYTHON" "$ROOT/engines/seed/findings.py" matrix "$REPORTS" "$run" "$MATRIX" "${versions[@]}"
 }

@@ -22,54 +22,26 @@ import hook); nothing raises into the server.
 
 from __future__ import annotations
 
-import functools
 import importlib.abc
 import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-__all__ = ["FAMILIES", "Family", "current_labels", "install"]
+from ._labels import Writer as _Writer
+from ._labels import current_labels
+from ._labels import local as _local
+from ._labels import patch as _patch
+from ._labels import serial as _serial
+from ._labels import serials as _serials
+from .identity_vllm import REQUEST_HEADER, VLLM_MLX_MODULES, vllm_mlx_hooks
 
+__all__ = ["FAMILIES", "REQUEST_HEADER", "Family", "current_labels", "install"]
 
-class _Writer(Protocol):
-    def admit(self, label: str, reply_id: str, scheduler: str) -> None: ...
-
-
-_local = threading.local()
 #: The HTTP exchanges waiting for their scheduler id: id(request object) -> (object, reply id).
 _pending: dict[int, tuple[Any, str]] = {}
 _pending_lock = threading.Lock()
-_serials = iter(range(1, 1 << 62))
-
-
-def current_labels() -> list[str] | None:
-    """The labels of the rows of the forward call running on this thread, in row order; None
-    when no scheduler hook said (an unknown server, or a call outside a batch)."""
-    labels = getattr(_local, "labels", None)
-    return None if labels is None else list(labels)
-
-
-def _serial(obj: Any) -> int:
-    mark = getattr(obj, "_prefixcache_serial", None)
-    if not isinstance(mark, int):
-        mark = next(_serials)
-        try:
-            obj._prefixcache_serial = mark
-        except Exception:
-            return id(obj)
-    return mark
-
-
-def _patch(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    original = getattr(cls, name, None)
-    if original is None or getattr(original, "__prefixcache_identity__", False):
-        return False
-    wrapped = functools.wraps(original)(make(original))
-    wrapped.__prefixcache_identity__ = True  # type: ignore[attr-defined]
-    setattr(cls, name, wrapped)
-    return True
 
 
 def _labelled(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -216,7 +188,10 @@ def _mlx_lm(sink: _Writer) -> list[str]:
 #: Per server family: the modules its hooks patch, and the function that installs them on
 #: those imported (returns what it patched; patching twice is a no-op).
 Family = tuple[tuple[str, ...], Callable[[_Writer], list[str]]]
-FAMILIES: Sequence[Family] = ((("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),)
+FAMILIES: Sequence[Family] = (
+    (("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),
+    (VLLM_MLX_MODULES, vllm_mlx_hooks),
+)
 
 
 def _run(family: Callable[[_Writer], list[str]], sink: _Writer) -> list[str]:

@@ -17,6 +17,7 @@ JSON) is left to the ledger's inference.
 from __future__ import annotations
 
 import contextvars
+import functools
 import json
 import os
 import sys
@@ -24,7 +25,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .identity import _in_generator, _labelled, _patch, _serial, _Writer
+from ._labels import Writer as _Writer
+from ._labels import patch as _patch
+from ._labels import serial as _serial
+from .identity import _in_generator, _labelled
 
 __all__ = ["FAMILY"]
 
@@ -112,6 +116,18 @@ def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any
     return make
 
 
+def _wrap_app(app: type, sink: _Writer) -> bool:
+    """Wrap ``FastAPI.__call__`` once with :func:`_replying`, on top of any other identity
+    hook there (vllm-mlx's header reader): its own mark, so neither displaces the other."""
+    original = app.__dict__.get("__call__") or app.__call__  # type: ignore[operator]
+    if getattr(original, "__prefixcache_reply_id__", False):
+        return False
+    wrapped = functools.wraps(original)(_replying(sink)(original))
+    wrapped.__prefixcache_reply_id__ = True  # type: ignore[attr-defined]
+    setattr(app, "__call__", wrapped)  # noqa: B010
+    return True
+
+
 def _mlx_vlm(sink: _Writer) -> list[str]:
     done: list[str] = []
     ar = sys.modules.get("mlx_vlm.generate.ar")
@@ -136,8 +152,8 @@ def _mlx_vlm(sink: _Writer) -> list[str]:
         done.append("mlx_vlm.server.generation:ResponseGenerator.generate")
     fastapi = sys.modules.get("fastapi.applications")
     app = getattr(fastapi, "FastAPI", None) if fastapi is not None and gen is not None else None
-    if isinstance(app, type) and _patch(app, "__call__", _replying(sink)):  # mlx-vlm's app only
-        done.append("fastapi.applications:FastAPI.__call__")
+    if isinstance(app, type) and _wrap_app(app, sink):  # mlx-vlm's app only
+        done.append("fastapi.applications:FastAPI.__call__ (reply id)")
     return done
 
 

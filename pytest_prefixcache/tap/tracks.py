@@ -213,7 +213,7 @@ class TapLedger:
         steps: int,
         said: int | None = None,
         fits: Callable[[Sequence[int]], int] | None = None,
-        reply_id: str | None = None,
+        reply_id: str | Sequence[str] | None = None,
     ) -> Found | None:
         """The earliest unclaimed track that answers a ``prompt_tokens`` long prompt (with the
         prompt's ``ids``, when given): reads the new records first; None when none does yet.
@@ -231,12 +231,15 @@ class TapLedger:
         the answer is not ``settled`` while such a track still runs short of ``steps``.
 
         All of that is the fallback: when the server's scheduler admitted a request under
-        ``reply_id`` (the reply's ``id``), the reply gets that request's labelled track and
+        ``reply_id`` (the reply's ``id``, or the client's header: one id or several to try),
+        the reply gets that request's labelled track and
         nothing is inferred (``Found.attribution``); tracks admitted under other ids are never
         guessed for it."""
         with self.lock:
             self._ingest()
-            label = self.reader.admitted.get(reply_id) if reply_id else None
+            tried = (reply_id,) if isinstance(reply_id, str) else tuple(reply_id or ())
+            admitted = self.reader.admitted
+            label = next((admitted[i] for i in tried if i in admitted), None)
             if label is not None:
                 return self._by_id(label, prompt_tokens, ids, steps)
             others = set(self.reader.admitted.values())

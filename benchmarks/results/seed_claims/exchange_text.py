@@ -75,7 +75,8 @@ def main() -> None:
                 for i, g in enumerate(got)
             ]
             served = [g.served for g in got]
-            print(f"try {attempt}: {'; '.join(rows)}; served {served}", flush=True)
+            how = [g.attribution for g in got]
+            print(f"try {attempt}: {'; '.join(rows)}; served {served}; by {how}", flush=True)
     print("(j: equals request j alone; j!: another request's)")
 
 

@@ -12,6 +12,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from ...errors import EngineError
+from ...tap.identity_vllm import REQUEST_HEADER
 from ...tap.tracks import TapLedger
 from ...types import Outcome, Request
 from .chat import chat_body
@@ -76,7 +77,10 @@ class RequestPath(EngineSettings):
         pending: Pending | None,
     ) -> Outcome:
         request = request if pending is None else pending.request  # more decode steps, tapped
-        reply = self._post(target, request, namespace, pending)
+        # the tap ties the exchange to the scheduler's rows by this header (vllm-mlx's reply
+        # id is drawn after generation) or by the reply's id (mlx_lm.server)
+        exchange = uuid.uuid4().hex if self.readout.tap else None
+        reply = self._post(target, request, namespace, pending, exchange)
         read, vocab = self.readout, self._vocab
         parsed = parse_reply(reply, vocab)
         if not use_cache and parsed.cached_tokens:
@@ -90,7 +94,8 @@ class RequestPath(EngineSettings):
         out = self._outcome(parsed, reply, request, target)
         if read.tap:
             reply_id = reply.get("id") if isinstance(reply, dict) else None
-            out = self._tapped(out, parsed, request, target, use_cache, reply_id)
+            ids = tuple(i for i in (exchange, reply_id) if isinstance(i, str))
+            out = self._tapped(out, parsed, request, target, use_cache, ids)
         return out if pending is None else pending.finish(out, reply, vocab)
 
     def _route(self, request: Request, use_cache: bool) -> tuple[Server | None, str]:
@@ -151,7 +156,7 @@ class RequestPath(EngineSettings):
         request: Request,
         target: Server | None,
         use_cache: bool,
-        reply_id: object,
+        reply_ids: tuple[str, ...],
     ) -> Outcome:
         assert isinstance(target, ServerProcess)
         api = out
@@ -162,7 +167,7 @@ class RequestPath(EngineSettings):
             parsed.completion_tokens,
             request.max_new_tokens,
             decode=None if vocab is None else vocab.decode,
-            reply_id=reply_id if isinstance(reply_id, str) else None,
+            reply_id=reply_ids,
         )
         self.tap_disagreements += problems
         tap_log = self.readout.tap_log
@@ -176,6 +181,7 @@ class RequestPath(EngineSettings):
         request: Request,
         namespace: str,
         pending: Pending | None = None,
+        exchange: str | None = None,
     ) -> Any:
         base = target.url if isinstance(target, ServerProcess) else str(target)
         if isinstance(target, ServerProcess):
@@ -192,6 +198,8 @@ class RequestPath(EngineSettings):
                 **self.extra_body,
             },
         )
+        if exchange is not None:
+            headers = {**headers, REQUEST_HEADER: exchange}
         ledger = self._readers.get(id(target)) if isinstance(target, ServerProcess) else None
         try:
             status, reply = http_json(

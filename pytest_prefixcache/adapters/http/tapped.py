@@ -48,7 +48,7 @@ def tapped_outcome(
     completion_tokens: int,
     max_new_tokens: int,
     decode: Decode | None = None,
-    reply_id: str | None = None,
+    reply_id: str | Sequence[str] | None = None,
 ) -> tuple[Outcome, list[str]]:
     """The API's Outcome completed from the tap (:func:`apply_tap`), its API per-step
     distributions dropped (the tap's replace them), and the API figures the tap contradicts."""
@@ -96,14 +96,15 @@ def apply_tap(
     *,
     wait: float = 5.0,
     decode: Decode | None = None,
-    reply_id: str | None = None,
+    reply_id: str | Sequence[str] | None = None,
 ) -> tuple[Outcome, list[str]]:
     """``out`` with the tap's logits, step logits, greedy tokens, really reused count, served
     order and how its rows were attributed (``Outcome.attribution``), and the list of API
     figures the tap contradicts. Waits up to ``wait`` seconds for the ``expected`` steps to be
     written. ``decode``: how the server writes token ids as text (tells apart prompts with
-    the same ids by their replies' text). ``reply_id``: the reply's ``id``, under which a
-    server whose scheduler the tap labels admitted the request (its rows, no inference)."""
+    the same ids by their replies' text). ``reply_id``: the ids the exchange may have been
+    admitted under by a server whose scheduler the tap labels (its rows, no inference): the
+    reply's ``id`` (mlx_lm.server), the client's ``REQUEST_HEADER`` (vllm-mlx)."""
     from ...tap import missing_reason
 
     if out.prompt_tokens is None:
