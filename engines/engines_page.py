@@ -85,8 +85,11 @@ def _entry(path: Path, index: int, raw: dict[str, object]) -> Run:
         raise RunsError(
             f"{where}: result is {len(values['result'])} characters (at most {RESULT_LIMIT})"
         )
-    if values["finding"] != "none" and values["verdict"] == "FAIL" and not values["xfail"]:
-        raise RunsError(f"{where}: a FAIL with a finding names its strict xfail (field xfail)")
+    finding = values["finding"]
+    if not finding.startswith("none") and "no xfail" not in finding and not values["xfail"]:
+        raise RunsError(
+            f"{where}: a finding names its strict xfail (field xfail), or says 'no xfail' and why"
+        )
     return Run(folder=path.parent.name, **values)
 
 
