@@ -105,3 +105,35 @@ def test_bad_entries_are_refused_by_name(
     with pytest.raises(RunsError, match=re.escape(message)) as info:
         load(root)
     assert "engines/x/runs.toml: run 1" in str(info.value)
+
+
+def _dead_links(notes: Path) -> list[str]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_docs import slug  # the docs tests' GitHub anchor rule
+
+    dead = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", notes.read_text(encoding="utf-8")):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (notes.parent / path).resolve() if path else notes.resolve()
+        if not file.exists():
+            dead.append(f"{notes}: {target}: no such file")
+        elif anchor and file.suffix == ".md":
+            lines = file.read_text(encoding="utf-8").splitlines()
+            if anchor not in {
+                slug(line.lstrip("#").strip()) for line in lines if line.startswith("#")
+            }:
+                dead.append(f"{notes}: {target}: no such heading")
+    return dead
+
+
+def test_the_engines_notes_have_no_dead_links() -> None:
+    dead = [d for notes in sorted(ROOT.glob("engines/*/NOTES.md")) for d in _dead_links(notes)]
+    assert not dead, "dead links:\n" + "\n".join(dead)
+
+
+def test_a_dead_notes_link_is_caught(tmp_path: Path) -> None:
+    bad = tmp_path / "NOTES.md"
+    bad.write_text("# Here\n[x](no-such-file.md) [y](NOTES.md#no-such-heading) [z](#here)\n")
+    assert len(_dead_links(bad)) == 2  # negative control: both dead links, not the live one
