@@ -49,7 +49,7 @@ IMAGES = MODE.startswith("vl")
 #: tiny-gemma3-text.gguf: sliding-window layers (window 32), where context checkpoints act
 SWA = MODE.startswith("swa")
 FLASH = "-fa" in MODE
-#: The tolerance rule, by flash attention (measured by test_tolerance, figures in docs/engines.md).
+#: The tolerance rule, by flash attention (measured by test_tolerance; figures: NOTES.md).
 ATOL = {"off": 1e-4, "on": 2e-2}
 #: The grammar every request carries (see llama_lab.ASCII: byte tokens get no logprobs entry).
 ASCII = llama_lab.ASCII

@@ -73,7 +73,7 @@ OVERCLAIM = (
 VM, RM = "vllm-mlx 0.6.0", "rapid-mlx 0.16.10"
 #: Findings seen on the tiny fixtures: (engine, combination labels, test name) -> reason; a test
 #: name with a parameter id names that case alone. XPASS(strict) once fixed. Each failed as
-#: stated in the targeted checks of the run in docs/engines.md (--runxfail), and no other check did.
+#: stated in the targeted checks of the run in NOTES.md (--runxfail), and no other check did.
 KNOWN = {
     ("vllm-mlx", "simple,text,memory,whole,full", "test_repeat_reuses"): f"{VM} simple engine: "
     f"{NO_REUSE} (its non-streaming path keeps no prompt cache)",

@@ -34,7 +34,7 @@ __all__ = ["ATOL", "CACHE_ONLY", "cold_command", "exact_kv", "llama_server", "sl
 #: The tolerance rule (atol on every decode step's logprobs, greedy tokens equal), by whether
 #: the server computes attention exactly enough to be judged tightly: ``"off"`` (``-fa off``,
 #: f32 KV: worst 1.4e-6 measured) or ``"on"`` (flash attention or an f16/quantized KV cache:
-#: worst 3.4e-3 measured). Figures and commands: docs/engines.md, "llama.cpp's llama-server".
+#: worst 3.4e-3 measured). Figures and commands: engines/llama/NOTES.md.
 ATOL = {"off": 1e-4, "on": 2e-2}
 #: Flags that only configure the prompt cache, with their number of values: the cold server
 #: (which keeps no cache) drops them.
@@ -191,6 +191,6 @@ def llama_server(
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (
             f"llama-server, {what}: cached and cold runs are not bit-identical; atol "
-            f"{ATOL[rule]:g} on every step's logprobs, greedy tokens equal (docs/engines.md)"
+            f"{ATOL[rule]:g} on every step's logprobs, greedy tokens equal (engines/llama/NOTES.md)"
         )
     return engine

@@ -1,7 +1,7 @@
 """SGLang's OpenAI server behind the HTTP adapter: the preset and its settings.
 
 Read in SGLang 0.5.23 (``serving_chat.py``, ``protocol.py``, ``http_server.py``) and run on CPU
-(engines/sglang/install.sh, docs/engines.md "SGLang on CPU"):
+(engines/sglang/install.sh, engines/sglang/NOTES.md):
 
 - top_logprobs entries carry no token id; each has the token's raw ``bytes`` (byte-level BPE
   tokenizers, through GPT-2's byte decoder): a ``kind="bytes"`` :class:`.replies.Vocabulary`
