@@ -372,7 +372,7 @@ def test_default_engine_reads_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_
     vlm = _vlm_dir(tmp_path)
     loaded: list[Path] = []
     monkeypatch.setattr(reference_engine, "shared_model", loaded.append)  # the load it shares
-    monkeypatch.setattr(reference_engine, "Engine", lambda model: model)
+    monkeypatch.setattr(reference_engine, "Engine", lambda model, **kw: model)
     reference_engine.default_engine()  # negative control: unset, the tiny Qwen2-VL
     monkeypatch.setenv(MODEL_ENV, str(vlm))
     reference_engine.default_engine()
