@@ -312,7 +312,7 @@ def parser() -> argparse.ArgumentParser:
         "--kv-bits",
         type=int,
         default=None,
-        help="Quantize the KV rows to this many bits (mlx_lm.server's flag; default: "
+        help="Quantize the KV rows to this many bits, as mlx_lm.server's flag (default: "
         "$PREFIXCACHE_REFERENCE_KV_BITS, else off)",
     )
     p.add_argument(
