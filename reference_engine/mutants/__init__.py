@@ -50,6 +50,7 @@ from .layers import (
 from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
 from .prompts import HistoryRerendered, VolatileHeaderKept
+from .shared_kv import SharedKvSlotStale
 from .state import (
     AliasedLiveCache,
     EmptySuffixRefeed,
@@ -63,6 +64,7 @@ __all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
 #: The fixtures the layer mutants need (``reference_engine.fixtures``).
 QWEN3_5_VL = "tiny-qwen3.5-vl"
 GEMMA3 = "tiny-gemma3"
+GEMMA4 = "tiny-gemma4"
 
 #: The checks ``--prefixcache-verify`` runs (the ``check`` of its failures). A mutant whose
 #: expected check is not one of these needs an observation the protocol does not carry yet.
@@ -210,6 +212,9 @@ _ALL = (
            "positive control", NeverStores),
     Mutant("lying_hit_count", 22, "vision-cache hits counted as cached prompt tokens",
            "reuse bound", LyingHitCount),
+    Mutant("shared_kv_slot_stale", 27, "KV-shared layers read a slot of their own, not "
+           "restored on a hit: the last request's rows", "equivalence", SharedKvSlotStale,
+           model=GEMMA4),
 )  # fmt: skip
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
