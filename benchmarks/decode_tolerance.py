@@ -34,9 +34,11 @@ CASES = (
     ("mlx-lm", "tiny-llama"),
     ("mlx-lm", "tiny-qwen3.5"),
     ("mlx-lm", "tiny-gemma3-text"),
+    ("mlx-lm", "tiny-gemma4-text"),
     ("mlx-vlm", "tiny-qwen2-vl"),
     ("mlx-vlm", "tiny-qwen3.5-vl"),
     ("mlx-vlm", "tiny-gemma3"),
+    ("mlx-vlm", "tiny-gemma4"),
 )
 COLUMNS = (
     Column("worst_decode_vs_prefill", "worst decode vs prefill", "worst"),

@@ -30,8 +30,10 @@ from tolerance_cases import Column, main, run
 CASES = (
     ("mlx-lm", "tiny-qwen3.5"),
     ("mlx-lm", "tiny-gemma3-text"),
+    ("mlx-lm", "tiny-gemma4-text"),
     ("mlx-vlm", "tiny-qwen3.5-vl"),
     ("mlx-vlm", "tiny-gemma3"),
+    ("mlx-vlm", "tiny-gemma4"),
     ("mlx-vlm", "tiny-qwen2-vl"),
 )
 COLUMNS = (

@@ -128,7 +128,15 @@ def main(
     parser.add_argument("--trials", type=int, default=12, help="prompts per case (default 12)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS / f"{name}.json")
+    parser.add_argument(
+        "--fixtures", default="", help="comma-separated fixtures to measure (default: every case)"
+    )
     args = parser.parse_args(argv)
+    only = {f for f in args.fixtures.split(",") if f}
+    unknown = only - {fix for _, fix in cases}
+    if unknown:
+        parser.error(f"--fixtures: no case for {', '.join(sorted(unknown))}")
+    cases = [(lib, fix) for lib, fix in cases if not only or fix in only]
     import mlx.core as mx
 
     mx.set_default_device(mx.cpu)

@@ -10,8 +10,9 @@ pool, restore, prefill schedule, decode) is the engine's:
   model counts positions from its cache);
 - the token that starts a turn, so the engine knows where conversations can diverge.
 
-Families: :class:`QwenVL` (mlx-vlm's ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_5``, ``qwen3_5_moe``)
-and :class:`Gemma3` (``gemma3``). :func:`family_for` picks one by ``model_type``.
+Families: :class:`QwenVL` (mlx-vlm's ``qwen2_vl``, ``qwen2_5_vl``, ``qwen3_5``, ``qwen3_5_moe``),
+:class:`Gemma3` (``gemma3``) and :class:`Gemma4` (``gemma4``). :func:`family_for` picks one by
+``model_type``.
 
 Each layer's cache is of one of three kinds (:func:`layer_kinds`), which decide what a cache
 can reuse (DESIGN.md, "Model families"): ``full`` (KVCache: trimmable, token-granular),
@@ -31,7 +32,17 @@ from pytest_prefixcache.errors import EngineError
 
 from .positions import mrope_positions
 
-__all__ = ["FULL", "RECURRENT", "WINDOW", "Family", "Gemma3", "QwenVL", "family_for", "layer_kinds"]
+__all__ = [
+    "FULL",
+    "RECURRENT",
+    "WINDOW",
+    "Family",
+    "Gemma3",
+    "Gemma4",
+    "QwenVL",
+    "family_for",
+    "layer_kinds",
+]
 
 FULL, WINDOW, RECURRENT = "full", "window", "recurrent"
 
@@ -93,6 +104,15 @@ class Family:
         """The token that ends a turn header (a newline, when it is one token), or None."""
         ids = self.tokenizer.encode("\n", add_special_tokens=False)
         return int(ids[0]) if len(ids) == 1 else None
+
+    # -- text ---------------------------------------------------------------------------
+    def text_rows(self, rows: mx.array) -> mx.array:
+        """Token embedding rows in the scale the language model's ``inputs_embeds`` take."""
+        return rows
+
+    def language_ids(self, ids: mx.array) -> mx.array:
+        """The token ids handed to the language model next to ``inputs_embeds``."""
+        return ids
 
     # -- images -------------------------------------------------------------------------
     def image_marker(self) -> str:
@@ -229,12 +249,60 @@ class Gemma3(Family):
         return rows
 
 
+class Gemma4(Family):
+    """Gemma 4 as mlx-vlm implements it (``models/gemma4``). Its language model takes
+    ``inputs_embeds`` as they are (``get_input_embeddings`` scales the token rows by
+    sqrt(hidden); image rows are the ``embed_vision`` projection, unscaled) and computes the
+    per-layer inputs from the token ids it is given, where ``get_input_embeddings`` puts 0 for
+    image tokens (``language_ids``). The template writes the image token, which the processor
+    expands to ``<start_of_image>`` + n soft tokens + ``<end_of_image>``, n following the
+    image's shape (aspect-ratio preserving resize to at most ``max_soft_tokens``). KV-shared
+    layers have no cache entry of their own: ``make_cache`` holds the non-shared layers', and
+    the shared layers attend over what their source layer's cache returns, so restoring the
+    source layers restores what they read."""
+
+    name = "gemma4"
+    has_positions = False
+    turn_tokens = ("<start_of_turn>",)
+
+    def __init__(self, model: Any, processor: Any) -> None:
+        super().__init__(model, processor)
+        self.embed_scale = float(model.language_model.model.embed_scale)
+
+    def text_rows(self, rows: mx.array) -> mx.array:
+        return rows * self.embed_scale
+
+    def language_ids(self, ids: mx.array) -> mx.array:
+        return mx.where(ids == self.image_token_id, mx.zeros_like(ids), ids)
+
+    def expand_image(self, count: int) -> str:
+        boi = str(getattr(self.processor, "boi_token", "<start_of_image>"))
+        eoi = str(getattr(self.processor, "eoi_token", "<end_of_image>"))
+        return f"{boi}{self.image_marker() * count}{eoi}"
+
+    def preprocess(self, pil_image: Any) -> tuple[mx.array, Grid]:
+        data, counts = self.processor.image_processor(images=[pil_image])
+        pixels = mx.array(np.asarray(data["pixel_values"]))
+        return pixels, (1, 1, int(counts[0]))
+
+    def placeholder_count(self, grid: Grid) -> int:
+        return grid[2]
+
+    def vision_rows(self, pixels: mx.array, grid: Grid) -> mx.array:
+        rows = self.model.embed_vision(self.model.vision_tower(pixels))[0]
+        mx.eval(rows)
+        if rows.shape[0] != grid[2]:
+            raise EngineError(f"gemma4: the vision tower gave {rows.shape[0]} rows for {grid[2]}")
+        return rows
+
+
 _FAMILIES: dict[str, type[Family]] = {
     "qwen2_vl": QwenVL,
     "qwen2_5_vl": QwenVL,
     "qwen3_5": QwenVL,
     "qwen3_5_moe": QwenVL,
     "gemma3": Gemma3,
+    "gemma4": Gemma4,
 }
 
 

@@ -89,7 +89,8 @@ class LoadedModel:
     # -- text -----------------------------------------------------------------------------
     def embed(self, token_ids: Sequence[int]) -> mx.array:
         """Token embeddings, shape (len, hidden)."""
-        return self.model.language_model.model.embed_tokens(mx.array(list(token_ids)))
+        rows = self.model.language_model.model.embed_tokens(mx.array(list(token_ids)))
+        return self.family.text_rows(rows)
 
     def positions(
         self, token_ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
@@ -183,7 +184,7 @@ class LoadedModel:
             extra = {} if position_ids is None else {"position_ids": position_ids[:, :, s:e]}
             with sequential_pieces(self.sequential_up_to):
                 return lm(
-                    mx.array([list(token_ids[s:e])]),
+                    self.family.language_ids(mx.array([list(token_ids[s:e])])),
                     inputs_embeds=embeds[None, s:e],
                     cache=cache,
                     **extra,

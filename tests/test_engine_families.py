@@ -28,7 +28,7 @@ from reference_engine.families import FULL, RECURRENT, WINDOW  # noqa: E402
 from reference_engine.model import LoadedModel, load_model  # noqa: E402
 from reference_engine.snapshots import boundaries  # noqa: E402
 
-FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3"]
+FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3", "tiny-gemma4"]
 #: The hybrid recurrent family's tests take 6-13 s each on 2 cores: the slow lane.
 PARAMS = [pytest.param(f, marks=pytest.mark.slow) if "qwen3.5" in f else f for f in FAMILIES]
 

@@ -31,6 +31,8 @@ ALL_DIRS = (
     fixtures.QWEN3_5_DIR,
     fixtures.GEMMA3_DIR,
     fixtures.GEMMA3_TEXT_DIR,
+    fixtures.GEMMA4_DIR,
+    fixtures.GEMMA4_TEXT_DIR,
     *(draft_dir(name) for name in DRAFTS),
 )
 IMAGE_PAD = "<|image_pad|>"

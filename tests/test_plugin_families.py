@@ -15,7 +15,7 @@ pytest_plugins = ["pytester"]
 #: Whole verifications on each model family: minutes on 2 cores (the slow lane).
 pytestmark = pytest.mark.slow
 
-FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3"]
+FAMILIES = ["tiny-qwen3.5-vl", "tiny-gemma3", "tiny-gemma4"]
 ROOT = Path(__file__).resolve().parent.parent
 
 

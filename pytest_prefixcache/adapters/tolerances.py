@@ -54,6 +54,8 @@ SPLIT_ATOL: dict[tuple[str, str], float] = {
     ("mlx-vlm", "qwen3_5_moe"): 5e-3,  # the same language model code
     ("mlx-vlm", "gemma3"): 2e-4,  # a last token run alone
     ("mlx-lm", "gemma3_text"): 2e-4,  # a last token run alone
+    ("mlx-vlm", "gemma4"): 4e-4,  # a last token run alone (results/gemma4/)
+    ("mlx-lm", "gemma4_text"): 4e-4,  # a last token run alone (results/gemma4/)
 }
 
 
@@ -133,6 +135,8 @@ DECODE_ATOL: dict[tuple[str, str], float] = {
     ("mlx-vlm", "qwen3_5_moe"): 1e-3,  # the same language model code
     ("mlx-vlm", "gemma3"): 2e-4,  # 2.29e-5 measured
     ("mlx-lm", "gemma3_text"): 2e-4,  # 2.29e-5 measured
+    ("mlx-vlm", "gemma4"): 2e-4,  # 1.72e-5 measured (results/gemma4/)
+    ("mlx-lm", "gemma4_text"): 2e-4,  # 1.72e-5 measured (results/gemma4/)
 }
 
 

@@ -53,6 +53,7 @@ from .merge import PartialImageCrash, PartialImageMerge
 from .outputs import OutputKvOffByOne
 from .persist import DtypeNotRestored, ModelDigestMissing, TornWriteServed
 from .prompts import HistoryRerendered, VolatileHeaderKept
+from .shared_kv import SharedKvSlotStale
 from .speculation import RecurrentNotRolledBack, RejectedDraftKept
 from .state import (
     AliasedLiveCache,
@@ -67,6 +68,7 @@ __all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
 #: The fixtures the layer mutants need (``reference_engine.fixtures``).
 QWEN3_5_VL = "tiny-qwen3.5-vl"
 GEMMA3 = "tiny-gemma3"
+GEMMA4 = "tiny-gemma4"
 
 #: The checks ``--prefixcache-verify`` runs (the ``check`` of its failures). A mutant whose
 #: expected check is not one of these needs an observation the protocol does not carry yet.
@@ -237,6 +239,9 @@ _ALL = (
            "dtype they were stored in", "stale identity", DtypeNotRestored),
     Mutant("torn_write_served", 25, "blocks written in place and read unchecked: a write "
            "torn by a restart served as a hit", "equivalence", TornWriteServed),
+    Mutant("shared_kv_slot_stale", 27, "KV-shared layers read a slot of their own, not "
+           "restored on a hit: the last request's rows", "equivalence", SharedKvSlotStale,
+           model=GEMMA4),
 )  # fmt: skip
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
