@@ -5,11 +5,22 @@ method once (nothing here raises into the server)."""
 from __future__ import annotations
 
 import functools
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-__all__ = ["Writer", "current_labels", "local", "patch", "serial", "serials"]
+__all__ = [
+    "MARK",
+    "Make",
+    "Writer",
+    "current_labels",
+    "local",
+    "patch",
+    "patch_plan",
+    "serial",
+    "serials",
+]
 
 
 class Writer(Protocol):
@@ -44,12 +55,29 @@ def serial(obj: Any) -> int:
     return mark
 
 
-def patch(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Replace ``cls.name`` by ``make(original)`` once; False when absent or done already."""
+Make = Callable[[Callable[..., Any]], Callable[..., Any]]
+#: The mark of a method an identity hook wraps (another wrapper may mark its own, to stack).
+MARK = "__prefixcache_identity__"
+
+
+def patch(cls: type, name: str, make: Make, mark: str = MARK) -> bool:
+    """Replace ``cls.name`` by ``make(original)`` once (``mark`` says it is done); False when
+    absent or done already."""
     original = getattr(cls, name, None)
-    if original is None or getattr(original, "__prefixcache_identity__", False):
+    if original is None or getattr(original, mark, False):
         return False
     wrapped = functools.wraps(original)(make(original))
-    wrapped.__prefixcache_identity__ = True  # type: ignore[attr-defined]
+    setattr(wrapped, mark, True)
     setattr(cls, name, wrapped)
     return True
+
+
+def patch_plan(plan: Iterable[tuple[str, str, str, Make]]) -> list[str]:
+    """:func:`patch` each ``(module, class, method, make)`` whose module is imported; returns
+    ``module:Class.method`` for those patched now."""
+    done: list[str] = []
+    for module_name, cls_name, method, make in plan:
+        cls = getattr(sys.modules.get(module_name), cls_name, None)
+        if isinstance(cls, type) and patch(cls, method, make):
+            done.append(f"{module_name}:{cls_name}.{method}")
+    return done

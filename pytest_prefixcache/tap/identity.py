@@ -30,9 +30,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._labels import Writer as _Writer
-from ._labels import current_labels
+from ._labels import current_labels, patch_plan
 from ._labels import local as _local
-from ._labels import patch as _patch
 from ._labels import serial as _serial
 from ._labels import serials as _serials
 from .identity_vllm import REQUEST_HEADER, VLLM_MLX_MODULES, vllm_mlx_hooks
@@ -159,30 +158,18 @@ def _single(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
 def _mlx_lm(sink: _Writer) -> list[str]:
-    done: list[str] = []
-    gen = sys.modules.get("mlx_lm.generate")
-    if gen is not None:
-        for cls_name, method in (("PromptProcessingBatch", "prompt"), ("GenerationBatch", "_step")):
-            cls = getattr(gen, cls_name, None)
-            if isinstance(cls, type) and _patch(cls, method, _labelled):
-                done.append(f"mlx_lm.generate:{cls_name}.{method}")
-        bg = getattr(gen, "BatchGenerator", None)
-        if isinstance(bg, type):
-            if _patch(bg, "_next", _in_generator):
-                done.append("mlx_lm.generate:BatchGenerator._next")
-            if _patch(bg, "insert_segments", _admitting(sink)):
-                done.append("mlx_lm.generate:BatchGenerator.insert_segments")
-    server = sys.modules.get("mlx_lm.server")
-    if server is not None:
-        for cls_name, method, make in (
-            ("APIHandler", "handle_completion", _http),
-            ("ResponseGenerator", "_tokenize", _tokenizing),
-            ("ResponseGenerator", "_serve_single", _single(sink)),
-        ):
-            cls = getattr(server, cls_name, None)
-            if isinstance(cls, type) and _patch(cls, method, make):
-                done.append(f"mlx_lm.server:{cls_name}.{method}")
-    return done
+    gen, server = "mlx_lm.generate", "mlx_lm.server"
+    return patch_plan(
+        [
+            (gen, "PromptProcessingBatch", "prompt", _labelled),
+            (gen, "GenerationBatch", "_step", _labelled),
+            (gen, "BatchGenerator", "_next", _in_generator),
+            (gen, "BatchGenerator", "insert_segments", _admitting(sink)),
+            (server, "APIHandler", "handle_completion", _http),
+            (server, "ResponseGenerator", "_tokenize", _tokenizing),
+            (server, "ResponseGenerator", "_serve_single", _single(sink)),
+        ]
+    )
 
 
 #: Per server family: the modules its hooks patch, and the function that installs them on

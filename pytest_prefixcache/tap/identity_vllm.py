@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._labels import Writer, local, patch, serial
+from ._labels import MARK, Writer, local, patch_plan, serial
 
 __all__ = ["REQUEST_HEADER", "VLLM_MLX_MODULES", "vllm_mlx_hooks"]
 
@@ -235,10 +235,10 @@ def _static(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable[
     if not isinstance(raw, staticmethod):
         return False
     inner = raw.__func__
-    if getattr(inner, "__prefixcache_identity__", False):
+    if getattr(inner, MARK, False):
         return False
     wrapped = functools.wraps(inner)(make(inner))
-    wrapped.__prefixcache_identity__ = True  # type: ignore[attr-defined]
+    setattr(wrapped, MARK, True)
     setattr(cls, name, staticmethod(wrapped))
     return True
 
@@ -260,11 +260,7 @@ def vllm_mlx_hooks(sink: Writer) -> list[str]:
             (f"{package}.mllm_batch_generator", "MLLMBatchGenerator", "_process_prompts", _prompts),
             (f"{package}.mllm_batch_generator", "MLLMBatchGenerator", "_step", _decoding),
         ]
-    done: list[str] = []
-    for module_name, cls_name, method, make in plan:
-        cls = getattr(sys.modules.get(module_name), cls_name, None)
-        if isinstance(cls, type) and patch(cls, method, make):
-            done.append(f"{module_name}:{cls_name}.{method}")
+    done = patch_plan(plan)
     for package in _PACKAGES:
         module_name = f"{package}.mllm_batch_generator"
         gen = getattr(sys.modules.get(module_name), "MLLMBatchGenerator", None)

@@ -17,7 +17,6 @@ JSON) is left to the ledger's inference.
 from __future__ import annotations
 
 import contextvars
-import functools
 import json
 import os
 import sys
@@ -27,6 +26,7 @@ from typing import Any
 
 from ._labels import Writer as _Writer
 from ._labels import patch as _patch
+from ._labels import patch_plan
 from ._labels import serial as _serial
 from .identity import _in_generator, _labelled
 
@@ -42,6 +42,8 @@ _inserted_lock = threading.Lock()
 SCHEDULER = "mlx_vlm.BatchGenerator"
 #: A reply body longer than this is not read for its id (the ledger infers that request's rows).
 MAX_BODY = 1 << 24
+#: The mark of the reply-id wrapper of ``FastAPI.__call__`` (see :func:`._labels.patch`).
+REPLY_MARK = "__prefixcache_reply_id__"
 
 
 def _inserting(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -116,43 +118,23 @@ def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any
     return make
 
 
-def _wrap_app(app: type, sink: _Writer) -> bool:
-    """Wrap ``FastAPI.__call__`` once with :func:`_replying`, on top of any other identity
-    hook there (vllm-mlx's header reader): its own mark, so neither displaces the other."""
-    original = app.__dict__.get("__call__") or app.__call__  # type: ignore[operator]
-    if getattr(original, "__prefixcache_reply_id__", False):
-        return False
-    wrapped = functools.wraps(original)(_replying(sink)(original))
-    wrapped.__prefixcache_reply_id__ = True  # type: ignore[attr-defined]
-    setattr(app, "__call__", wrapped)  # noqa: B010
-    return True
-
-
 def _mlx_vlm(sink: _Writer) -> list[str]:
-    done: list[str] = []
-    ar = sys.modules.get("mlx_vlm.generate.ar")
-    if ar is not None:
-        for cls_name, method in (
-            ("PromptProcessingBatch", "prompt_step"),
-            ("PromptProcessingBatch", "generate"),
-            ("GenerationBatch", "_step"),
-        ):
-            cls = getattr(ar, cls_name, None)
-            if isinstance(cls, type) and _patch(cls, method, _labelled):
-                done.append(f"mlx_vlm.generate.ar:{cls_name}.{method}")
-        bg = getattr(ar, "BatchGenerator", None)
-        if isinstance(bg, type):
-            if _patch(bg, "_next", _in_generator):
-                done.append("mlx_vlm.generate.ar:BatchGenerator._next")
-            if _patch(bg, "insert", _inserting):
-                done.append("mlx_vlm.generate.ar:BatchGenerator.insert")
-    gen = sys.modules.get("mlx_vlm.server.generation")
-    rg = getattr(gen, "ResponseGenerator", None) if gen is not None else None
-    if isinstance(rg, type) and _patch(rg, "generate", _generating):
-        done.append("mlx_vlm.server.generation:ResponseGenerator.generate")
+    ar, gen = "mlx_vlm.generate.ar", "mlx_vlm.server.generation"
+    done = patch_plan(
+        [
+            (ar, "PromptProcessingBatch", "prompt_step", _labelled),
+            (ar, "PromptProcessingBatch", "generate", _labelled),
+            (ar, "GenerationBatch", "_step", _labelled),
+            (ar, "BatchGenerator", "_next", _in_generator),
+            (ar, "BatchGenerator", "insert", _inserting),
+            (gen, "ResponseGenerator", "generate", _generating),
+        ]
+    )
     fastapi = sys.modules.get("fastapi.applications")
-    app = getattr(fastapi, "FastAPI", None) if fastapi is not None and gen is not None else None
-    if isinstance(app, type) and _wrap_app(app, sink):  # mlx-vlm's app only
+    app = getattr(fastapi, "FastAPI", None) if gen in sys.modules else None
+    # mlx-vlm's app only; its own mark: it stacks on vllm-mlx's header reader, neither
+    # displacing the other
+    if isinstance(app, type) and _patch(app, "__call__", _replying(sink), mark=REPLY_MARK):
         done.append("fastapi.applications:FastAPI.__call__ (reply id)")
     return done
 
