@@ -44,6 +44,10 @@ def build():
     _note(os.environ.get("PREFIXCACHE_MODEL", "<unset>"))
     return FakeEngine()
 
+def build_with(model_dir=None):
+    _note(f"arg {model_dir}")
+    return FakeEngine()
+
 def reference():
     import reference_engine
     _note(reference_engine.env_model_path())
@@ -272,6 +276,41 @@ def test_without_the_option_the_factory_sees_no_model(pytester: pytest.Pytester)
     out = result.stdout.str()
     assert "; model " not in out and "; model: " not in out  # header rows, summary
     assert json.loads((pytester.path / "r.json").read_text())["model"] is None
+
+
+def test_the_model_reaches_a_factory_as_its_model_dir_argument(pytester: pytest.Pytester) -> None:
+    """A factory with a ``model_dir`` parameter is given the model (no environment needed);
+    negative control: without the option it keeps its default (None)."""
+    _recorded(pytester)
+    _run(pytester, "recorded:build_with", args=("--prefixcache-model=tiny-llama",)).assert_outcomes(
+        passed=1
+    )
+    assert _built(pytester) == {f"arg {LLAMA}"}
+    (pytester.path / "built.txt").unlink()
+    _run(pytester, "recorded:build_with").assert_outcomes(passed=1)
+    assert _built(pytester) == {"arg None"}
+
+
+def test_with_model_passes_the_model_only_where_it_is_declared() -> None:
+    """``with_model``: a factory declaring ``model_dir`` gets it; one without it (the variable
+    still reaches it), a configuration's own ``model_dir``, an engine instance and no model
+    are left as they are."""
+    from pytest_prefixcache.session.fixtures import with_model
+
+    def declares(model_dir: str | None = None) -> None: ...
+
+    def reads_the_variable() -> None: ...
+
+    class Instance:
+        def run(self) -> None: ...
+
+        def reset(self) -> None: ...
+
+    assert with_model(declares, {"flags": []}, "/m") == {"flags": [], "model_dir": "/m"}
+    assert with_model(reads_the_variable, {}, "/m") == {}
+    assert with_model(declares, {"model_dir": "/own"}, "/m") == {"model_dir": "/own"}
+    assert with_model(Instance(), {}, "/m") == {}
+    assert with_model(declares, {}, None) == {}
 
 
 def test_the_reference_engine_loads_the_model_the_option_names(pytester: pytest.Pytester) -> None:
