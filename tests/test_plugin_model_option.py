@@ -462,7 +462,8 @@ def test_the_reference_server_preset_passes_the_model(
 ) -> None:
     from pytest_prefixcache.adapters import presets
 
-    monkeypatch.setattr(presets, "OpenAIEngine", lambda cmd, **kw: str(cmd))
+    for module in (presets.reference, presets.mlx_lm, presets.mlx_vlm, presets.server):
+        monkeypatch.setattr(module, "OpenAIEngine", lambda cmd, **kw: str(cmd))
     assert f"-m reference_engine.server --model {QWEN2_VL} " in str(presets.reference_server())
     vlm = _vlm_dir(tmp_path, "my vlm")  # a space: the command quotes the path
     monkeypatch.setenv(MODEL_ENV, str(vlm))
