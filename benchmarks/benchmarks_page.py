@@ -1,0 +1,112 @@
+"""Generate docs/benchmarks.md's figure tables from ``benchmarks/results/*.json``.
+
+    python benchmarks/benchmarks_page.py          # rewrite the generated blocks
+    python benchmarks/benchmarks_page.py --check  # exit 1 when one is stale, write nothing
+
+Each block sits between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` in the page and is
+rendered by ``RENDERERS[NAME]`` from the JSON the benchmark's command wrote (the command stays
+beside the block, in the page). tests/test_benchmarks_page.py fails when a block is stale, so a
+figure in the page is the one its JSON holds. Prose around a block is not generated: it cites
+no figure the block already shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+BLOCK = re.compile(r"(<!-- bench:(\w+) -->\n)(.*?)(\n<!-- /bench:\2 -->)", re.S)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import table as side_by_side_table  # noqa: E402
+
+
+def _json(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def _s(x: float) -> str:
+    return f"{x:.3g} s"
+
+
+def prefill() -> str:
+    """Cold vs warm after one changed late image (benchmarks/prefill.py)."""
+    lines = [
+        "| model | cold | warm | limit | suffix-only | cached tokens | cold / warm "
+        "| warm / limit | warm / suffix-only |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name in ("prefill_tiny.json", "prefill_large.json"):
+        d = _json(name)
+        lines.append(
+            f"| {d['model']} | {_s(d['cold_s'])} | {_s(d['warm_s'])} | {_s(d['limit_s'])} "
+            f"| {_s(d['suffix_only_s'])} | {d['cached_tokens']:,} of {d['prompt_tokens']:,} "
+            f"| {d['cold_over_warm']:.1f}x | {d['warm_over_limit']:.2f} "
+            f"| {d['warm_over_suffix']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def side_by_side() -> str:
+    """The reference engine beside mlx-vlm APC and mlx-lm (benchmarks/side_by_side.py)."""
+    rows = [
+        r
+        for n in ("tiny", "large")
+        for r in side_by_side_table.rows(_json(f"side_by_side_{n}.json"))
+    ]
+    return "\n".join([side_by_side_table.HEAD, *rows])
+
+
+RENDERERS: dict[str, Callable[[], str]] = {"prefill": prefill, "side_by_side": side_by_side}
+
+
+class PageError(ValueError):
+    """A block the page names that no renderer has, or a renderer with no block."""
+
+
+def page(text: str) -> str:
+    """``text`` with every generated block rendered again from the JSON."""
+    seen = [m.group(2) for m in BLOCK.finditer(text)]
+    unknown = sorted(set(seen) - set(RENDERERS))
+    missing = sorted(set(RENDERERS) - set(seen))
+    if unknown or missing or len(seen) != len(set(seen)):
+        raise PageError(
+            f"docs/benchmarks.md: blocks without a renderer {unknown}, renderers without a "
+            f"block {missing}, or a block twice ({seen})"
+        )
+    return BLOCK.sub(lambda m: m.group(1) + RENDERERS[m.group(2)]() + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 when the page is stale")
+    args = parser.parse_args(argv)
+    text = DOC.read_text(encoding="utf-8")
+    try:
+        new = page(text)
+    except (PageError, OSError, KeyError, ValueError) as exc:
+        print(f"benchmarks_page: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            print(
+                "docs/benchmarks.md is stale: run python benchmarks/benchmarks_page.py",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    DOC.write_text(new, encoding="utf-8")
+    print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
