@@ -65,7 +65,38 @@ def side_by_side() -> str:
     return "\n".join([side_by_side_table.HEAD, *rows])
 
 
-RENDERERS: dict[str, Callable[[], str]] = {"prefill": prefill, "side_by_side": side_by_side}
+def _ms(x: float) -> str:
+    return f"{x * 1000:+.2f}"
+
+
+def no_reuse() -> str:
+    """A request with nothing to reuse, cached against uncached (benchmarks/no_reuse.py)."""
+    lines = [
+        "| size | engine | workload | prompt tokens | uncached | cached | cached / uncached "
+        "| cached - uncached, paired: median (quartiles) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    runs = (
+        ("tiny", "current", "no_reuse_tiny.json"),
+        ("tiny", "b9df58e (before)", "no_reuse_tiny_before.json"),
+        ("large", "current", "no_reuse_large.json"),
+    )
+    for size, engine, name in runs:
+        for workload, r in _json(name)["requests"].items():
+            low, median, high = r["paired_diff_quartiles_s"]
+            lines.append(
+                f"| {size} | {engine} | {workload} | {r['prompt_tokens']:,} "
+                f"| {r['cold_s'] * 1000:,.1f} ms | {r['cached_s'] * 1000:,.1f} ms "
+                f"| {r['cached_over_cold']:.3f} | {_ms(median)} ms ({_ms(low)}, {_ms(high)}) |"
+            )
+    return "\n".join(lines)
+
+
+RENDERERS: dict[str, Callable[[], str]] = {
+    "prefill": prefill,
+    "side_by_side": side_by_side,
+    "no_reuse": no_reuse,
+}
 
 
 class PageError(ValueError):
