@@ -92,7 +92,15 @@ def no_reuse() -> str:
     return "\n".join(lines)
 
 
+def families() -> str:
+    """Side by side on hybrid and sliding-window models (benchmarks/families_side_by_side.py)."""
+    import families_side_by_side  # numpy and the workloads: only when this block is rendered
+
+    return families_side_by_side.markdown(_json("families_side_by_side.json"))
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "families": families,
     "prefill": prefill,
     "side_by_side": side_by_side,
     "no_reuse": no_reuse,
