@@ -99,7 +99,15 @@ def families() -> str:
     return families_side_by_side.markdown(_json("families_side_by_side.json"))
 
 
+def verify_cost() -> str:
+    """What verification costs, in-process and over HTTP (benchmarks/verify_throughput.py)."""
+    import verify_throughput
+
+    return verify_throughput.markdown(_json("verify_cost.json"))
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "verify_cost": verify_cost,
     "families": families,
     "prefill": prefill,
     "side_by_side": side_by_side,
