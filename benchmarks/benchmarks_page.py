@@ -106,7 +106,15 @@ def verify_cost() -> str:
     return verify_throughput.markdown(_json("verify_cost.json"))
 
 
+def parallel_streams() -> str:
+    """Parallel streams on one server, per engine and round (verify_throughput.py --parallel)."""
+    import parallel_streams as streams
+
+    return streams.markdown(_json("verify_throughput.json"))
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "parallel_streams": parallel_streams,
     "verify_cost": verify_cost,
     "families": families,
     "prefill": prefill,
