@@ -113,7 +113,37 @@ def parallel_streams() -> str:
     return streams.markdown(_json("verify_throughput.json"))
 
 
+def _g(x: float) -> str:
+    """2 significant figures, small values as 1.1e-4 (the page's style)."""
+    if x == 0 or x >= 0.01:
+        return f"{x:.2g}"
+    mantissa, _, exponent = f"{x:.1e}".partition("e")
+    return f"{mantissa.removesuffix('.0')}e{int(exponent)}"
+
+
+def decode_tolerance() -> str:
+    """Decode-time KV against a prefill, per fixture, beside the rule the code declares
+    (benchmarks/decode_tolerance.py; the rule: ``tolerances.DECODE_ATOL``)."""
+    from pytest_prefixcache.adapters.tolerances import DECODE_ATOL
+
+    lines = [
+        "| library | fixture (model type) | trials | worst decode vs prefill | argmax changed "
+        "| rule (atol) | smallest output-off-by-one bug |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in _json("decode_tolerance.json")["rows"]:
+        rule = DECODE_ATOL.get((r["library"], r["model_type"]))
+        lines.append(
+            f"| {r['library']} | {r['fixture']} (`{r['model_type']}`) | {r['trials']} "
+            f"| {_g(r['worst_decode_vs_prefill'])} | {r['argmax_changed']} "
+            f"| {'exact' if rule is None else _g(rule)} "
+            f"| {_g(r['smallest_output_off_by_one'])} |"
+        )
+    return "\n".join(lines)
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "decode_tolerance": decode_tolerance,
     "parallel_streams": parallel_streams,
     "verify_cost": verify_cost,
     "families": families,
