@@ -142,7 +142,24 @@ def decode_tolerance() -> str:
     return "\n".join(lines)
 
 
+def audit_cost() -> str:
+    """The baseline audit's cost on the default engine (verify_throughput.py --audit-cost)."""
+    d = _json("audit_cost.json")
+    audited = sorted(d["audited_wall_s"])[len(d["audited_wall_s"]) // 2]
+    plain = sorted(d["unaudited_wall_s"])[len(d["unaudited_wall_s"]) // 2]
+    return "\n".join(
+        [
+            f"| run (seed {d['seed']}, {d['requests']:,} requests) | audited requests "
+            "| wall time |",
+            "| --- | --- | --- |",
+            f"| default: audited | {d['audited_requests']:,} | {audited:.1f} s |",
+            f"| engine given as an instance: not audited | 0 | {plain:.1f} s |",
+        ]
+    )
+
+
 RENDERERS: dict[str, Callable[[], str]] = {
+    "audit_cost": audit_cost,
     "decode_tolerance": decode_tolerance,
     "parallel_streams": parallel_streams,
     "verify_cost": verify_cost,
