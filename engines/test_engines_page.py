@@ -32,6 +32,29 @@ def test_check_fails_on_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert main(["--check"]) == 0
 
 
+#: Issue #37's bound: the page is a table one reads, not a notebook (narratives: NOTES.md).
+PAGE_LINES = 150
+
+
+def _too_long(text: str) -> str:
+    lines = text.count("\n") + 1
+    if lines <= PAGE_LINES:
+        return ""
+    return (
+        f"docs/engines.md is {lines} lines (at most {PAGE_LINES}): move prose to the engine's "
+        "engines/<name>/NOTES.md and merge rows of one engine and mode in its runs.toml"
+    )
+
+
+def test_the_page_stays_a_page() -> None:
+    assert not _too_long(DOC.read_text(encoding="utf-8"))
+
+
+def test_a_long_page_is_caught() -> None:
+    long = DOC.read_text(encoding="utf-8") + "more prose\n" * PAGE_LINES
+    assert "at most 150" in _too_long(long)  # negative control
+
+
 def _defined(test_file: Path, name: str) -> bool:
     base = name.split("[", 1)[0]
     return re.search(rf"^def {re.escape(base)}\(", test_file.read_text(), re.M) is not None

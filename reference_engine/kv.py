@@ -24,17 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
 from .blocks import BlockKey
 from .pool import Block, BlockPool
 
-if TYPE_CHECKING:
-    from .model import LoadedModel
-
-__all__ = ["KVStore", "Segment", "Segments", "Window", "copy_segment", "restore_windows"]
+__all__ = [
+    "KVStore",
+    "Restores",
+    "Segment",
+    "Segments",
+    "Window",
+    "copy_segment",
+    "restore_windows",
+]
 
 Rows = list[tuple[mx.array, mx.array]]
 """Per layer, keys and values shaped (batch, kv heads, rows, head dim)."""
@@ -208,6 +213,13 @@ class Segments:
         return freed
 
 
+class Restores(Protocol):
+    """What :class:`KVStore` needs of the model (``model.LoadedModel`` has it): a fresh cache
+    from a chain of windows. A protocol, so that this module imports nothing of the model's."""
+
+    def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]: ...
+
+
 class KVStore:
     """The KV rows of the pool's blocks, as the engine stores and restores them.
 
@@ -221,7 +233,7 @@ class KVStore:
         model: the model whose KV caches are restored (``LoadedModel.restore``).
     """
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: Restores) -> None:
         self.model = model
         self.segments = Segments()
 

@@ -15,7 +15,7 @@ from pytest_prefixcache.errors import EngineError
 
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = Path(pytest_prefixcache.__file__).parent / "adapters"
-READERS = {"presets.py": "server", "seed.py": "seed", "omlx.py": "omlx"}
+READERS = {"presets/server.py": "server", "seed.py": "seed", "omlx.py": "omlx"}
 NAME = re.compile(r"^(PREFIXCACHE|SEED|OMLX)_[A-Z_]+$")
 
 

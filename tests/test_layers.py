@@ -3,7 +3,9 @@ it in the table of docs/architecture.md (a back edge would make a layer impossib
 to import, on its own). The reference engine's modules are layered the same way, and use only
 the plugin's contract (its types, errors and package data): an engine needs nothing else. No
 modules of either package import each other in a circle, through imports inside functions
-either (an import moved into a function to dodge a circle is still one)."""
+or under ``if TYPE_CHECKING:`` either (an import moved into a function to dodge a circle is
+still one, and a type-only one still ties two modules together: a protocol or a shared lower
+module breaks it)."""
 
 from __future__ import annotations
 
@@ -158,15 +160,6 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_only(tree: ast.Module) -> set[int]:
-    """The ids of the import nodes under ``if TYPE_CHECKING:`` (never run, so no circle)."""
-    out = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
-            out |= {id(n) for b in node.body for n in ast.walk(b)}
-    return out
-
-
 def _targets(
     node: ast.Import | ast.ImportFrom, package: list[str], name: str, modules: set[str]
 ) -> list[str]:
@@ -189,8 +182,8 @@ def import_edges(
     root: Path = PACKAGE, name: str = "pytest_prefixcache"
 ) -> dict[str, list[tuple[str, int, str]]]:
     """For each module of the package at ``root`` (dotted, inside it; a package by its folder),
-    (file, line, module) of every import of its own modules that runs: at the top, inside
-    functions and classes, everywhere but under ``if TYPE_CHECKING:``."""
+    (file, line, module) of every import of its own modules: at the top, inside functions and
+    classes, and under ``if TYPE_CHECKING:``."""
     paths = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     edges: dict[str, list[tuple[str, int, str]]] = {}
     for mod, path in paths.items():
@@ -198,12 +191,11 @@ def import_edges(
         if path.name != "__init__.py":
             package = package[:-1]
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skip = _type_only(tree)
         file = path.relative_to(root).as_posix()
         edges[mod] = [
             (file, node.lineno, t)
             for node in ast.walk(tree)
-            if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in skip
+            if isinstance(node, ast.Import | ast.ImportFrom)
             for t in dict.fromkeys(_targets(node, package, name, set(paths)))
             if t in paths and t != mod
         ]
@@ -245,15 +237,17 @@ def import_cycles(root: Path = PACKAGE, name: str = "pytest_prefixcache") -> lis
 
 
 def test_no_import_cycles() -> None:
-    """Modules import each other in one direction only, inside functions too (an import moved
-    into a function to dodge a circle is still a circle)."""
+    """Modules import each other in one direction only, inside functions and under
+    ``TYPE_CHECKING`` too (an import moved into a function to dodge a circle is still a
+    circle)."""
     assert import_cycles() == []
     assert import_cycles(ENGINE, "reference_engine") == []
 
 
 def test_an_import_cycle_inside_a_function_is_found(tmp_path: Path) -> None:
     """Negative control: a circle closed by an import inside a function (and one through a
-    package's ``__init__``, by ``import``) is reported; one under ``TYPE_CHECKING`` is not."""
+    package's ``__init__``, by ``import``) is reported, and so is one closed under
+    ``TYPE_CHECKING``."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "__init__.py").write_text("")
     (tmp_path / "a.py").write_text("from .sub.b import x\n")
@@ -265,7 +259,8 @@ def test_an_import_cycle_inside_a_function_is_found(tmp_path: Path) -> None:
     (tmp_path / "sub" / "d.py").write_text(d)
     (tmp_path / "sub" / "e.py").write_text("from .d import D\n")
     assert import_cycles(tmp_path, "pkg") == [
-        "a, sub.b (a.py:1 imports sub.b; sub/b.py:2 imports a)"
+        "a, sub.b (a.py:1 imports sub.b; sub/b.py:2 imports a)",
+        "sub.d, sub.e (sub/d.py:4 imports sub.e; sub/e.py:1 imports sub.d)",
     ]
     (tmp_path / "sub" / "__init__.py").write_text("from .c import z\n")
     assert import_cycles(tmp_path, "pkg")[1] == (

@@ -44,6 +44,10 @@ def build():
     _note(os.environ.get("PREFIXCACHE_MODEL", "<unset>"))
     return FakeEngine()
 
+def build_with(model_dir=None):
+    _note(f"arg {model_dir}")
+    return FakeEngine()
+
 def reference():
     import reference_engine
     _note(reference_engine.env_model_path())
@@ -274,6 +278,41 @@ def test_without_the_option_the_factory_sees_no_model(pytester: pytest.Pytester)
     assert json.loads((pytester.path / "r.json").read_text())["model"] is None
 
 
+def test_the_model_reaches_a_factory_as_its_model_dir_argument(pytester: pytest.Pytester) -> None:
+    """A factory with a ``model_dir`` parameter is given the model (no environment needed);
+    negative control: without the option it keeps its default (None)."""
+    _recorded(pytester)
+    _run(pytester, "recorded:build_with", args=("--prefixcache-model=tiny-llama",)).assert_outcomes(
+        passed=1
+    )
+    assert _built(pytester) == {f"arg {LLAMA}"}
+    (pytester.path / "built.txt").unlink()
+    _run(pytester, "recorded:build_with").assert_outcomes(passed=1)
+    assert _built(pytester) == {"arg None"}
+
+
+def test_with_model_passes_the_model_only_where_it_is_declared() -> None:
+    """``with_model``: a factory declaring ``model_dir`` gets it; one without it (the variable
+    still reaches it), a configuration's own ``model_dir``, an engine instance and no model
+    are left as they are."""
+    from pytest_prefixcache.session.fixtures import with_model
+
+    def declares(model_dir: str | None = None) -> None: ...
+
+    def reads_the_variable() -> None: ...
+
+    class Instance:
+        def run(self) -> None: ...
+
+        def reset(self) -> None: ...
+
+    assert with_model(declares, {"flags": []}, "/m") == {"flags": [], "model_dir": "/m"}
+    assert with_model(reads_the_variable, {}, "/m") == {}
+    assert with_model(declares, {"model_dir": "/own"}, "/m") == {"model_dir": "/own"}
+    assert with_model(Instance(), {}, "/m") == {}
+    assert with_model(declares, {}, None) == {}
+
+
 def test_the_reference_engine_loads_the_model_the_option_names(pytester: pytest.Pytester) -> None:
     pytest.importorskip("mlx.core")
     _recorded(pytester)
@@ -423,7 +462,8 @@ def test_the_reference_server_preset_passes_the_model(
 ) -> None:
     from pytest_prefixcache.adapters import presets
 
-    monkeypatch.setattr(presets, "OpenAIEngine", lambda cmd, **kw: str(cmd))
+    for module in (presets.reference, presets.mlx_lm, presets.mlx_vlm, presets.server):
+        monkeypatch.setattr(module, "OpenAIEngine", lambda cmd, **kw: str(cmd))
     assert f"-m reference_engine.server --model {QWEN2_VL} " in str(presets.reference_server())
     vlm = _vlm_dir(tmp_path, "my vlm")  # a space: the command quotes the path
     monkeypatch.setenv(MODEL_ENV, str(vlm))

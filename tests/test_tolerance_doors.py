@@ -34,7 +34,8 @@ class Recorder:
 
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(presets, "OpenAIEngine", Recorder)
+    for module in (presets.reference, presets.mlx_lm, presets.mlx_vlm, presets.server):
+        monkeypatch.setattr(module, "OpenAIEngine", Recorder)
     for name in (
         "PREFIXCACHE_RENDER",
         "PREFIXCACHE_MODEL",

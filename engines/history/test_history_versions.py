@@ -111,7 +111,8 @@ def test_the_presets_take_what_the_runner_passes_old_versions(
 ) -> None:
     from pytest_prefixcache.adapters import presets
 
-    monkeypatch.setattr(presets, "OpenAIEngine", _Recorder)
+    for module in (presets.reference, presets.mlx_lm, presets.mlx_vlm, presets.server):
+        monkeypatch.setattr(module, "OpenAIEngine", _Recorder)
     monkeypatch.delenv("PREFIXCACHE_MODEL", raising=False)
     stock: Any = presets.mlx_lm_server(concurrency=1)
     assert stock.kwargs["cold_cmd"] == stock.cmd + " --prompt-cache-size 0"  # the control

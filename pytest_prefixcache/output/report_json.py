@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, fields
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from .records import FailureRecord, RequestRecord
+from .report_data import ReportData
 from .reuse import FIELDS
-
-if TYPE_CHECKING:
-    from .report import Report
 
 __all__ = ["FORMAT", "report_from_json", "report_to_json"]
 
 FORMAT = "pytest-prefixcache/report/v2"
 
-R = TypeVar("R", bound="Report")
+R = TypeVar("R", bound=ReportData)
 
 
 def _finite(x: float) -> float | str:
@@ -30,7 +28,7 @@ def _number(x: Any) -> float:
     return float(x) if isinstance(x, (int, float, str)) else 0.0
 
 
-def report_to_json(report: Report) -> dict[str, Any]:
+def report_to_json(report: ReportData) -> dict[str, Any]:
     """``report`` as JSON data: every figure finite or a string, its failures and records."""
     return {
         "format": FORMAT,

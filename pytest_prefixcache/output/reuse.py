@@ -10,17 +10,15 @@ blocks (:mod:`pytest_prefixcache.checks.references`). The efficiency the verdict
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..checks.oracle import Match
 from ..checks.references import reference_name
 
-if TYPE_CHECKING:
-    from .report import Report
-
 __all__ = [
     "FIELDS",
     "MIXED",
+    "Counts",
     "add_reuse",
     "efficiency_label",
     "judged",
@@ -37,10 +35,27 @@ FIELDS = (
     "block_tokens", "starts_unknown", "last_kv",
 )  # fmt: skip
 
+
+class Counts(Protocol):
+    """The report's reuse counters (:class:`.report_data.ReportData` has them): what this module
+    reads and adds to, so that it needs no import of the report."""
+
+    reference: str
+    block_size: int | None
+    reused_tokens: int
+    oracle_tokens: int
+    over_claims: int
+    snapshot_reused: int
+    snapshot_tokens: int
+    block_reused: int
+    block_tokens: int
+    starts_unknown: int
+
+
 _SHORT = {"token": "token oracle", "snapshot": "snapshot-aware"}
 
 
-def add_reuse(report: Report, cached_tokens: int, match: Match) -> None:
+def add_reuse(report: Counts, cached_tokens: int, match: Match) -> None:
     """Count one request's reported reuse against every reference ``match`` carries."""
     report.reused_tokens += min(cached_tokens, match.max_reuse)
     report.over_claims += match.exceeded_by(cached_tokens)  # the reuse check's own test
@@ -53,7 +68,7 @@ def add_reuse(report: Report, cached_tokens: int, match: Match) -> None:
         report.block_tokens += match.block
 
 
-def totals(report: Report) -> dict[str, tuple[int, int]]:
+def totals(report: Counts) -> dict[str, tuple[int, int]]:
     """reference -> (tokens reused, tokens it allowed); ``"block"`` only for a block size."""
     out = {
         "token": (report.reused_tokens, report.oracle_tokens),
@@ -64,21 +79,21 @@ def totals(report: Report) -> dict[str, tuple[int, int]]:
     return out
 
 
-def judged(report: Report) -> tuple[int, int]:
+def judged(report: Counts) -> tuple[int, int]:
     """(reused, reusable) of the declared reference (the token oracle's when designs differ
     per configuration)."""
     all_ = totals(report)
     return all_.get(report.reference, all_["token"])
 
 
-def efficiency_label(report: Report) -> str:
+def efficiency_label(report: Counts) -> str:
     """The reference the report's efficiency is judged against, in words."""
     if report.reference == MIXED:
         return "the token oracle (the configurations declare different designs)"
     return "the " + reference_name(report.reference, report.block_size)
 
 
-def references_line(report: Report) -> str | None:
+def references_line(report: Counts) -> str | None:
     """Reuse against every reference side by side (None when nothing was reusable)."""
     if report.oracle_tokens == 0:
         return None

@@ -14,13 +14,10 @@ summary says "not judged" and how many requests over-claimed instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..checks.coverage import CoverageRow, coverage_rows, row_lines
+from .report_data import ReportData
 from .reuse import efficiency_label, judged, references_line, totals
-
-if TYPE_CHECKING:
-    from .report import Report
 
 __all__ = ["FINDINGS_SHOWN", "Line", "Summary", "efficiency_line", "over_claims", "summarize"]
 
@@ -72,13 +69,13 @@ class Summary:
         ]
 
 
-def over_claims(report: Report) -> int:
+def over_claims(report: ReportData) -> int:
     """Requests whose reported reuse exceeded the token oracle's maximum (the reuse bound):
     the report's count, or for an older report what its records show."""
     return max(report.over_claims, sum(r.over for r in report.records))
 
 
-def efficiency_line(report: Report) -> Line:
+def efficiency_line(report: ReportData) -> Line:
     """The efficiency against the declared reference, or why it is not judged."""
     label = f"cache efficiency vs {efficiency_label(report)}: "
     over = over_claims(report)
@@ -96,7 +93,7 @@ def efficiency_line(report: Report) -> Line:
     return Line("efficiency", label + f"{eff:.1%} ({reused} of {reusable} reusable tokens)")
 
 
-def _head(report: Report) -> list[Line]:
+def _head(report: ReportData) -> list[Line]:
     worst = f"{report.worst_diff:.3g}"
     if report.worst_diff_where:
         worst += f" ({report.worst_diff_where})"
@@ -164,7 +161,7 @@ def _head(report: Report) -> list[Line]:
     return out
 
 
-def _failures(report: Report) -> list[Line]:
+def _failures(report: ReportData) -> list[Line]:
     by = report.failures_by_check
     if not by:
         return [Line("failures", "failures by check: none", "good")]
@@ -175,7 +172,7 @@ def _failures(report: Report) -> list[Line]:
     ]
 
 
-def _findings(report: Report) -> list[Line]:
+def _findings(report: ReportData) -> list[Line]:
     if not report.findings:
         return []
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(report.findings.items()))
@@ -185,7 +182,7 @@ def _findings(report: Report) -> list[Line]:
     ]
 
 
-def _skipped(report: Report) -> list[Line]:
+def _skipped(report: ReportData) -> list[Line]:
     """The skipped tests, one line each; tests skipped for the same reason (the engine could
     not be built, or died) share one line."""
     if not report.skipped:
@@ -209,7 +206,7 @@ def _skipped(report: Report) -> list[Line]:
     ]
 
 
-def summarize(report: Report) -> Summary:
+def summarize(report: ReportData) -> Summary:
     """The summary of ``report``."""
     seed = []
     if report.seed is not None:
@@ -236,7 +233,7 @@ def summarize(report: Report) -> Summary:
     )
 
 
-def _time_line(report: Report) -> str:
+def _time_line(report: ReportData) -> str:
     """Time on cache hits on the measure the speedup is judged on: the time to first token
     (whole calls beside it), or whole calls, saying how many hits reported no first token."""
     whole = f"{report.warm_seconds:.2f} s warm vs {report.cold_seconds:.2f} s cold"

@@ -49,6 +49,7 @@ __all__ = [
     "prefixcache_settings",
     "prefixcache_verifier",
     "prefixcache_verify",
+    "with_model",
 ]
 
 #: How long building the engine may take (loading weights is slower than one request).
@@ -95,6 +96,10 @@ def _resolve(spec: str, search_dirs: Sequence[Path]) -> Any:
     return obj
 
 
+#: The parameter through which an engine factory is given ``--prefixcache-model``'s directory.
+MODEL_PARAMETER = "model_dir"
+
+
 def _build(spec: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> Engine:
     made = factory(**kwargs)
     if not _is_engine(made):
@@ -136,15 +141,37 @@ def load_engine(spec: str, *search_dirs: Path) -> Engine:
     return load_engine_with_audit(spec, *search_dirs)[0]
 
 
+def with_model(factory: Any, kwargs: dict[str, Any], model: str | None) -> dict[str, Any]:
+    """``kwargs`` with ``model_dir=model`` when ``factory`` declares a ``model_dir`` parameter
+    and ``kwargs`` (a matrix configuration's) does not set it already: the way
+    ``--prefixcache-model`` reaches an in-process factory. A factory without the parameter
+    still finds the model in ``PREFIXCACHE_MODEL`` (set for the session, and the only way
+    it reaches a server subprocess)."""
+    if model is None or MODEL_PARAMETER in kwargs or _is_engine(factory):
+        return kwargs
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if MODEL_PARAMETER not in params:
+        return kwargs
+    return {**kwargs, MODEL_PARAMETER: model}
+
+
 def load_engine_with_audit(
-    spec: str, *search_dirs: Path, kwargs: dict[str, Any] | None = None
+    spec: str,
+    *search_dirs: Path,
+    kwargs: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> tuple[Engine, Audit]:
     """The engine ``MODULE:ATTR`` names, and its baseline audit: when ATTR builds the engine,
     it builds a fresh instance for every audited request. ``kwargs`` (a matrix
-    configuration's args and flags) go to the factory."""
+    configuration's args and flags) go to the factory, and ``model`` (the session's model
+    directory) as its ``model_dir`` when it takes one (:func:`with_model`)."""
     obj = _resolve(spec, search_dirs)
     kwargs = kwargs or {}
     _check_kwargs(spec, obj, kwargs)
+    kwargs = with_model(obj, kwargs, model)
     if _is_engine(obj):
         check_traits(obj, spec)
         return obj, Audit(None, "engine given as an instance")  # type: ignore[return-value]
@@ -186,7 +213,7 @@ def prefixcache_engine(pytestconfig: pytest.Config, prefixcache_config: Slot) ->
     try:
         res = slot.worker.call(
             lambda: load_engine_with_audit(
-                s.engine, s.invocation_dir, pytestconfig.rootpath, kwargs=kwargs
+                s.engine, s.invocation_dir, pytestconfig.rootpath, kwargs=kwargs, model=s.model
             ),
             timeout=max(s.timeout, BUILD_TIMEOUT_MIN),
             what=f"building the engine {s.engine}",

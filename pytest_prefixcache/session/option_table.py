@@ -11,14 +11,11 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..output.streams import FAILURES_DIR
 from ..verify.worker import DEFAULT_TIMEOUT
 from . import targets, values
-
-if TYPE_CHECKING:
-    from .settings import Settings
 
 __all__ = ["OPTIONS", "Option", "by_name", "markdown_table", "replay_flags", "settings_values"]
 
@@ -294,8 +291,10 @@ def settings_values(getoption: Callable[[str], Any]) -> dict[str, Any]:
     return out
 
 
-def replay_flags(s: Settings) -> list[str]:
-    """The flags (``replay``) a replay command repeats: those not at their default."""
+def replay_flags(s: object) -> list[str]:
+    """The flags (``replay``) a replay command repeats: those not at their default. ``s`` is a
+    :class:`~.settings.Settings` (read by field name, so this table imports nothing of it:
+    settings.py imports this module)."""
     out: list[str] = []
     # the timeout last: a replay names the engine's behaviour first, then how long to wait
     for o in sorted(OPTIONS, key=lambda o: o.name == "timeout"):

@@ -34,7 +34,6 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ..checks import (
     Problem,
@@ -59,6 +58,7 @@ from ..types import Outcome, Request, Wave
 from .confirm import confirm_guessed
 from .decode_kv import decoded_tokens
 from .request_count import REQUEST_COUNT, request_count_problems
+from .view import VerifierView
 from .wave_judge import (
     BATCH_NOISE,
     NOISE_FACTOR,
@@ -79,9 +79,6 @@ from .wave_messages import (
     wave_context,
 )
 from .worker import CallResult, EngineWorker
-
-if TYPE_CHECKING:
-    from .verifier import Verifier
 
 __all__ = [
     "BATCH_NOISE",
@@ -119,7 +116,9 @@ class WaveStep:
     comparison: Comparison
 
 
-def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: WaveContext) -> list[Outcome]:
+def _fire(
+    verifier: VerifierView, wave: Wave, *, use_cache: bool, ctx: WaveContext
+) -> list[Outcome]:
     """Send the wave's requests from their own workers at their arrival offsets; wait for
     every reply (the timeout counts from the last arrival)."""
     __tracebackhide__ = True
@@ -160,7 +159,7 @@ def _fire(verifier: Verifier, wave: Wave, *, use_cache: bool, ctx: WaveContext) 
     return outcomes
 
 
-def _workers(verifier: Verifier, n: int) -> list[EngineWorker]:
+def _workers(verifier: VerifierView, n: int) -> list[EngineWorker]:
     """Long-lived daemon workers, one per request in flight (a thread that ran MLX work and
     ended can abort the interpreter at exit, see :meth:`EngineWorker.close`)."""
     pool = verifier.wave_workers
@@ -205,7 +204,11 @@ NOT_IN_WAVES = frozenset({"positive control", "render stability"})
 
 
 def _count(
-    verifier: Verifier, request: Request, cached: Outcome, alone: Outcome, comparison: Comparison
+    verifier: VerifierView,
+    request: Request,
+    cached: Outcome,
+    alone: Outcome,
+    comparison: Comparison,
 ) -> None:
     """Count one wave request: in the report's requests, the coverage rows of the checks
     it ran (the fresh-instance audit samples the streams' requests, not the waves'), and
@@ -225,7 +228,9 @@ def _count(
         report.count(row, outcome, n)
 
 
-def run_waves(verifier: Verifier, waves: Sequence[Wave], *, reset: bool = True) -> list[WaveStep]:
+def run_waves(
+    verifier: VerifierView, waves: Sequence[Wave], *, reset: bool = True
+) -> list[WaveStep]:
     """Reset (by default), then serve and check each wave in turn (see the module docstring)."""
     __tracebackhide__ = True
     if reset:
@@ -244,7 +249,7 @@ def run_waves(verifier: Verifier, waves: Sequence[Wave], *, reset: bool = True) 
     return steps
 
 
-def _serve(verifier: Verifier, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
+def _serve(verifier: VerifierView, wave: Wave, ctx: WaveContext) -> list[WaveStep]:
     __tracebackhide__ = True
     if verifier.on_step is not None:
         verifier.on_step(verifier.report, verifier.failing_examples)

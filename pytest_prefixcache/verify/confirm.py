@@ -16,22 +16,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from ..checks import Problem, compare, reuse_problems
 from ..checks.oracle import Match
 from ..output.report import INCONCLUSIVE
 from ..types import Outcome
+from .view import VerifierView
 from .wave_messages import WaveContext, wave_context
-
-if TYPE_CHECKING:
-    from .verifier import Verifier
 
 __all__ = ["INCONCLUSIVE", "confirm_guessed"]
 
 
 def confirm_guessed(
-    verifier: Verifier,
+    verifier: VerifierView,
     ctx: WaveContext,
     i: int,
     cached: Outcome,

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..checks import Problem
+from .view import VerifierView
 
 if TYPE_CHECKING:
     from .messages import Context
-    from .verifier import Verifier
 
 __all__ = ["REQUEST_COUNT", "request_count_problems"]
 
@@ -25,7 +25,7 @@ __all__ = ["REQUEST_COUNT", "request_count_problems"]
 REQUEST_COUNT = "request count"
 
 
-def request_count_problems(verifier: Verifier, ctx: Context) -> list[Problem]:
+def request_count_problems(verifier: VerifierView, ctx: Context) -> list[Problem]:
     """The fault of an engine whose prefills do not fit its replies ([] when they do, or when the
     engine counts nothing); call it with no request in flight."""
     __tracebackhide__ = True

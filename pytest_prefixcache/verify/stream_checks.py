@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
 
 from ..checks import efficiency_problem, speedup_problem
 from ..types import Outcome
 from .efficiency import REMEASURES, FastestRuns
 from .messages import Context
-
-if TYPE_CHECKING:
-    from .verifier import Verifier
+from .view import VerifierView
 
 __all__ = ["finish_stream", "remeasure_speedup"]
 
 
-def finish_stream(verifier: Verifier) -> None:
-    """Fail ``verifier``'s stream (``Verifier.fail``) below either floor its options set."""
+def finish_stream(verifier: VerifierView) -> None:
+    """Fail ``verifier``'s stream (``VerifierView.fail``) below either floor its options set."""
     __tracebackhide__ = True
     ctx = Context(tuple(verifier.stream))
     options, efficiency = verifier.options, verifier._efficiency
@@ -42,7 +39,7 @@ def finish_stream(verifier: Verifier) -> None:
                 verifier.fail(dataclasses.replace(problem, details=(*problem.details, line)), ctx)
 
 
-def remeasure_speedup(verifier: Verifier, measure: str) -> float:
+def remeasure_speedup(verifier: VerifierView, measure: str) -> float:
     """Replay the stream :data:`.efficiency.REMEASURES` times, each after a reset, with no
     checks, and return the speedup of its hits' fastest runs on ``measure``
     (:class:`.efficiency.FastestRuns`)."""

@@ -8,17 +8,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn
 
 from ..checks import Problem
 from ..checks.oracle import Match
 from ..errors import EngineError
 from ..types import Outcome, Request, Wave
 from .messages import Context
+from .view import VerifierView
 from .worker import CallResult, Job
-
-if TYPE_CHECKING:
-    from .verifier import Verifier
 
 __all__ = [
     "WaveContext",
@@ -101,7 +99,7 @@ def wave_context(
 
 
 def fail_wave(
-    verifier: Verifier,
+    verifier: VerifierView,
     problem: Problem,
     ctx: WaveContext,
     i: int,
@@ -119,7 +117,7 @@ def fail_wave(
 
 
 def check_wave(
-    verifier: Verifier,
+    verifier: VerifierView,
     problems: list[Problem],
     ctx: WaveContext,
     i: int,
