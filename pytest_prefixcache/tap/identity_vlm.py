@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._labels import PAD_MARK, padded_prefill, patch_plan
 from ._labels import Writer as _Writer
 from ._labels import patch as _patch
-from ._labels import patch_plan
 from ._labels import serial as _serial
 from .identity import _in_generator, _labelled
 
@@ -82,6 +82,16 @@ def _generating(original: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _columns(batch: Any, *args: Any, **kwargs: Any) -> tuple[int, list[int]] | None:
+    """A ``PromptProcessingBatch``'s right-padded prefill (its mixed warm/cold rows: each
+    row's suffix right-padded to the longest): the columns run so far and each row's real end
+    (its suffix length); None when its rows are left-padded."""
+    pads = getattr(batch, "_right_pad_per_row", None)
+    if not pads or not any(pads):
+        return None
+    return int(batch._processed_prompt_columns), [int(n) for n in batch._suffix_lens]
+
+
 def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         """``FastAPI.__call__``: a chat completion's reply id, admitted before it is sent."""
@@ -129,6 +139,11 @@ def _mlx_vlm(sink: _Writer) -> list[str]:
             (ar, "BatchGenerator", "insert", _inserting),
             (gen, "ResponseGenerator", "generate", _generating),
         ]
+    )
+    padding = padded_prefill(_columns)
+    done += patch_plan(
+        [(ar, "PromptProcessingBatch", m, padding) for m in ("prompt_step", "generate")],
+        PAD_MARK,
     )
     fastapi = sys.modules.get("fastapi.applications")
     app = getattr(fastapi, "FastAPI", None) if gen in sys.modules else None
