@@ -9,8 +9,12 @@ server inserts each request on one GPU thread (``ResponseGenerator._run``) and h
 back to the HTTP thread that called ``ResponseGenerator.generate`` (``GenerationContext.uid``).
 The reply's ``id`` (``chatcmpl-<uuid4>``) is made only when the reply is written, so the
 admission line is written there: the FastAPI app's ``__call__`` keeps a copy of a chat
-completion's reply body as it goes out and, before its last part is sent, reads its ``id`` and
-ties it to the uid its HTTP thread got (a context variable both share). A streamed reply (not
+completion's reply body as it goes out and, before the part that completes it is sent, reads its
+``id`` and ties it to the uid its HTTP thread got (a context variable both share). The part
+that completes the body is the one reaching its ``content-length``: the server's
+``@app.middleware("http")`` streams the reply as the whole body, then an empty last part, and
+a client holding the declared length does not wait for that one (an admission written only
+then came after the client's look-up, which guessed). A streamed reply (not
 JSON) is left to the ledger's inference.
 """
 
@@ -92,6 +96,14 @@ def _columns(batch: Any, *args: Any, **kwargs: Any) -> tuple[int, list[int]] | N
     return int(batch._processed_prompt_columns), [int(n) for n in batch._suffix_lens]
 
 
+def _content_length(headers: Any) -> list[int]:
+    """An ASGI start message's ``content-length`` as a one-item list ([] when absent)."""
+    for name, value in headers:
+        if bytes(name).lower() == b"content-length":
+            return [int(bytes(value))]
+    return []
+
+
 def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         """``FastAPI.__call__``: a chat completion's reply id, admitted before it is sent."""
@@ -103,17 +115,23 @@ def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any
             holder: dict[str, str] = {}
             token = _exchange.set(holder)
             body: list[bytes] = []
+            length: list[int] = []  # the declared content-length, when there is one
 
             async def sending(message: Any) -> None:
-                try:  # a copy of the body; the admission before its last part goes out
-                    if message.get("type") == "http.response.body" and "label" in holder:
+                try:  # a copy of the body; the admission before the part completing it
+                    kind = message.get("type")
+                    if kind == "http.response.start":
+                        length[:] = _content_length(message.get("headers") or ())
+                    elif kind == "http.response.body" and "label" in holder:
                         body.append(bytes(message.get("body", b"")))
-                        if sum(map(len, body)) > MAX_BODY:
+                        got = sum(map(len, body))
+                        if got > MAX_BODY:
                             holder.pop("label")
-                        elif not message.get("more_body", False):
+                        elif not message.get("more_body", False) or (length and got >= length[0]):
                             reply = json.loads(b"".join(body) or b"null")
+                            label = holder.pop("label")  # once
                             if isinstance(reply, dict) and isinstance(reply.get("id"), str):
-                                sink.admit(holder["label"], reply["id"], SCHEDULER)
+                                sink.admit(label, reply["id"], SCHEDULER)
                 except Exception:  # never raise into the server (a stream is no JSON)
                     pass
                 await send(message)
