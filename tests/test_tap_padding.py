@@ -96,6 +96,8 @@ def _schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TapLedge
     ar.BatchGenerator = Generator  # type: ignore[attr-defined]
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setitem(sys.modules, "mlx_vlm.generate.ar", ar)
+    for name in ("mlx_vlm.server.generation", "fastapi.applications"):  # nothing real patched
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     path = tmp_path / "tap.jsonl"
     sink = wrap._Sink(str(path))
     identity.install(sink, families=(identity_vlm.FAMILY,))
