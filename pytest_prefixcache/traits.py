@@ -58,6 +58,9 @@ class EngineTraits:
         coverage_hints: ``"server"`` for an engine behind HTTP (the coverage table says so).
         uncached_times_skewed: why the uncached runs' times are not comparable ("" if they
             are): the speed figures say so instead of judging.
+        cold_waves_serial: why the uncached runs of a wave are served one at a time ("" when
+            they are sent together): that cold wave then tells no batching fault from a cache
+            fault, and a failure says so instead of blaming the cache.
         persists: its cache outlives a restart (with the optional method ``restart``): the
             restart streams of ``--prefixcache-restarts`` run.
         restart_changes: what a restart may change (``weights``, ``template``, ``kv_dtype``,
@@ -83,6 +86,7 @@ class EngineTraits:
     batch_invariant: bool = False
     coverage_hints: str = ""
     uncached_times_skewed: str = ""
+    cold_waves_serial: str = ""
     persists: bool = False
     restart_changes: tuple[str, ...] = ()
 
@@ -102,7 +106,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "decode_atol": (int, float, type(None)), "decode_rule": (str,),
     "cache_capacity_tokens": (int, type(None)), "max_concurrency": (int,),
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
-    "persists": (bool,), "restart_changes": (tuple, list),
+    "cold_waves_serial": (str,), "persists": (bool,), "restart_changes": (tuple, list),
 }  # fmt: skip
 
 

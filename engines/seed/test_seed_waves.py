@@ -59,6 +59,16 @@ STALE_IN_A_WAVE = (
     "the stale-mRoPE crash of test_text_stream, not the batch: alone it fails the same way"
 )
 
+#: Found by the rapid-mlx --mllm waves (seed 1) with every row attributed by id; classified with
+#: no server in test_seed_padded_decode.py (mlx-vlm 0.7.2, which rapid-mlx pins; exact on 0.7.10).
+PADDED_DECODE_IN_A_WAVE = (
+    f"{RM} --mllm, waves of up to 4: two requests with the same image, 32 and 75 prompt tokens, "
+    "nothing reused, in flight together: the shorter one's decode step 1 differs from its cold "
+    "run by 0.652 (its first token agrees): a batched decode step attends the shorter row's left "
+    "padding (mlx-vlm 0.7.2 Qwen2Model passes the cache list to create_attention_mask: no mask "
+    "for one position); served one after the other (timing) the wave passes"
+)
+
 #: The saved waves' findings, as test_seed_engines.KNOWN: (engine, labels, test id) -> reason.
 KNOWN = {
     **{
@@ -82,6 +92,11 @@ KNOWN = {
         "mllm,memory,b,w1024",
         "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-equivalence]",
     ): ORDER_IN_A_WAVE,
+    (
+        "rapid-mlx",
+        "mllm,memory,b,w1024",
+        "test_saved_waves[rapid-mlx-waves-mllm-memory-b-w1024-decode-equivalence]",
+    ): PADDED_DECODE_IN_A_WAVE,
 }
 _known_findings = known_findings(KNOWN)
 

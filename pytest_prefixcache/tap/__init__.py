@@ -60,6 +60,8 @@ class TapRow:
         logprobs: the log-softmax of the row's last position, float32, full vocabulary.
         label: the server scheduler's id of the row's request (:mod:`.identity`), or None
             when the tap could not read it (an unknown server).
+        held: padding already in the row's KV before the call (a right-padded row whose
+            real tokens ended in an earlier chunk of its prefill): not real positions.
     """
 
     before: int
@@ -68,6 +70,7 @@ class TapRow:
     ids: tuple[int, ...] | None
     logprobs: np.ndarray
     label: str | None = None
+    held: int = 0
 
     @property
     def padded(self) -> bool:
@@ -85,12 +88,12 @@ class TapRow:
     @property
     def real_before(self) -> int:
         """Real positions in the row's KV before the call."""
-        return max(0, self.before)
+        return max(0, self.before - self.held)
 
     @property
     def real_after(self) -> int:
         """Real positions in the row's KV after the call (its padding left out)."""
-        return self.after - self.pad
+        return self.after - self.held - self.pad
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,6 +138,7 @@ def parse_record(line: str) -> TapRecord:
             None if r.get("ids") is None else tuple(int(t) for t in r["ids"]),
             _lp(r["lp"]),
             None if r.get("id") is None else str(r["id"]),
+            int(r.get("pb", 0)),
         )
         for r in d.get("rows") or ()
     )

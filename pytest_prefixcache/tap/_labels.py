@@ -1,5 +1,6 @@
 """The state the scheduler hooks of :mod:`.identity` share: the labels of the forward call
-running on this thread, one serial number per scheduler object, and the patching of a class
+running on this thread, where a right-padded prefill's rows really end (:func:`padded_prefill`,
+:func:`take_padding`), one serial number per scheduler object, and the patching of a class
 method once (nothing here raises into the server)."""
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from typing import Any, Protocol
 
 __all__ = [
     "MARK",
+    "PAD_MARK",
     "Make",
     "Writer",
     "current_labels",
     "local",
+    "padded_prefill",
     "patch",
     "patch_plan",
     "serial",
     "serials",
+    "take_padding",
 ]
 
 
@@ -43,6 +47,46 @@ def current_labels() -> list[str] | None:
     return None if labels is None else list(labels)
 
 
+def padded_prefill(where: Callable[..., Any]) -> Make:
+    """Wraps a batch method whose forward calls prefill right-padded rows: ``where`` (given
+    the method's arguments) says, before each run, how many columns of the padded prompt ran
+    already and the column where each row's real tokens end (``(done, ends)``, or None: no
+    right padding), for :func:`take_padding` to read. A cache's own ``_right_padding`` is a
+    row's padding over the whole prefill: a row whose tokens end in an early chunk has no
+    padding in that chunk (mlx-vlm 0.7's mixed warm/cold prefill keeps that chunk's logits
+    as the row's first token's)."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            before = getattr(local, "columns", None)
+            try:
+                said = where(self, *args, **kwargs)
+                local.columns = None if said is None else [int(said[0]), [int(e) for e in said[1]]]
+            except Exception:  # never raise into the server
+                local.columns = None
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                local.columns = before
+
+        return run
+
+    return make
+
+
+def take_padding(n: int, batch: int) -> list[tuple[int, int]] | None:
+    """Per row of the forward call running on this thread (``n`` input positions), the
+    padding already in its KV before the call and the padding among the call's positions,
+    when a :func:`padded_prefill` hook described the batch (its columns then advance by
+    ``n``); None when none did, or for another number of rows."""
+    said = getattr(local, "columns", None)
+    if not said or len(said[1]) != batch:
+        return None
+    done, ends = said
+    said[0] = done + n
+    return [(max(0, done - e), max(0, done + n - max(done, e))) for e in ends]
+
+
 def serial(obj: Any) -> int:
     """A number of ``obj``'s own (a scheduler's generator), the same at every call."""
     mark = getattr(obj, "_prefixcache_serial", None)
@@ -58,6 +102,8 @@ def serial(obj: Any) -> int:
 Make = Callable[[Callable[..., Any]], Callable[..., Any]]
 #: The mark of a method an identity hook wraps (another wrapper may mark its own, to stack).
 MARK = "__prefixcache_identity__"
+#: The mark of a :func:`padded_prefill` wrapper (it stacks on the label wrapper).
+PAD_MARK = "__prefixcache_padding__"
 
 
 def patch(cls: type, name: str, make: Make, mark: str = MARK) -> bool:
@@ -72,12 +118,14 @@ def patch(cls: type, name: str, make: Make, mark: str = MARK) -> bool:
     return True
 
 
-def patch_plan(plan: Iterable[tuple[str, str, str, Make]]) -> list[str]:
-    """:func:`patch` each ``(module, class, method, make)`` whose module is imported; returns
-    ``module:Class.method`` for those patched now."""
+def patch_plan(plan: Iterable[tuple[str, str, str, Make]], mark: str = MARK) -> list[str]:
+    """:func:`patch` each ``(module, class, method, make)`` whose module is imported (under
+    ``mark``); returns ``module:Class.method`` for those patched now."""
     done: list[str] = []
     for module_name, cls_name, method, make in plan:
         cls = getattr(sys.modules.get(module_name), cls_name, None)
-        if isinstance(cls, type) and patch(cls, method, make):
-            done.append(f"{module_name}:{cls_name}.{method}")
+        if isinstance(cls, type) and patch(cls, method, make, mark):
+            done.append(
+                f"{module_name}:{cls_name}.{method}" + (" (padding)" if mark == PAD_MARK else "")
+            )
     return done

@@ -29,8 +29,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._labels import PAD_MARK, current_labels, padded_prefill, patch_plan
 from ._labels import Writer as _Writer
-from ._labels import current_labels, patch_plan
 from ._labels import local as _local
 from ._labels import serial as _serial
 from ._labels import serials as _serials
@@ -157,9 +157,17 @@ def _single(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]
     return make
 
 
+def _prompt_columns(batch: Any, tokens: Any, *args: Any, **kw: Any) -> tuple[int, list[int]] | None:
+    """mlx-lm's ``PromptProcessingBatch.prompt(tokens)``: right-pads the rows to the longest
+    and runs them in chunks; each row's real tokens end at its length."""
+    lengths = [len(t) for t in tokens]
+    return (0, lengths) if lengths and min(lengths) < max(lengths) else None
+
+
 def _mlx_lm(sink: _Writer) -> list[str]:
     gen, server = "mlx_lm.generate", "mlx_lm.server"
-    return patch_plan(
+    padding = padded_prefill(_prompt_columns)
+    return patch_plan([(gen, "PromptProcessingBatch", "prompt", padding)], PAD_MARK) + patch_plan(
         [
             (gen, "PromptProcessingBatch", "prompt", _labelled),
             (gen, "GenerationBatch", "_step", _labelled),

@@ -9,8 +9,12 @@ server inserts each request on one GPU thread (``ResponseGenerator._run``) and h
 back to the HTTP thread that called ``ResponseGenerator.generate`` (``GenerationContext.uid``).
 The reply's ``id`` (``chatcmpl-<uuid4>``) is made only when the reply is written, so the
 admission line is written there: the FastAPI app's ``__call__`` keeps a copy of a chat
-completion's reply body as it goes out and, before its last part is sent, reads its ``id`` and
-ties it to the uid its HTTP thread got (a context variable both share). A streamed reply (not
+completion's reply body as it goes out and, before the part that completes it is sent, reads its
+``id`` and ties it to the uid its HTTP thread got (a context variable both share). The part
+that completes the body is the one reaching its ``content-length``: the server's
+``@app.middleware("http")`` streams the reply as the whole body, then an empty last part, and
+a client holding the declared length does not wait for that one (an admission written only
+then came after the client's look-up, which guessed). A streamed reply (not
 JSON) is left to the ledger's inference.
 """
 
@@ -24,9 +28,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ._labels import PAD_MARK, padded_prefill, patch_plan
 from ._labels import Writer as _Writer
 from ._labels import patch as _patch
-from ._labels import patch_plan
 from ._labels import serial as _serial
 from .identity import _in_generator, _labelled
 
@@ -82,6 +86,24 @@ def _generating(original: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _columns(batch: Any, *args: Any, **kwargs: Any) -> tuple[int, list[int]] | None:
+    """A ``PromptProcessingBatch``'s right-padded prefill (its mixed warm/cold rows: each
+    row's suffix right-padded to the longest): the columns run so far and each row's real end
+    (its suffix length); None when its rows are left-padded."""
+    pads = getattr(batch, "_right_pad_per_row", None)
+    if not pads or not any(pads):
+        return None
+    return int(batch._processed_prompt_columns), [int(n) for n in batch._suffix_lens]
+
+
+def _content_length(headers: Any) -> list[int]:
+    """An ASGI start message's ``content-length`` as a one-item list ([] when absent)."""
+    for name, value in headers:
+        if bytes(name).lower() == b"content-length":
+            return [int(bytes(value))]
+    return []
+
+
 def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         """``FastAPI.__call__``: a chat completion's reply id, admitted before it is sent."""
@@ -93,17 +115,23 @@ def _replying(sink: _Writer) -> Callable[[Callable[..., Any]], Callable[..., Any
             holder: dict[str, str] = {}
             token = _exchange.set(holder)
             body: list[bytes] = []
+            length: list[int] = []  # the declared content-length, when there is one
 
             async def sending(message: Any) -> None:
-                try:  # a copy of the body; the admission before its last part goes out
-                    if message.get("type") == "http.response.body" and "label" in holder:
+                try:  # a copy of the body; the admission before the part completing it
+                    kind = message.get("type")
+                    if kind == "http.response.start":
+                        length[:] = _content_length(message.get("headers") or ())
+                    elif kind == "http.response.body" and "label" in holder:
                         body.append(bytes(message.get("body", b"")))
-                        if sum(map(len, body)) > MAX_BODY:
+                        got = sum(map(len, body))
+                        if got > MAX_BODY:
                             holder.pop("label")
-                        elif not message.get("more_body", False):
+                        elif not message.get("more_body", False) or (length and got >= length[0]):
                             reply = json.loads(b"".join(body) or b"null")
+                            label = holder.pop("label")  # once
                             if isinstance(reply, dict) and isinstance(reply.get("id"), str):
-                                sink.admit(holder["label"], reply["id"], SCHEDULER)
+                                sink.admit(label, reply["id"], SCHEDULER)
                 except Exception:  # never raise into the server (a stream is no JSON)
                     pass
                 await send(message)
@@ -129,6 +157,11 @@ def _mlx_vlm(sink: _Writer) -> list[str]:
             (ar, "BatchGenerator", "insert", _inserting),
             (gen, "ResponseGenerator", "generate", _generating),
         ]
+    )
+    padding = padded_prefill(_columns)
+    done += patch_plan(
+        [(ar, "PromptProcessingBatch", m, padding) for m in ("prompt_step", "generate")],
+        PAD_MARK,
     )
     fastapi = sys.modules.get("fastapi.applications")
     app = getattr(fastapi, "FastAPI", None) if gen in sys.modules else None

@@ -73,7 +73,14 @@ class Track:
         self.kinds.append(kind)
 
     def _greedy(self, row: TapRow) -> bool:
-        return row.ids is not None and int(row.ids[-1]) == int(np.argmax(self.last.logprobs))
+        """Whether ``row`` is fed the greedy token of the track's last real position (a
+        padded row's logits are padding's)."""
+        real = next((r for _, r in reversed(self.rows) if not r.padded), None)
+        return (
+            real is not None
+            and row.ids is not None
+            and int(row.ids[-1]) == int(np.argmax(real.logprobs))
+        )
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,9 @@ def answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) 
     for _, r in t.rows[first + 1 :]:
         if len(out) >= steps:
             break
-        if r.before == out[-1].after and r.after == r.before + 1 and not r.padded:
+        if r.padded and r.real_after == out[-1].real_after:
+            continue  # the rest of a right-padded prefill, past the row's end: padding only
+        if r.before == out[-1].real_after and r.after == r.before + 1 and not r.padded:
             out.append(r)
         else:
             break

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import ENV, identity, identity_vlm
+from ._labels import take_padding
 
 __all__ = ["DEFAULT_TARGETS", "install", "install_identity"]
 
@@ -168,8 +169,10 @@ def _rows(
 ) -> list[dict[str, Any]]:
     """One entry per batch row: its KV offset before and after the call (``b``, ``a``), its
     right padding (``pad``: the row's last positions are padding, its logits not a real
-    position's), its input token ids (``ids``), its last position's log-softmax (``lp``) and,
-    where the server's scheduler says (:mod:`.identity`), the id of its request (``id``)."""
+    position's; ``pb``, when not 0: padding its KV held already, a later chunk of a
+    right-padded prefill), its input token ids (``ids``), its last position's log-softmax
+    (``lp``) and, where the server's scheduler says (:mod:`.identity`), the id of its
+    request (``id``)."""
     import mlx.core as mx
     import numpy as np
 
@@ -180,7 +183,9 @@ def _rows(
     layer = _layer(cache)
     after = _per_row(None if layer is None else layer.offset, batch)
     first = _per_row(before, batch)
-    pads = _pads(layer, batch) or [0] * batch
+    said = take_padding(n, batch)  # the scheduler's own columns, else the cache's padding
+    pads = [p for _, p in said] if said else _pads(layer, batch) or [0] * batch
+    held = [h for h, _ in said] if said else [0] * batch
     labels = identity.current_labels()
     if labels is not None and len(labels) != batch:
         labels = None  # the scheduler's rows are not this call's: no label beats a wrong one
@@ -202,6 +207,8 @@ def _rows(
                 "lp": base64.b64encode(data[i].tobytes()).decode("ascii"),
             }
         )
+        if held[i]:
+            out[-1]["pb"] = held[i]
         if labels is not None:
             out[-1]["id"] = labels[i]
     return out

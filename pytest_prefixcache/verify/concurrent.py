@@ -291,11 +291,12 @@ def _serve(verifier: VerifierView, wave: Wave, ctx: WaveContext) -> list[WaveSte
             f"{measured.worst:.3g}",
         )
     matches = _matches(verifier.oracle, ctx.first, wave, cached)
+    serial = traits_of(verifier.engine).cold_waves_serial
     steps = []
     for i, request in enumerate(wave.requests):
         c, a, m = cached[i], alone[i], matches[i]
         check_wave(verifier, pair_problems(c, a), ctx, i, cached=c, match=m)
-        comparison, differs = judge(tol, measured, i, c, a)
+        comparison, differs = judge(tol, measured, i, c, a, serial)
         problems = merge_problems(c) + merge_problems(a) + differs
         problems = confirm_guessed(verifier, ctx, i, c, a, m, problems + reuse_problems(c, m))
         check_wave(verifier, problems, ctx, i, cached=c, match=m)

@@ -5,7 +5,9 @@ noise control, ``use_cache=False`` calls in flight together). The cold wave agai
 requests alone isolates batching from caching:
 
 - the cold wave answers as the requests alone, and a cached reply differs: a cache fault,
-  ``cache: only the cached wave differs``;
+  ``cache: only the cached wave differs``; unless the engine serves a wave's uncached runs
+  one at a time (its ``cold_waves_serial`` says why: a reset before each), when the cold wave
+  was no batch and the failure reads :data:`UNSEPARATED` (a batching fault is not ruled out);
 - the cold wave already differs from the requests alone, on an engine that declares
   ``batch_invariant = True`` (its replies do not depend on the requests in flight with them,
   as the reference engine's by construction): a batching fault, whatever the cache does,
@@ -41,6 +43,7 @@ __all__ = [
     "DECODE_STEPS",
     "DECODING",
     "NOISE_FACTOR",
+    "UNSEPARATED",
     "Noise",
     "batch_invariant",
     "batching_problems",
@@ -56,6 +59,9 @@ NOISE_FACTOR = 4.0
 BATCHING = "batching: the cold wave already differs from the requests alone"
 CACHE_ONLY = "cache: only the cached wave differs"
 CACHE_BEYOND_NOISE = "cache: the cached wave differs beyond the cold wave's batch noise"
+UNSEPARATED = (
+    "cache or batching: the cached wave differs, and the cold wave was served one at a time"
+)
 #: The coverage row of the waves' decode steps (a step, not a request, per count).
 DECODE_STEPS = "wave decode steps"
 #: The coverage row of the wave requests that generated more than one token.
@@ -109,15 +115,22 @@ def batching_problems(noise: Noise) -> tuple[int, list[Problem]] | None:
 
 
 def judge(
-    tol: Tolerance, noise: Noise, i: int, cached: Outcome, alone: Outcome
+    tol: Tolerance, noise: Noise, i: int, cached: Outcome, alone: Outcome, serial: str = ""
 ) -> tuple[Comparison, list[Problem]]:
     """Request ``i``'s cached reply against its cold run alone, its problems told as a cache
     fault; under batch noise (an engine that does not declare batch invariance), within
-    :data:`NOISE_FACTOR` times the noise measured."""
+    :data:`NOISE_FACTOR` times the noise measured. ``serial``: why the cold wave was served
+    one at a time (the engine's ``cold_waves_serial``): then it is told :data:`UNSEPARATED`."""
     comparison = compare(cached, alone, tol)
     if not comparison.problems:
         return comparison, []
     worst = noise.worst
+    if serial and not worst:
+        why = (
+            f"{serial}: the cold wave was no batch, so it does not tell a batching fault "
+            "from a cache fault; replay the wave against a server without the cache to tell"
+        )
+        return comparison, _told(comparison.problems, UNSEPARATED, (why,))
     if worst == 0.0 or tol.kl is not None or worst == float("inf"):
         cause = CACHE_ONLY if not noise.per_request[i] else CACHE_BEYOND_NOISE
         return comparison, _told(comparison.problems, cause, ())

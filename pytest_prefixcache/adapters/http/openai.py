@@ -224,6 +224,15 @@ class OpenAIEngine(RequestPath):
             return "the uncached runs restart a server: it has no cache reset endpoint"
         return ""
 
+    @property
+    def cold_waves_serial(self) -> str:
+        """Why the uncached runs of a wave go one at a time ('' when they are sent together):
+        a reset or a restart before each keeps it cold only with nothing else in flight."""
+        cold = self.baseline.cold
+        return (
+            f"cold={cold!r} resets before each uncached run" if cold in ("reset", "restart") else ""
+        )
+
     def fresh_instance(self) -> OpenAIEngine:
         """An engine whose every run goes, uncached, to a server started just for it from
         the baseline's command; ``close()`` stops it. The baseline audit calls this."""
