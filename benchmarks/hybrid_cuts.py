@@ -16,8 +16,9 @@ turn's header, the position after it (where the content starts), image edges, mu
 
 **Cost** (``limit``): on tiny-qwen3.5-vl, the last prompt of ``family_workloads()``'s
 growing_chat (1,819 tokens, a 13-turn chat with images), the process CPU time of one uncut
-forward (``LoadedModel.forward`` in chunks of 256, the last position alone) against the
-engine's cold request (``Engine.run(use_cache=False)``: render, vision, the cut forward) under
+forward (``LoadedModel.forward`` in chunks of 256, the last position alone; with the engine's
+gated-delta kernels, ``recurrent.py``, and with mlx-vlm's own) against the engine's cold
+request (``Engine.run(use_cache=False)``: render, vision, the cut forward) under
 each scheme; medians of ``--repeats`` rounds, each round running every variant once in turn so
 that load hits them alike.
 
@@ -126,26 +127,37 @@ def limit(repeats: int) -> dict[str, Any]:
     engine.prefill = prefill  # type: ignore[method-assign]
     ids = seen["ids"]
 
-    def uncut() -> None:
-        model.forward(ids, seen["embeds"], model.make_cache(len(ids) + 1), seen["positions"])
+    def uncut(kernels: bool) -> Callable[[], None]:
+        def run() -> None:
+            model.piece_kernels = kernels
+            try:
+                cache = model.make_cache(len(ids) + 1)
+                model.forward(ids, seen["embeds"], cache, seen["positions"])
+            finally:
+                model.piece_kernels = True
 
-    times: dict[str, list[float]] = {"uncut": [], **{s: [] for s in SCHEMES}}
+        return run
+
+    times: dict[str, list[float]] = {"uncut": [], "uncut_mlx_vlm": [], **{s: [] for s in SCHEMES}}
     for _ in range(repeats):
-        times["uncut"].append(cpu(uncut))
+        times["uncut"].append(cpu(uncut(True)))
+        times["uncut_mlx_vlm"].append(cpu(uncut(False)))
         for scheme in SCHEMES:
             use_scheme(scheme)
             times[scheme].append(cpu(lambda: engine.run(request, use_cache=False)))
     resume.boundaries = engine_boundaries  # type: ignore[attr-defined]
-    base = statistics.median(times["uncut"])
+    base, own = (statistics.median(times[x]) for x in ("uncut", "uncut_mlx_vlm"))
     return {
         "prompt_tokens": len(ids),
         "uncut_cpu_s": round(base, 4),
+        "uncut_mlx_vlm_kernels_cpu_s": round(own, 4),
         "rows": [
             {
                 "scheme": s,
                 "cuts": cuts[s],
                 "cold_cpu_s": round(statistics.median(times[s]), 4),
                 "over_uncut": round(statistics.median(times[s]) / base, 3),
+                "over_uncut_mlx_vlm_kernels": round(statistics.median(times[s]) / own, 3),
             }
             for s in SCHEMES
         ],
@@ -202,7 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     out["limit"] = limit(args.repeats)
     out["load_after_limit"] = os.getloadavg()
     for row in out["limit"]["rows"]:
-        print(f"{row['scheme']:18} {row['cuts']:3} cuts  cold {row['over_uncut']:.3f}x uncut")
+        print(
+            f"{row['scheme']:16} {row['cuts']:3} cuts  cold {row['over_uncut']:.3f}x uncut "
+            f"({row['over_uncut_mlx_vlm_kernels']:.3f}x on mlx-vlm's kernels)"
+        )
     if args.examples:
         out["examples"] = args.examples
         out["verify"] = []
