@@ -222,11 +222,14 @@ def test_families_side_by_side_on_two_requests(
     assert len(table) == 2 + 1 and table[2].startswith("| hybrid | growing_chat | reference | ")
 
 
-def test_families_table_is_the_one_in_docs_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("run", ["", "families_side_by_side_hybrid"])
+def test_families_table_is_the_one_in_docs_benchmarks(
+    capsys: pytest.CaptureFixture[str], run: str
+) -> None:
     import families_side_by_side as fam
 
     root = Path(__file__).resolve().parent.parent
-    results = root / "benchmarks" / "results" / "families_side_by_side.json"
+    results = root / "benchmarks" / "results" / run / "families_side_by_side.json"
     assert fam.main(["--table", str(results)]) == 0
     out = capsys.readouterr().out
     table = [ln for ln in out.splitlines() if ln.startswith("|")]
