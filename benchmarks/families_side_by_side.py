@@ -142,7 +142,6 @@ def engines(family: Family) -> tuple[dict[str, tuple[Callable[[], Any], bool]], 
     name -> why an engine is skipped."""
     from pytest_prefixcache.adapters.mlx_lm import MlxLmEngine
     from pytest_prefixcache.adapters.mlx_vlm_apc import MlxVlmApcEngine
-    from pytest_prefixcache.adapters.seed import seed_server
     from reference_engine import Engine
 
     vlm, text = FIXTURES / family.vlm, FIXTURES / family.text
@@ -161,13 +160,21 @@ def engines(family: Family) -> tuple[dict[str, tuple[Callable[[], Any], bool]], 
         if python is None:
             skipped[name] = why
             continue
-        found[name] = (
-            lambda name=name, python=python: seed_server(
-                name, ["--mllm"], model_dir=vlm, python=python, audit=False, decode_steps=1
-            ),
-            True,
-        )
+        found[name] = (seed_factory(name, python, vlm), True)
     return found, skipped
+
+
+def seed_factory(name: str, python: str, model_dir: Path) -> Callable[[], Any]:
+    """A zero-argument factory of ``name`` (rapid-mlx, vllm-mlx) served with ``--mllm`` from
+    the venv of ``python`` on ``model_dir``, under the tap, without its baseline audit."""
+    from pytest_prefixcache.adapters.seed import seed_server
+
+    def start() -> Any:
+        return seed_server(
+            name, ["--mllm"], model_dir=model_dir, python=python, audit=False, decode_steps=1
+        )
+
+    return start
 
 
 # -- one request, one pass ---------------------------------------------------------------------

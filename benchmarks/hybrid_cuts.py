@@ -111,7 +111,8 @@ def limit(repeats: int) -> dict[str, Any]:
 
     engine = Engine.from_pretrained(fixture_model(MODEL))
     request = family_workloads()[0].requests[-1]
-    model, prefill, seen = engine.model, engine.prefill, {}
+    model, prefill = engine.model, engine.prefill
+    seen: dict[str, Any] = {}
 
     def grab(ids: Any, start: int, embeds: Any, cache: Any, positions: Any, **kw: Any) -> Any:
         seen.update(ids=ids, embeds=embeds, positions=positions, cuts=len(kw.get("cuts") or ()))

@@ -73,7 +73,7 @@ def without_turn_starts(monkeypatch: pytest.MonkeyPatch, hybrid: LoadedModel) ->
     yield
 
 
-def diverging_roles(model: LoadedModel) -> tuple[int, int, int]:
+def diverging_roles(model: LoadedModel) -> tuple[int, int, float]:
     """An engine serves a chat ending in an assistant turn, then the same chat with a user
     turn in its place: the prompts diverge just after that turn's start token. Returns the
     second request's reuse, the snapshot-aware reference for it (the first prompt's message
@@ -89,8 +89,9 @@ def diverging_roles(model: LoadedModel) -> tuple[int, int, int]:
     shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
     points = reference_points(len(ids_a), a.image_spans or (), a.message_starts)
     reference = last_boundary(points, min(shared, len(ids_b) - 1))
+    assert warm.step_logits is not None and cold.step_logits is not None
     worst = max(float(np.max(np.abs(x - y))) for x, y in zip(warm.step_logits, cold.step_logits))
-    return warm.cached_tokens, reference, worst
+    return warm.cached_tokens or 0, reference, worst
 
 
 @pytest.mark.slow
