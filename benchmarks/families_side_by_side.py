@@ -4,20 +4,22 @@
     python benchmarks/families_side_by_side.py --family hybrid --engine reference --requests 2
     python benchmarks/families_side_by_side.py --table benchmarks/results/families_side_by_side.json
 
-Two families (DESIGN.md, "Model families"), each on one set of weights: **hybrid**
+Three families (DESIGN.md, "Model families"), each on one set of weights: **hybrid**
 (``tiny-qwen3.5-vl`` and its language model alone, ``tiny-qwen3.5``: recurrent GatedDeltaNet
-layers x3 + full attention) and **sliding-window** (``tiny-gemma3`` and ``tiny-gemma3-text``: a
-32-position ring every other layer). The workloads are ``workloads.family_workloads()``:
-every prompt wraps the window and has several boundaries. Engines, interleaved request by
-request as ``side_by_side.py`` does (``interleaved_pass``):
+layers x3 + full attention), **sliding-window** (``tiny-gemma3`` and ``tiny-gemma3-text``: a
+32-position ring every other layer) and **kv-shared** (``tiny-gemma4`` and ``tiny-gemma4-text``:
+Gemma 4's windows, its last two layers reading the KV of earlier ones). The workloads are
+``workloads.family_workloads()``: every prompt wraps the window and has several boundaries.
+Engines, interleaved request by request as ``side_by_side.py`` does (``interleaved_pass``):
 
 - the reference engine on the VLM fixture, every workload (it loads mlx-vlm models only; the
   text fixture is the VLM's language model, so its text runs are on the same weights);
 - mlx-lm's prompt cache (``adapters/mlx_lm.py``) on the text fixture, text workloads only;
 - mlx-vlm APC, block and exact-snapshot modes (``adapters/mlx_vlm_apc.py``), on the VLM
   fixture, every workload;
-- rapid-mlx (``adapters/seed.py``, ``--mllm``, on the VLM fixture) when a venv of it exists
-  under ``$SEED_DIR`` or a checkout's ``.engines/seed/``; otherwise skipped, saying why.
+- rapid-mlx and vllm-mlx (``adapters/seed.py``, ``--mllm``, on the VLM fixture) when a venv of
+  each exists under ``$SEED_DIR`` or a checkout's ``.engines/seed/``; otherwise skipped, saying
+  why.
 
 Per request: an uncached run (cold), then a cached run (warm), each timed to the first token
 (``max_new_tokens=0``; the peers' adapters always sample one token); the largest
@@ -87,6 +89,11 @@ FAMILIES = {
     "sliding-window": Family(
         "tiny-gemma3", "tiny-gemma3-text", "Gemma 3: (sliding window 32 + global) x2"
     ),
+    "kv-shared": Family(
+        "tiny-gemma4",
+        "tiny-gemma4-text",
+        "Gemma 4: (sliding window 32 + global) x2, the last two layers reading earlier ones' KV",
+    ),
 }
 
 
@@ -104,9 +111,9 @@ def snapshot_reference(match: Match) -> int | None:
 
 
 # -- engines -----------------------------------------------------------------------------------
-def rapid_mlx_python() -> tuple[str | None, str]:
-    """The python of a rapid-mlx venv, or None and why not: ``$SEED_DIR``, else the
-    ``.engines/seed/`` of this checkout or of any worktree of its repository."""
+def rapid_mlx_python(name: str = "rapid-mlx") -> tuple[str | None, str]:
+    """The python of a ``name`` venv (rapid-mlx, vllm-mlx), or None and why not: ``$SEED_DIR``,
+    else the ``.engines/seed/`` of this checkout or of any worktree of its repository."""
     roots = [os.environ.get("SEED_DIR"), str(FIXTURES.parent / ".engines" / "seed")]
     try:
         listing = subprocess.run(
@@ -120,13 +127,13 @@ def rapid_mlx_python() -> tuple[str | None, str]:
         pass
     looked = []
     for root in dict.fromkeys(r for r in roots if r):
-        python = Path(root) / "rapid-mlx" / "bin" / "python"
+        python = Path(root) / name / "bin" / "python"
         if python.is_file():
-            return str(python), f"rapid-mlx venv at {python.parent.parent}"
+            return str(python), f"{name} venv at {python.parent.parent}"
         looked.append(str(python.parent.parent))
     return None, (
-        "no rapid-mlx venv (looked in " + ", ".join(looked) + "; "
-        "engines/seed/run.sh install rapid-mlx makes one)"
+        f"no {name} venv (looked in " + ", ".join(looked) + "; "
+        f"engines/seed/run.sh install {name} makes one)"
     )
 
 
@@ -148,20 +155,26 @@ def engines(family: Family) -> tuple[dict[str, tuple[Callable[[], Any], bool]], 
         ),
     }
     skipped: dict[str, str] = {}
-    python, why = rapid_mlx_python()
-    if python is None:
-        skipped["rapid-mlx"] = why
-    else:
-        from pytest_prefixcache.adapters.seed import seed_server
-
-        found["rapid-mlx"] = (
-            lambda: seed_server(
-                "rapid-mlx", ["--mllm"], model_dir=vlm, python=python, audit=False,
-                decode_steps=1,
-            ),
-            True,
-        )  # fmt: skip
+    for name in ("rapid-mlx", "vllm-mlx"):
+        python, why = rapid_mlx_python(name)
+        if python is None:
+            skipped[name] = why
+            continue
+        found[name] = (seed_factory(name, python, vlm), True)
     return found, skipped
+
+
+def seed_factory(name: str, python: str, model_dir: Path) -> Callable[[], Any]:
+    """A zero-argument factory of ``name`` (rapid-mlx, vllm-mlx) served with ``--mllm`` from
+    the venv of ``python`` on ``model_dir``, under the tap, without its baseline audit."""
+    from pytest_prefixcache.adapters.seed import seed_server
+
+    def start() -> Any:
+        return seed_server(
+            name, ["--mllm"], model_dir=model_dir, python=python, audit=False, decode_steps=1
+        )
+
+    return start
 
 
 # -- one request, one pass ---------------------------------------------------------------------
@@ -259,8 +272,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def target(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The issue's target on one workload: the reference engine at >= 0.95 of the
-    snapshot-aware reference, and more reuse than every peer beside it."""
+    """The issue's targets on one workload: the reference engine at >= 0.95 of the
+    snapshot-aware reference, more reuse than every peer beside it, and its warm time against
+    the fastest peer's (``warm_over_best_peer``: at most 1 is the target)."""
     if "summary" not in per_engine.get("reference", {}):
         return None
     ours = per_engine["reference"]["summary"]
@@ -270,8 +284,12 @@ def target(per_engine: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         if n != "reference" and "summary" in r
     }
     vs = ours["vs_snapshot"]
+    warm = {n: r["summary"]["warm_s"] for n, r in per_engine.items() if "summary" in r}
+    best = min((w, n) for n, w in warm.items() if n != "reference") if len(warm) > 1 else None
     return {
         "vs_snapshot": vs,
+        "best_peer_warm": None if best is None else {"engine": best[1], "warm_s": best[0]},
+        "warm_over_best_peer": None if best is None else ratio(ours["warm_s"], best[0]),
         "reaches_0_95": None if vs is None else vs >= TARGET,
         "more_than_every_peer": all(ours["cached_tokens"] > c for c in peers.values()),
         "peers_cached": peers,
@@ -440,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"target {fname} {wname}: reference vs snapshot-aware {pct(t['vs_snapshot'])}"
                     f" (>= {TARGET:.0%}: {t['reaches_0_95']}), more than every peer: "
-                    f"{t['more_than_every_peer']} {t['peers_cached']}"
+                    f"{t['more_than_every_peer']} {t['peers_cached']}; warm / the best peer's: "
+                    f"{t['warm_over_best_peer']}"
                 )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "families_side_by_side.json"

@@ -1,4 +1,4 @@
-"""Where the sequential gated-delta kernel beats mlx-vlm's chunked scan, per piece length.
+"""Where each gated-delta kernel is fastest, per piece length: sequential, chunks of 64 or of 8.
 
     python benchmarks/gated_delta_pieces.py [--repeats N] [--json PATH]
 
@@ -6,23 +6,26 @@ A hybrid prefill cut at segment boundaries runs its GatedDeltaNet layers over pi
 tokens. On CPU mlx-vlm's ``qwen3_5`` runs every multi-token piece through
 ``gated_delta_chunked`` (a chunked scan padded to 64 positions with a 63-step triangular solve),
 whatever its length; ``gated_delta_ops`` (the sequential recurrence, one step per position) is
-the other implementation. This times both, side by side in one process, on the tiny-qwen3.5-vl
-fixture's shapes (its ``text_config``: heads and head dimensions), for each piece length, and
-prints the median milliseconds of each and their ratio. The reference engine's
+the other implementation, and the same chunked scan with chunks of ``PIECE_CHUNK`` (8) positions
+a third. This times the three, interleaved in one process, on the tiny-qwen3.5-vl fixture's
+shapes (its ``text_config``: heads and head dimensions; queries and keys L2-normalised as the
+model's ``_normalize_qk`` leaves them, so that long pieces stay finite), for each piece length,
+and prints the median milliseconds of each and the ratios. The reference engine's
 ``reference_engine.recurrent.SEQUENTIAL_UP_TO`` is the longest length where the sequential kernel
-was faster here (results/gated_delta_pieces.json).
+was faster than chunks of 8 here (results/gated_delta_pieces.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-LENGTHS = (1, 2, 4, 8, 16, 32, 48, 64, 65, 96, 128, 129, 192, 256, 384, 512)
+LENGTHS = (1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 48, 64, 65, 96, 128, 129, 192, 256, 384, 512)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from pytest_prefixcache.package_data import fixture_model
     from reference_engine.fixtures import QWEN3_5_VL_DIR
-    from reference_engine.recurrent import SEQUENTIAL_UP_TO, original_chunked
+    from reference_engine.recurrent import PIECE_CHUNK, SEQUENTIAL_UP_TO, original_chunked
 
     mx.set_default_device(mx.cpu)
     text = json.loads((fixture_model(QWEN3_5_VL_DIR) / "config.json").read_text())["text_config"]
@@ -47,31 +50,44 @@ def main(argv: list[str] | None = None) -> int:
     for n in LENGTHS:
         mx.random.seed(n)
         q, k = (mx.random.normal((1, n, hk, dk)) for _ in range(2))
+        q, k = (x / mx.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
         v = mx.random.normal((1, n, hv, dv))
         g = mx.random.uniform(0.5, 1.0, (1, n, hv))
         beta = mx.random.uniform(0.0, 1.0, (1, n, hv))
         state = mx.zeros((1, hv, dv, dk), dtype=mx.float32)
         mx.eval(q, k, v, g, beta, state)
-        times: dict[str, list[float]] = {"chunked": [], "sequential": []}
-        for _ in range(args.repeats):  # interleaved, so that load hits both alike
-            for name, fn in (("chunked", chunked), ("sequential", ops)):
+        inputs = (q, k, v, g, beta, state)
+        kernels = {
+            "chunked": lambda a=inputs: chunked(*a),
+            "sequential": lambda a=inputs: ops(*a),
+            "chunked_8": lambda a=inputs: chunked(*a, None, PIECE_CHUNK),
+        }
+        times: dict[str, list[float]] = {name: [] for name in kernels}
+        for _ in range(args.repeats):  # interleaved, so that load hits them alike
+            for name, fn in kernels.items():
                 t0 = time.perf_counter()
-                mx.eval(*fn(q, k, v, g, beta, state))
+                mx.eval(*fn())
                 times[name].append((time.perf_counter() - t0) * 1e3)
-        c, s = (statistics.median(times[x]) for x in ("chunked", "sequential"))
+        c, s, c8 = (statistics.median(times[x]) for x in kernels)
         rows.append(
             {
                 "length": n,
                 "chunked_ms": round(c, 3),
                 "sequential_ms": round(s, 3),
+                "chunked_8_ms": round(c8, 3),
                 "sequential_over_chunked": round(s / c, 3),
+                "sequential_over_chunked_8": round(s / c8, 3),
+                "chunked_8_over_chunked": round(c8 / c, 3),
             }
         )
-        print(f"{n:4d} tokens: chunked {c:7.3f} ms  sequential {s:7.3f} ms  ratio {s / c:5.2f}")
-    faster = [r["length"] for r in rows if r["sequential_over_chunked"] < 1.0]
+        print(
+            f"{n:4d} tokens: chunked {c:7.3f} ms  sequential {s:7.3f} ms  chunks of 8 "
+            f"{c8:7.3f} ms  sequential / 8: {s / c8:5.2f}  8 / 64: {c8 / c:5.2f}"
+        )
+    faster = [r["length"] for r in rows if r["sequential_over_chunked_8"] < 1.0]
     print(
-        f"sequential faster up to: {max(faster) if faster else 0} tokens "
-        f"(lengths where it was: {faster}); the engine uses it up to {SEQUENTIAL_UP_TO}"
+        f"sequential faster than chunks of 8 at {faster}; the engine uses it up to "
+        f"{SEQUENTIAL_UP_TO}, chunks of {PIECE_CHUNK} above"
     )
     if args.json is not None:
         args.json.write_text(
@@ -81,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                     "repeats": args.repeats,
                     "rows": rows,
                     "engine_limit": SEQUENTIAL_UP_TO,
+                    "engine_chunk": PIECE_CHUNK,
+                    "load": os.getloadavg(),
                 },
                 indent=1,
             )

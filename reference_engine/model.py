@@ -28,7 +28,7 @@ from .cpu import kv_cache_class, transpose_linears
 from .families import FULL, RECURRENT, Family, family_for, layer_kinds
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
-from .recurrent import SEQUENTIAL_UP_TO, sequential_pieces
+from .recurrent import PIECE_CHUNK, SEQUENTIAL_UP_TO, sequential_pieces
 from .recurrent import install as install_piece_kernels
 
 __all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model", "shared_model"]
@@ -182,7 +182,7 @@ class LoadedModel:
 
         def step(s: int, e: int) -> Any:
             extra = {} if position_ids is None else {"position_ids": position_ids[:, :, s:e]}
-            with sequential_pieces(self.sequential_up_to):
+            with sequential_pieces(*self.piece_choice):
                 return lm(
                     self.family.language_ids(mx.array([list(token_ids[s:e])])),
                     inputs_embeds=embeds[None, s:e],
@@ -221,9 +221,10 @@ class LoadedModel:
         return logits
 
     @property
-    def sequential_up_to(self) -> int:
-        """The longest prefill piece the recurrent layers run sequentially (0: none)."""
-        return SEQUENTIAL_UP_TO if self.piece_kernels else 0
+    def piece_choice(self) -> tuple[int, int]:
+        """The longest prefill piece the recurrent layers run sequentially and the chunk of
+        the scan above it ((0, 0): mlx-vlm's own choice; ``recurrent.py``)."""
+        return (SEQUENTIAL_UP_TO, PIECE_CHUNK) if self.piece_kernels else (0, 0)
 
     def restore(self, blocks: Sequence[Window], tokens: int, capacity: int = 0) -> list[Any]:
         """A fresh cache whose full-attention layers hold the first ``tokens`` KV rows of the

@@ -8,20 +8,25 @@ prompt's **boundaries** and, on a later request, resumes at the longest boundary
 the matched prefix whose snapshot it still holds.
 
 Boundaries (:func:`boundaries`) depend only on the prompt's content before them: the start of
-every turn (the template's turn-start token: where conversations diverge), the newline that
-ends each turn's header and the position after it (where the turn's content starts: a prompt
-that ends with the generation prompt ``<|im_start|>assistant\n`` ends exactly there, so the next
-turn of a growing chat resumes at the whole previous prompt, and an exact repeat at all of it
-but that newline), both edges of every image span, and every
-multiple of :data:`GRID` positions (long messages). The engine cuts every prefill, cold or warm,
-at exactly these positions (``LoadedModel.forward(cuts=...)``, whose last chunk then runs whole,
-to the prompt's end): a warm run that resumes at boundary ``s`` computes the same chunks from
-the same state as the cold run, so the two are bit-exact whatever the kernels do with a split
-(mlx-vlm's qwen3_5 is not split-invariant: NOTES.md). Every prompt is also snapshotted at its
-end: its last chunk ran whole, from its last boundary, exactly as the chunk a longer prompt
-computes there when the end is one of its boundaries (a prompt that ends a turn: the next turn
-starts there; one that ends with the generation prompt: the reply starts there); where it is
-not, no prompt ever looks it up.
+every turn (the template's turn-start token: where conversations diverge, and the snapshot-aware
+reference's message starts), the position after the newline that ends each turn's header (where
+the turn's content starts: a prompt that ends with the generation prompt
+``<|im_start|>assistant\n`` ends exactly there, so the next turn of a growing chat resumes at
+the whole previous prompt; an exact repeat resumes at that header's turn start), both edges of
+every image span, and every multiple of :data:`GRID` positions (long messages): a superset of
+the snapshot-aware reference's boundaries. Each cut costs a forward call of its own; the
+header's newline itself (a cut one token before the content's) is not a boundary: it bought an
+exact repeat two tokens and cost a call per turn (``benchmarks/hybrid_cuts.py``).
+
+The engine cuts every prefill, cold or warm, at exactly these positions
+(``LoadedModel.forward(cuts=...)``, whose last chunk then runs whole, to the prompt's end): a
+warm run that resumes at boundary ``s`` computes the same chunks from the same state as the cold
+run, so the two are bit-exact whatever the kernels do with a split (mlx-vlm's qwen3_5 is not
+split-invariant: NOTES.md). Every prompt is also snapshotted at its end: its last chunk ran
+whole, from its last boundary, exactly as the chunk a longer prompt computes there when the end
+is one of its boundaries (a prompt that ends a turn: the next turn starts there; one that ends
+with the generation prompt: the reply starts there); where it is not, no prompt ever looks it
+up.
 
 A snapshot is keyed by the prefix it ends: the chained hash of the blocks before it plus the
 tokens and image extras of the partial block up to its position (the key a prompt cut there
@@ -57,8 +62,8 @@ def boundaries(
     turn_start_id: int | None,
     header_end_id: int | None = None,
 ) -> list[int]:
-    """The prompt's boundaries in (0, len]: turn starts, the newline ending each turn header
-    and the position after it, image-span edges, multiples of ``GRID``; sorted. ``len`` is one
+    """The prompt's boundaries in (0, len]: turn starts, the position after the newline
+    ending each turn header, image-span edges, multiples of ``GRID``; sorted. ``len`` is one
     when the prompt ends with a turn header (the generation prompt)."""
     n = len(token_ids)
     found = set(range(GRID, n, GRID))
@@ -68,7 +73,7 @@ def boundaries(
         for t in starts if header_end_id is not None else ():
             for j in range(t + 1, min(n, t + MAX_HEADER + 1)):
                 if token_ids[j] == header_end_id:
-                    found.update((j, j + 1))
+                    found.add(j + 1)
                     break
     for start, end, _digest in spans:
         found.update((start, end))

@@ -116,7 +116,7 @@ def _all_logits(
 ) -> mx.array:
     """Float32 logits of every position of ``tokens`` computed on top of ``cache``."""
     extra = {} if positions is None else {"position_ids": positions}
-    with sequential_pieces(model.sequential_up_to):  # the kernels the engine's forward uses
+    with sequential_pieces(*model.piece_choice):  # the kernels the engine's forward uses
         out = model.model.language_model(
             mx.array([list(tokens)]),
             inputs_embeds=model.embed(tokens)[None],

@@ -222,11 +222,14 @@ def test_families_side_by_side_on_two_requests(
     assert len(table) == 2 + 1 and table[2].startswith("| hybrid | growing_chat | reference | ")
 
 
-def test_families_table_is_the_one_in_docs_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("run", ["", "families_side_by_side_hybrid"])
+def test_families_table_is_the_one_in_docs_benchmarks(
+    capsys: pytest.CaptureFixture[str], run: str
+) -> None:
     import families_side_by_side as fam
 
     root = Path(__file__).resolve().parent.parent
-    results = root / "benchmarks" / "results" / "families_side_by_side.json"
+    results = root / "benchmarks" / "results" / run / "families_side_by_side.json"
     assert fam.main(["--table", str(results)]) == 0
     out = capsys.readouterr().out
     table = [ln for ln in out.splitlines() if ln.startswith("|")]
@@ -280,3 +283,20 @@ def test_family_verification_rows_are_the_table_in_docs_reference_engine(
     # negative control: a row whose figures changed is not the doc's
     changed = dict(rows[0], requests=rows[0]["requests"] + 1)
     assert families_verify.markdown([changed]).splitlines()[-1] not in doc
+
+
+def test_families_target_compares_warm_time_with_the_fastest_peer() -> None:
+    import families_side_by_side as fam
+
+    def engine(cached: int, warm: float) -> dict[str, Any]:
+        return {"summary": {"cached_tokens": cached, "warm_s": warm, "vs_snapshot": 1.0}}
+
+    per = {"reference": engine(90, 2.0), "a": engine(80, 4.0), "b": engine(0, 2.5)}
+    per["c"] = {"error": "request 0: EngineError: refused"}  # a failed peer is not timed
+    t = fam.target(per)
+    assert t is not None and t["best_peer_warm"] == {"engine": "b", "warm_s": 2.5}
+    assert t["warm_over_best_peer"] == 2.0 / 2.5 and t["more_than_every_peer"]
+    per["a"] = engine(80, 1.0)  # a faster peer: the reference is then behind it
+    assert fam.target(per)["warm_over_best_peer"] == 2.0  # type: ignore[index]
+    assert fam.target({"reference": engine(90, 2.0)})["warm_over_best_peer"] is None  # type: ignore[index]
+    assert set(fam.FAMILIES) == {"hybrid", "sliding-window", "kv-shared"}

@@ -1,10 +1,10 @@
 """The reference engine on the hybrid (Qwen3.5) and sliding-window (Gemma 3) fixtures.
 
-Cached runs are bit-identical to cold runs on both; reuse resumes at the longest stored
-boundary (turn start, turn-header end, image edge) not beyond the match, and a growing chat
-resumes at the whole previous prompt; snapshots live in the pool's byte budget; the cut
-schedule is what makes the hybrid exact (negative control: mlx-vlm's qwen3_5 split elsewhere
-is not bit-identical).
+Cached runs are bit-identical to cold runs on both; reuse resumes at the longest stored boundary
+(turn start, turn content start, image edge) not beyond the match, a growing chat resumes at the
+whole previous prompt and an exact repeat at its generation prompt's turn start; snapshots live
+in the pool's byte budget; the cut schedule is what makes the hybrid exact (negative control:
+mlx-vlm's qwen3_5 split elsewhere is not bit-identical).
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ def diff(a: Any, b: Any) -> float:
     return max(float(np.max(np.abs(x - y))) for x, y in zip(a.step_logits, b.step_logits))
 
 
+def generation_start(family: LoadedModel, engine: Engine, r: Request) -> int:
+    """Where the generation prompt's turn starts in ``r``'s rendering (an exact repeat
+    resumes there: its last boundary before the prompt's end)."""
+    ids = engine.run(r, use_cache=False).token_ids or ()
+    return max(i for i, t in enumerate(ids) if t == family.turn_start_id)
+
+
 def conversation() -> list[Request]:
     """A growing chat with two images, a repeat, a new user turn, a replaced image."""
     u1 = user("Describe this picture, please, in a few words.", img(1))
@@ -73,10 +80,10 @@ def test_cached_runs_are_bit_identical_to_cold_runs(family: LoadedModel) -> None
         assert diff(warm, cold) == 0.0, (r, warm.cached_tokens)
         assert warm.tokens == cold.tokens
         reused.append((warm.cached_tokens, len(warm.token_ids or ())))
-    # the growing chat resumes at the whole previous prompt; a repeat at all but its last
-    # token; a new user turn after the shared system prompt at that turn's header end
-    (r0, n0), (r1, n1), (r2, n2), (r3, _), (r4, _), (r5, _) = reused
-    assert r0 == 0 and r1 == n0 and r2 == n2 - 1
+    # the growing chat resumes at the whole previous prompt; a repeat at the generation
+    # prompt's turn start; a new user turn after the shared system prompt at that turn's start
+    (r0, n0), (r1, n1), (r2, _), (r3, _), (r4, _), (r5, _) = reused
+    assert r0 == 0 and r1 == n0 and r2 == generation_start(family, engine, conversation()[2])
     assert 0 < r3 < n0 and 0 < r4 < n1 and 0 < r5 < n0
     assert engine.stats.snapshot_hits == 5 and engine.stats.snapshots_stored > 0
 
@@ -101,7 +108,7 @@ def test_snapshots_are_namespaced(family: LoadedModel) -> None:
     other = Request(r.messages, namespace="tenant-b", max_new_tokens=r.max_new_tokens)
     assert engine.run(other, use_cache=True).cached_tokens == 0
     again = engine.run(r, use_cache=True)  # positive control: the same tenant hits
-    assert again.cached_tokens == len(again.token_ids or ()) - 1
+    assert again.cached_tokens == generation_start(family, engine, r)
 
 
 def test_snapshots_count_in_the_budget_and_are_evicted(family: LoadedModel) -> None:
@@ -122,8 +129,9 @@ def test_the_cut_schedule_is_what_makes_the_hybrid_exact() -> None:
     """Negative control: mlx-vlm 0.7.10's qwen3_5, with its own kernel choice (the chunked
     scan for every multi-token piece), gives different last logits for a prefill split at
     another position (NOTES.md), so a warm run that resumed at a snapshot taken with other cuts
-    than the cold run's would not be bit-exact. The engine's sequential kernel for short pieces
-    (``recurrent.py``) happens to be split-invariant there; the cuts stay for the long pieces."""
+    than the cold run's would not be bit-exact. The engine's own kernels per piece
+    (``recurrent.py``: the sequential recurrence, a scan padding each call to a multiple of 8)
+    are not split-invariant by design either; with the same cuts they repeat their arithmetic."""
     model = load_model(fixture_model("tiny-qwen3.5-vl"))
     text = Request((SYSTEM, user("Some words to prefill, long enough to split twice.")))
     ids = Engine(model).render(text, {}, use_cache=False).token_ids
@@ -133,13 +141,13 @@ def test_the_cut_schedule_is_what_makes_the_hybrid_exact() -> None:
     def last(cuts: list[int]) -> np.ndarray:
         return np.array(model.forward(ids, embeds, model.make_cache(), pos, cuts=cuts))
 
-    assert model.piece_kernels and 2 < len(ids) <= model.sequential_up_to
+    assert model.piece_kernels and 2 < len(ids)
     model.piece_kernels = False  # mlx-vlm's own choice: the chunked scan
     one, split, again = last([]), last([len(ids) // 2]), last([len(ids) // 2])
     assert np.array_equal(split, again)  # same cuts: same arithmetic
     assert not np.array_equal(one, split)
-    model.piece_kernels = True  # the sequential recurrence, piece by piece
-    assert np.array_equal(last([]), last([len(ids) // 2]))
+    model.piece_kernels = True  # the engine's kernels: the same cuts, the same arithmetic
+    assert np.array_equal(last([len(ids) // 2]), last([len(ids) // 2]))
 
 
 def test_the_template_image_marker_expands_per_family(family: LoadedModel) -> None:

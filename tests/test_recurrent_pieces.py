@@ -2,7 +2,8 @@
 
 Inside :func:`sequential_pieces` a short piece runs the sequential recurrence; everywhere else
 (another engine in the same process, another thread) mlx-vlm's ``gated_delta_chunked`` answers
-bit for bit as it would without the dispatcher. The two kernels round differently (the negative
+bit for bit as it would without the dispatcher; inside it a longer piece runs mlx-vlm's chunked
+scan with chunks of 8 positions instead of 64. The kernels round differently (the negative
 control: a cold and a warm run that chose differently for one piece would not be bit-exact), and
 the engine's cold and warm runs choose alike, so they stay bit-identical.
 """
@@ -24,6 +25,7 @@ from pytest_prefixcache.package_data import fixture_model  # noqa: E402
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import load_model  # noqa: E402
 from reference_engine.recurrent import (  # noqa: E402
+    PIECE_CHUNK,
     SEQUENTIAL_UP_TO,
     install,
     original_chunked,
@@ -33,9 +35,10 @@ from reference_engine.recurrent import (  # noqa: E402
 
 def piece(n: int, seed: int = 0) -> tuple[Any, ...]:
     """Inputs of one gated-delta call on tiny-qwen3.5-vl's shapes (2 key heads, 4 value heads,
-    dimensions 16), ``n`` positions."""
+    dimensions 16), ``n`` positions; queries and keys L2-normalised, as the model's are."""
     mx.random.seed(seed)
     q, k = (mx.random.normal((1, n, 2, 16)) for _ in range(2))
+    q, k = (x / mx.linalg.norm(x, axis=-1, keepdims=True) for x in (q, k))
     v = mx.random.normal((1, n, 4, 16))
     g = mx.random.uniform(0.5, 1.0, (1, n, 4))
     beta = mx.random.uniform(0.0, 1.0, (1, n, 4))
@@ -59,17 +62,28 @@ def test_outside_the_engine_the_dispatcher_is_mlx_vlms_own_kernel() -> None:
         assert same(outputs(gd.gated_delta_chunked(*args)), own)
 
 
-def test_inside_a_short_piece_runs_sequentially_and_a_long_one_chunked() -> None:
+def test_inside_a_short_piece_runs_sequentially_and_a_long_one_in_chunks_of_8() -> None:
     install()
-    short, long = piece(8), piece(SEQUENTIAL_UP_TO + 1, seed=1)
+    short, long = piece(SEQUENTIAL_UP_TO), piece(5 * PIECE_CHUNK, seed=1)
     sequential = outputs(gd.gated_delta_ops(*short))
     chunked = outputs(original_chunked()(*short))
-    # the negative control: the kernels round differently, so a cold and a warm run must choose
-    # alike for every piece to stay bit-exact
+    in_8 = outputs(original_chunked()(*long, None, PIECE_CHUNK))
+    # the negative controls: the kernels round differently (the sequential recurrence, chunks of
+    # 64, chunks of 8), so a cold and a warm run must choose alike for every piece to stay
+    # bit-exact
     assert not same(sequential, chunked)
+    assert not same(in_8, outputs(original_chunked()(*long)))
+    assert not same(in_8, outputs(gd.gated_delta_ops(*long)))
+    # ... and they compute the same recurrence
+    assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(in_8, gd.gated_delta_ops(*long)))
     with sequential_pieces():
         assert same(outputs(gd.gated_delta_chunked(*short)), sequential)
+        assert same(outputs(gd.gated_delta_chunked(*long)), in_8)
+    with sequential_pieces(0, 0):  # mlx-vlm's own choice
         assert same(outputs(gd.gated_delta_chunked(*long)), outputs(original_chunked()(*long)))
+    with pytest.raises(ValueError, match="limit and chunk must be at least 0, got -1 and 8"):
+        with sequential_pieces(-1, 8):
+            pass
 
 
 def test_the_choice_belongs_to_the_thread_that_made_it() -> None:
