@@ -26,7 +26,8 @@ __all__ = ["SnapshotAtChunkEnd"]
 class SnapshotAtChunkEnd(Engine):
     """Cuts its prefill only at chunk ends (and the prompt's end), then stores the state there
     under every boundary the chunk passed; the correct engine splits the chunk at each boundary
-    (:func:`reference_engine.chunks.prefill_cuts`)."""
+    (:func:`reference_engine.chunks.prefill_cuts`). Reproduces vLLM #51113, #54076 and #57278
+    (a hybrid's state stored under the wrong chunk position)."""
 
     def prefill_cuts(self, rendered: Rendered, start: int) -> list[int]:
         # BUG: a boundary inside a chunk does not split it
