@@ -100,6 +100,20 @@ def test_a_bad_budget_is_refused_naming_it(bad: str) -> None:
     assert shrink_budget("none") is None and shrink_budget("0.5") == 0.5
 
 
+def test_the_summary_and_the_json_report_count_what_the_budget_did() -> None:
+    from pytest_prefixcache.output.records import FailureRecord
+    from pytest_prefixcache.output.summary import summarize
+
+    report = Report()
+    report.failures.append(FailureRecord("equivalence", "t::test_request_streams", "x", "r"))
+    assert not [ln for ln in summarize(report).failures if ln.key == "shrinking"]
+    report.shrink_examples, report.shrink_skipped = 7, 30
+    (line,) = [ln for ln in summarize(report).failures if ln.key == "shrinking"]
+    assert "7 example(s) run" in line.text and "30 skipped" in line.text
+    back = Report.from_json(report.to_json())
+    assert (back.shrink_examples, back.shrink_skipped) == (7, 30)
+
+
 mx = pytest.importorskip("mlx.core")
 
 from pytest_prefixcache.errors import EquivalenceFailure  # noqa: E402
