@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", type=Path, metavar="JSON", help="print the table of a JSON")
     a = p.parse_args(argv)
     if a.markdown:
-        print(markdown(json.loads(a.markdown.read_text())["runs"]))
+        try:
+            runs = json.loads(a.markdown.read_text())["runs"]
+        except OSError as exc:
+            p.error(f"--markdown {str(a.markdown)!r}: cannot read it ({exc.strerror})")
+        except (ValueError, KeyError, TypeError):
+            p.error(f"--markdown {str(a.markdown)!r}: not the JSON this script writes (no runs)")
+        print(markdown(runs))
         return 0
     rows: list[dict[str, Any]] = []
     for name in ["pass", *(a.only or MUTANTS)]:
