@@ -332,9 +332,10 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         stored = False
         hooks: dict[str, Any] = {}
         if self.model.stateful_layers:  # cut at every boundary (and chunk end), cold or warm
-            hooks["cuts"] = self.prefill_cuts(rendered, start)
+            bounds = self.boundaries(rendered)
+            hooks["cuts"] = self.prefill_cuts(bounds, start, len(ids))
             if use_cache:
-                at = {*self.boundaries(rendered), len(ids)}  # not at a chunk end
+                at = {*bounds, len(ids)}  # not at a chunk end
 
                 def at_cut(e: int) -> None:
                     if start + e in at:

@@ -41,11 +41,10 @@ class Resume:
 
         def root(self, namespace: str) -> bytes: ...
 
-    def prefill_cuts(self, rendered: Rendered, start: int) -> list[int]:
-        """Where the prefill from ``start`` cuts: at every boundary past it and, with a
-        ``prefill_step``, at every chunk end (:func:`.chunks.prefill_cuts`)."""
-        ids = rendered.token_ids
-        return prefill_cuts(self.boundaries(rendered), start, len(ids), self.prefill_step)
+    def prefill_cuts(self, bounds: Sequence[int], start: int, end: int) -> list[int]:
+        """Where the prefill of [start, end) cuts: at every boundary (``bounds``) past ``start``
+        and, with a ``prefill_step``, at every chunk end (:func:`.chunks.prefill_cuts`)."""
+        return prefill_cuts(bounds, start, end, self.prefill_step)
 
     def boundaries(self, rendered: Rendered) -> list[int]:
         """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""

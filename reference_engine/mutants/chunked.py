@@ -29,9 +29,9 @@ class SnapshotAtChunkEnd(Engine):
     (:func:`reference_engine.chunks.prefill_cuts`). Reproduces vLLM #51113, #54076 and #57278
     (a hybrid's state stored under the wrong chunk position)."""
 
-    def prefill_cuts(self, rendered: Rendered, start: int) -> list[int]:
+    def prefill_cuts(self, bounds: Sequence[int], start: int, end: int) -> list[int]:
         # BUG: a boundary inside a chunk does not split it
-        return [e - start for e in chunk_ends(start, len(rendered.token_ids), self.prefill_step)]
+        return [e - start for e in chunk_ends(start, end, self.prefill_step)]
 
     def snapshot(
         self,
