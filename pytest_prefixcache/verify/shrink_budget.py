@@ -9,17 +9,19 @@ costs").
 
 A :class:`ShrinkBudget` counts the examples that reach the engine after a property's first
 failure. Once ``limit`` of them have run, a new example is *skipped*: rejected
-(``hypothesis.reject``) before any engine call, so the shrinker moves on at no cost, unless it
-is an input that already failed, which raises that failure again (Hypothesis's final replay of
-the shrunk example). So a failing property runs at most its examples up to the first failure
-plus ``limit`` more on the engine, and every distinct failure it found is still reported, with
-the smallest stream found for it within the budget, its saved stream and its replay line.
+(``hypothesis.reject``) before any engine call, so the shrinker moves on at no engine cost
+(Hypothesis still draws each candidate), unless it is an input that already failed, which
+raises that failure again (Hypothesis's final replay of the shrunk example). So a failing
+property runs at most its examples up to the first failure plus ``limit`` more on the engine,
+and every distinct failure it found is still reported, with the smallest stream found for it
+within the budget, its saved stream and its replay line.
 
 Inputs are compared by value (requests, waves and images are frozen dataclasses; an image by
 its digest): a drawn input that equals a failed one is that failure. The state machine draws
 its requests one step at a time: :meth:`ShrinkBudget.follow` lets a skipped machine example go
-on, without the engine, while its requests follow a failed run, and replays that run's failure
-at the step where it failed.
+on without the engine, sending nothing, answered with what a failed run sent while it follows
+one; it raises that run's failure again at the step where it failed, and :meth:`finish`
+rejects the example at its end otherwise.
 """
 
 from __future__ import annotations
