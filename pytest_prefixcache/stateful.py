@@ -11,7 +11,8 @@ verifier's reuse oracle. Use :func:`machine_for` to get a machine bound to a ver
 
 Given a :class:`~.verify.shrink_budget.ShrinkBudget`, a machine that starts once the budget is
 spent never reaches the engine: it follows the failed runs step by step (their requests as they
-were sent) and raises a failure again where it happened; it is rejected where it leaves them.
+were sent) and raises a failure again where it happened; one that leaves them is rejected at its
+end.
 """
 
 from __future__ import annotations
