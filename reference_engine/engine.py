@@ -165,7 +165,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         self.kv_quant: KVQuant | None = None
         self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
         self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
-                       vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
+                       vision_entries=vision_entries, cache_output=cache_output,
+                       prefill_step=prefill_step)  # fmt: skip
 
     @classmethod
     def from_pretrained(

@@ -61,6 +61,8 @@ def test_the_engine_with_a_prefill_step_stays_bit_exact(models: Any, tmp_path: P
     # the shared system turn ends inside the first chunk: it resumes there, not at a chunk end
     assert last.cached_tokens and last.cached_tokens % STEP != 0
     assert len(last.token_ids or ()) > STEP
+    # the baseline audit's fresh instance cuts where this one does (else it is not cold-equal)
+    assert engine.fresh_instance().prefill_step == STEP
 
 
 def test_the_mutant_fails_the_same_stream(models: Any, tmp_path: Path) -> None:
