@@ -8,6 +8,11 @@ verifier's reuse oracle. Use :func:`machine_for` to get a machine bound to a ver
 
     from hypothesis.stateful import run_state_machine_as_test
     run_state_machine_as_test(machine_for(prefixcache_verifier))
+
+Given a :class:`~.verify.shrink_budget.ShrinkBudget`, a machine that starts once the budget is
+spent never reaches the engine: it follows the failed runs step by step (their requests as they
+were sent) and raises a failure again where it happened; one that leaves them is rejected at its
+end.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from hypothesis.stateful import (
 from .strategies import image_pools
 from .strategies._moves import StreamSpec, apply_move
 from .types import Image, Request
+from .verify.shrink_budget import FINISH, ShrinkBudget
 from .verify.verifier import Verifier
 
 __all__ = ["PrefixCacheMachine", "machine_for"]
@@ -43,6 +49,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
 
     verifier: ClassVar[Verifier | None] = None
     spec: ClassVar[StreamSpec] = StreamSpec()
+    budget: ClassVar[ShrinkBudget | None] = None
     requests = Bundle("requests")
 
     def __init__(self) -> None:
@@ -52,19 +59,44 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         self.v: Verifier = self.verifier
         self.pool: tuple[Image, ...] = ()
         self.clean = True
-        self.v.reset()
+        self.drawn: list[Request] = []
+        """The requests the rules drew (before closed-loop replies are filled in)."""
+        self.followed: list[Request] = []
+        """Past the budget: the requests a failed run sent, step by step."""
+        self.live = self.budget is None or self.budget.start()
+        self.left = False
+        """Past the budget: the drawn requests left every failed run (never sent)."""
+        if self.live:
+            self.v.reset()
+
+    @property
+    def stream(self) -> list[Request]:
+        """The requests sent so far (past the budget: those the followed failed run sent)."""
+        return self.v.stream if self.live else self.followed
 
     def _send(self, request: Request) -> Request:
         """Run ``request``; the request as sent (closed-loop replies filled in)."""
+        self.drawn.append(request)
+        if not self.live:  # past the budget: follow the failed runs, never send
+            assert self.budget is not None
+            sent = self.budget.follow(self.drawn) if not self.left else None
+            self.left = sent is None
+            self.followed.append(request if sent is None else sent)
+            return self.followed[-1]
         self.clean = False
-        sent = self.v.step(request).request
+        try:
+            sent = self.v.step(request).request
+        except Exception as exc:
+            if self.budget is not None:
+                self.budget.failed(self.drawn, exc, self.v.stream[: len(self.drawn) - 1])
+            raise
         self.clean = True
         return sent
 
     def _move(
         self, data: Any, move: str, base: Request | None = None, spec: StreamSpec | None = None
     ) -> Request:
-        req = apply_move(data.draw, move, self.v.stream, self.pool, spec or self.spec, base)
+        req = apply_move(data.draw, move, self.stream, self.pool, spec or self.spec, base)
         return self._send(req)
 
     @initialize(target=requests, pool=image_pools(min_size=2, max_size=4), data=st.data())
@@ -93,7 +125,7 @@ class PrefixCacheMachine(RuleBasedStateMachine):
     def edit_turn(self, base: Request, data: Any) -> Request:
         return self._move(data, "edit", base)
 
-    @precondition(lambda self: any(r.images for r in self.v.stream))
+    @precondition(lambda self: any(r.images for r in self.stream))
     @rule(target=requests, base=requests, data=st.data())
     def swap_or_reencode(self, base: Request, data: Any) -> Request:
         return self._move(data, data.draw(st.sampled_from(("swap", "reencode"))), base)
@@ -108,13 +140,26 @@ class PrefixCacheMachine(RuleBasedStateMachine):
         assert self.v.dead is None, "the engine timed out"
 
     def teardown(self) -> None:
-        if self.clean and self.v.dead is None and self.v.stream:
-            self.v.finish()
+        if not self.clean:
+            return
+        if not self.live:  # a followed run's stream-level failure raised again, else rejected
+            assert self.budget is not None
+            self.budget.finish(self.drawn)
+        elif self.v.dead is None and self.v.stream:
+            try:
+                self.v.finish()
+            except Exception as exc:
+                if self.budget is not None:
+                    self.budget.failed([*self.drawn, FINISH], exc, self.v.stream)
+                raise
 
 
-def machine_for(verifier: Verifier, spec: StreamSpec | None = None) -> type[PrefixCacheMachine]:
-    """A :class:`PrefixCacheMachine` subclass bound to ``verifier``."""
-    attrs: dict[str, Any] = {"verifier": verifier}
+def machine_for(
+    verifier: Verifier, spec: StreamSpec | None = None, budget: ShrinkBudget | None = None
+) -> type[PrefixCacheMachine]:
+    """A :class:`PrefixCacheMachine` subclass bound to ``verifier`` (and to one run's shrink
+    ``budget``: one :func:`~hypothesis.stateful.run_state_machine_as_test` call)."""
+    attrs: dict[str, Any] = {"verifier": verifier, "budget": budget}
     if spec is not None:
         attrs["spec"] = spec
     return type("PrefixCacheMachineFor", (PrefixCacheMachine,), attrs)

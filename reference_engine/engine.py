@@ -59,7 +59,7 @@ from .model import LoadedModel, default_model_path, load_model
 from .persist import Persist
 from .pool import BlockPool, Reuse
 from .render import Rendered, render
-from .resume import Resume
+from .resume import Resume, checked_step
 from .speculative import Speculate, Speculative, checked, speculative_from_env
 from .stats import Counters, EngineStats
 from .tokens import PieceTokenizer
@@ -131,6 +131,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         disk_bytes: int = DEFAULT_DISK_BYTES,
         speculative: Speculative | None = None,
         kv_quant: KVQuant | None = None,
+        prefill_step: int | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -141,6 +142,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         """Its decode never feeds the last generated token back (:meth:`decode`): a reuse
         bound of the prompt + all output tokens but the last."""
         self.block_size = block_size
+        self.prefill_step = checked_step(prefill_step)
         self.speculative = (
             speculative_from_env(model) if speculative is None else checked(speculative, model)
         )
@@ -163,7 +165,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         self.kv_quant: KVQuant | None = None
         self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
         self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
-                       vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
+                       vision_entries=vision_entries, cache_output=cache_output,
+                       prefill_step=prefill_step)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -329,12 +332,15 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         positions, delta = self.model.positions(ids, grids)
         stored = False
         hooks: dict[str, Any] = {}
-        if self.model.stateful_layers:  # cut at every boundary, cold or warm
-            hooks["cuts"] = [b - start for b in self.boundaries(rendered) if b > start]
+        if self.model.stateful_layers:  # cut at every boundary (and chunk end), cold or warm
+            bounds = self.boundaries(rendered)
+            hooks["cuts"] = self.prefill_cuts(bounds, start, len(ids))
             if use_cache:
+                at = {*bounds, len(ids)}  # not at a chunk end
 
                 def at_cut(e: int) -> None:
-                    self.snapshot(cache, keys, rendered, request, start + e)
+                    if start + e in at:
+                        self.snapshot(cache, keys, rendered, request, start + e)
 
                 hooks["at_cut"] = at_cut
 

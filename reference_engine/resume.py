@@ -11,12 +11,20 @@ from typing import TYPE_CHECKING, Any
 from pytest_prefixcache.types import Request
 
 from .blocks import BlockKey
+from .chunks import prefill_cuts
 from .model import LoadedModel
 from .pool import BlockPool, Reuse
 from .render import Rendered
 from .snapshots import boundaries, snapshot_key, take_snapshot
 
-__all__ = ["Resume"]
+__all__ = ["Resume", "checked_step"]
+
+
+def checked_step(prefill_step: int | None) -> int | None:
+    """``prefill_step`` if it is None or a positive int; ValueError naming it otherwise."""
+    if prefill_step is not None and (not isinstance(prefill_step, int) or prefill_step <= 0):
+        raise ValueError(f"prefill_step must be a positive int or None, got {prefill_step!r}")
+    return prefill_step
 
 
 class Resume:
@@ -25,12 +33,18 @@ class Resume:
     model: LoadedModel
     pool: BlockPool
     block_size: int
+    prefill_step: int | None
     _snapshots_stored: int
     _snapshot_hits: int
 
     if TYPE_CHECKING:
 
         def root(self, namespace: str) -> bytes: ...
+
+    def prefill_cuts(self, bounds: Sequence[int], start: int, end: int) -> list[int]:
+        """Where the prefill of [start, end) cuts: at every boundary (``bounds``) past ``start``
+        and, with a ``prefill_step``, at every chunk end (:func:`.chunks.prefill_cuts`)."""
+        return prefill_cuts(bounds, start, end, self.prefill_step)
 
     def boundaries(self, rendered: Rendered) -> list[int]:
         """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""

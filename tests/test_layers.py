@@ -34,7 +34,10 @@ LAYERS = (
 
 #: The reference engine's layers, top to bottom.
 ENGINE_LAYERS = (
-    ("foundations", {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures", "identity"}),
+    (
+        "foundations",
+        {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures", "identity", "chunks"},
+    ),
     (
         "inputs and stores",
         {"families", "render", "vision", "snapshots", "pool", "inflight", "disk"},

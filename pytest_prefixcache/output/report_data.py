@@ -36,7 +36,7 @@ _SUMMED = (
     "warm_seconds", "cold_seconds", "warm_first_token", "cold_first_token", "untimed_hits",
     "records_dropped", "claims_checked", "steps_aligned",
     "snapshot_reused", "snapshot_tokens", "block_reused", "block_tokens", "starts_unknown",
-    "over_claims", "decode_rule_requests",
+    "over_claims", "decode_rule_requests", "shrink_examples", "shrink_skipped",
 )  # fmt: skip
 
 
@@ -75,6 +75,11 @@ class ReportData:
     starts_unknown: int = 0
     """Requests with token ids but no message starts (their snapshot-aware boundaries are
     image edges and prompt ends only)."""
+    shrink_examples: int = 0
+    """Examples run on the engine after a property's first failure (shrinking and looking for
+    other bugs; bounded by ``--prefixcache-shrink-budget``, :mod:`..verify.shrink_budget`)."""
+    shrink_skipped: int = 0
+    """Examples Hypothesis drew once a property's shrink budget was spent: never run."""
     over_claims: int = 0
     """Requests whose reported reuse exceeded the correctness bound (the reuse bound failed)."""
     last_kv: str = ""

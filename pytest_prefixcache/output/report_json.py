@@ -47,6 +47,8 @@ def report_to_json(report: ReportData) -> dict[str, Any]:
         "reused_tokens": report.reused_tokens,
         "oracle_tokens": report.oracle_tokens,
         "over_claims": report.over_claims,
+        "shrink_examples": report.shrink_examples,
+        "shrink_skipped": report.shrink_skipped,
         "efficiency": report.efficiency,
         **{name: getattr(report, name) for name in FIELDS},
         "worst_diff": _finite(report.worst_diff),

@@ -166,10 +166,20 @@ def _failures(report: ReportData) -> list[Line]:
     if not by:
         return [Line("failures", "failures by check: none", "good")]
     counts = ", ".join(f"{k}: {v}" for k, v in sorted(by.items()))
-    return [
+    out = [
         Line("failures", f"failures by check: {counts}", "bad"),
         *(Line("replay", f"replay: {f.replay}", sub=True) for f in report.failures if f.replay),
     ]
+    if report.shrink_examples or report.shrink_skipped:
+        out.append(
+            Line(
+                "shrinking",
+                f"after a first failure: {report.shrink_examples} example(s) run (shrinking, "
+                f"other bugs), {report.shrink_skipped} skipped past the shrink budget "
+                "(--prefixcache-shrink-budget)",
+            )
+        )
+    return out
 
 
 def _findings(report: ReportData) -> list[Line]:

@@ -224,6 +224,16 @@ OPTIONS: tuple[Option, ...] = (
            doc="keep fuzzing with fresh seeds until SECONDS of wall time are spent (a round in "
            "progress finishes)",
            type=values.positive_float, metavar="SECONDS", cli=("verify",), setting="budget"),
+    Option("shrink-budget", "Examples a failing property may still run on the engine after its "
+           "first failure (shrinking it, looking for other bugs), as a share X of its own "
+           f"examples; past it only the failures found are replayed (default: "
+           f"{values.DEFAULT_SHRINK_BUDGET:g}; none: Hypothesis's own limits)",
+           doc="examples a failing property may still run after its first failure, as a share "
+           f"of its examples (default {values.DEFAULT_SHRINK_BUDGET:g}: a failing property runs at "
+           "most twice a passing one's; `none`: Hypothesis's own limits); every failure found "
+           "is still reported, shrunk as far as the budget went",
+           type=values.shrink_budget, metavar="X|none", default=values.DEFAULT_SHRINK_BUDGET,
+           cli=("verify",), setting="shrink_budget"),
     Option("progress", "Print requests done, hits and failures so far every SECONDS "
            f"(0: never; default: {values.DEFAULT_PROGRESS:g})",
            doc="a progress line (requests, hits, failed tests, failing examples while "

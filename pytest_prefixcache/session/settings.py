@@ -20,6 +20,7 @@ from .values import (
     DEFAULT_EXAMPLES,
     DEFAULT_PARALLEL_STREAMS,
     DEFAULT_PROGRESS,
+    DEFAULT_SHRINK_BUDGET,
     DEFAULT_TOLERANCE,
     STATEFUL_STEPS,
     database_spec,
@@ -92,6 +93,9 @@ class Settings:
     """Hypothesis example database: a directory (relative to the invocation directory),
     a redis:// URL, or "none"."""
     progress: float = DEFAULT_PROGRESS
+    shrink_budget: float | None = DEFAULT_SHRINK_BUDGET
+    """Examples a failing property may run after its first failure, as a share of its own
+    examples (None: Hypothesis's own limits)."""
     """Seconds between progress lines (0: none)."""
     budget: float | None = None
     """Wall-clock seconds: generated tests start new rounds of examples until it is spent."""

@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_EXAMPLES",
     "DEFAULT_PARALLEL_STREAMS",
     "DEFAULT_PROGRESS",
+    "DEFAULT_SHRINK_BUDGET",
     "DEFAULT_TOLERANCE",
     "ENGINE_SPEC",
     "STATEFUL_STEPS",
@@ -36,6 +37,7 @@ __all__ = [
     "seed",
     "server_body",
     "server_cmd",
+    "shrink_budget",
 ]
 
 DEFAULT_ENGINE = "reference_engine:default_engine"
@@ -44,6 +46,9 @@ DEFAULT_DATABASE = ".prefixcache/examples"
 #: ``atol`` and ``rtol``: exact agreement unless a rule or an option allows more.
 DEFAULT_TOLERANCE = 0.0
 DEFAULT_PARALLEL_STREAMS = 1
+#: Examples a failing property may run after its first failure, as a share of its examples
+#: (so a failing property runs at most twice a passing one's; ``verify.shrink_budget``).
+DEFAULT_SHRINK_BUDGET = 1.0
 #: Seconds between progress lines.
 DEFAULT_PROGRESS = 30.0
 #: Steps per state-machine example (the state machine runs DEFAULT_EXAMPLES // 2 examples).
@@ -97,6 +102,16 @@ def non_negative_float(value: str) -> float:
     x = _float(value)
     if not (x >= 0 and math.isfinite(x)):
         raise argparse.ArgumentTypeError(f"{value!r} is not a finite number >= 0")
+    return x
+
+
+def shrink_budget(value: str) -> float | None:
+    """A share of a property's examples (a number >= 0), or ``none`` (Hypothesis's limits)."""
+    if value.strip().lower() == "none":
+        return None
+    x = _float(value)
+    if not (x >= 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number >= 0 or 'none'")
     return x
 
 

@@ -17,6 +17,7 @@ from pytest_prefixcache.suite.verification import (  # the suite's shards, and i
     _timeout_first,
     pytest_generate_tests,
     shard,
+    shrink_budget,
 )
 from pytest_prefixcache.types import Request
 from pytest_prefixcache.verify.restarts import declares_restart, restart_changes, run_restart_stream
@@ -45,10 +46,12 @@ def test_restart_streams(
         )
     streams = restart_streams(changes=restart_changes(engine), **stream_kwargs(engine))
     for round_seed in _rounds(pytestconfig, s, shard, share=0.6):
+        budget = shrink_budget(prefixcache_verifier, s, s.shard_examples(RESTARTS_SHARE))
 
         @_hypothesis_settings(pytestconfig, s, max_examples=s.shard_examples(RESTARTS_SHARE))
         @seed(round_seed)
         @given(stream=streams)
+        @budget.bounds
         def property_restart_streams(stream: tuple[Request | Restart, ...]) -> None:
             run_restart_stream(prefixcache_verifier, stream)
 

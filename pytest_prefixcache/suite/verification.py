@@ -36,6 +36,7 @@ from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
 from pytest_prefixcache.verify.parallel import lanes_for, parallel_from, run_parallel, separate
 from pytest_prefixcache.verify.restarts import declares_restart, restarts_from, run_restart_stream
+from pytest_prefixcache.verify.shrink_budget import ShrinkBudget, limit_for
 from pytest_prefixcache.verify.verifier import Verifier
 
 #: The waves property runs examples / WAVES_SHARE examples (a wave costs about three runs a
@@ -96,6 +97,12 @@ def _hypothesis_settings(config: pytest.Config, s: Settings, **extra: Any) -> hs
     }
     kwargs.update(extra)
     return hsettings(**kwargs)
+
+
+def shrink_budget(verifier: Verifier, s: Settings, examples: int) -> ShrinkBudget:
+    """The budget of one run of a property of ``examples`` examples: what it may still run
+    after its first failure (``--prefixcache-shrink-budget``), counted into the report."""
+    return ShrinkBudget(limit_for(s.shrink_budget, examples), verifier.report)
 
 
 def _timeout_first(verifier: Verifier, test: Callable[[], None]) -> None:
@@ -190,10 +197,13 @@ def test_request_streams(
         _parallel_streams(pytestconfig, s, prefixcache_verifier, shard, streams, lanes)
         return
     for round_seed in _rounds(pytestconfig, s, shard, share=0.6):
+        budget = shrink_budget(prefixcache_verifier, s, s.shard_examples())
+
         # settings above seed: @seed alone would switch the example database off
         @_hypothesis_settings(pytestconfig, s)
         @seed(round_seed)
         @given(stream=streams)
+        @budget.bounds
         def property_stream(stream: tuple[Request, ...]) -> None:
             prefixcache_verifier.run(stream)
 
@@ -229,10 +239,12 @@ def _parallel_streams(
     __tracebackhide__ = True
     groups = _groups(streams, lanes)
     for round_seed in _rounds(config, s, shard, share=0.6):
+        budget = shrink_budget(verifier, s, s.shard_examples(lanes))
 
         @_hypothesis_settings(config, s, max_examples=s.shard_examples(lanes))
         @seed(round_seed)
         @given(group=groups)
+        @budget.bounds
         def property_parallel_streams(group: tuple[tuple[Request, ...], ...]) -> None:
             run_parallel(verifier, group)
 
@@ -253,10 +265,12 @@ def test_waves(
     waves = request_waves(max_size=k, **wave_kwargs(prefixcache_verifier.engine))
     s = prefixcache_settings
     for round_seed in _rounds(pytestconfig, s, shard, share=0.8):
+        budget = shrink_budget(prefixcache_verifier, s, s.shard_examples(WAVES_SHARE))
 
         @_hypothesis_settings(pytestconfig, s, max_examples=s.shard_examples(WAVES_SHARE))
         @seed(round_seed)
         @given(waves=waves)
+        @budget.bounds
         def property_waves(waves: tuple[Wave, ...]) -> None:
             prefixcache_verifier.run_waves(waves)
 
@@ -280,7 +294,8 @@ def test_state_machine(
         pytestconfig, s, max_examples=s.shard_examples(2), stateful_step_count=STATEFUL_STEPS
     )
     for round_seed in _rounds(pytestconfig, s, shard, share=1.0):
-        machine = seed(round_seed)(machine_for(prefixcache_verifier, spec))
+        budget = shrink_budget(prefixcache_verifier, s, s.shard_examples(2))
+        machine = seed(round_seed)(machine_for(prefixcache_verifier, spec, budget))
         run = functools.partial(run_state_machine_as_test, machine, settings=settings)
         _timeout_first(prefixcache_verifier, run)
 

@@ -32,6 +32,7 @@ from .accounting import (
     SlowRestore,
     ZeroByteAccounting,
 )
+from .chunked import SnapshotAtChunkEnd
 from .concurrency import EvictInUse, RaggedBatch, RaggedDecode, ReadBeforeWrite, WrongBatchRow
 from .keys import (
     ImageOrderIgnored,
@@ -242,6 +243,9 @@ _ALL = (
     Mutant("shared_kv_slot_stale", 27, "KV-shared layers read a slot of their own, not "
            "restored on a hit: the last request's rows", "equivalence", SharedKvSlotStale,
            model=GEMMA4),
+    Mutant("snapshot_at_chunk_end", 28, "a prefill in chunks of 32 snapshots at chunk ends only: "
+           "the state after the chunk filed under each boundary inside it", "equivalence",
+           SnapshotAtChunkEnd, {"prefill_step": 32}, model=QWEN3_5_VL),
 )  # fmt: skip
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in _ALL}
