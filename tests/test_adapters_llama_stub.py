@@ -18,6 +18,7 @@ from pytest_prefixcache import EngineError, EquivalenceFailure, Verifier
 from pytest_prefixcache.adapters.http.chat import openai_messages
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.http.server import ServerProcess
+from pytest_prefixcache.adapters.llama import cold_command
 from pytest_prefixcache.adapters.presets import llama_server
 from pytest_prefixcache.types import Wave
 from pytest_prefixcache.verify.concurrent import CONCURRENT
@@ -226,3 +227,18 @@ def test_sampled_tokens_are_the_entries_own_ids_when_asked(
     for step, (a, b) in enumerate(zip(argmax.tokens, sampled.tokens, strict=True)):
         top = sorted(argmax.step_top_logprobs[step].items(), key=lambda kv: -kv[1])
         assert a == top[0][0] and b == top[1][0] and a != b
+
+
+def test_the_cold_server_decodes_without_speculation() -> None:
+    """A draft model (``-md``) and its settings are dropped from the cold command, in either
+    spelling, so the baseline is the same request decoded without speculation; the flags
+    around them stay."""
+    cmd = ["llama-server", "-m", "t.gguf", "-md", "d.gguf", "--spec-type=draft-simple"]
+    cmd += ["--spec-draft-n-max", "4", "-ub", "16", "--lora", "a.gguf"]
+    cold = cold_command(cmd)
+    assert cold == [
+        "llama-server", "-m", "t.gguf", "-ub", "16", "--lora", "a.gguf",
+        "-np", "1", "--no-cache-prompt", "--cache-ram", "0",
+    ]  # fmt: skip
+    # the control: without speculation flags nothing but the cache-less defaults is added
+    assert cold_command(cmd[:3]) == [*cmd[:3], "-np", "1", "--no-cache-prompt", "--cache-ram", "0"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,6 +37,8 @@ MODELS = {
     # and --swa-full matter
     "gemma3-text": ("tiny-gemma3-text.gguf", None),
 }
+#: tiny-llama's draft model (tiny-llama's tokenizer, fewer layers): ``-md``
+DRAFT = "tiny-llama-draft.gguf"
 
 
 def engine(
@@ -47,6 +50,8 @@ def engine(
     atol: float | None = None,
     concurrency: int | None = None,
     top_logprobs: int = 20,
+    draft: bool = False,
+    lora: str = "",
 ) -> OpenAIEngine:
     """:func:`llama_server` on the lab's ``model`` (``text``: tiny-llama.gguf; ``vl``:
     tiny-qwen2-vl.gguf and its mmproj; ``gemma3-text``: tiny-gemma3-text.gguf) with a matrix
@@ -54,9 +59,18 @@ def engine(
     the combination serves one request at a time (``-np`` above 1 declares that many
     concurrent requests instead: the waves).
     ``audit=False`` by default, as for the other matrices: the cold server keeps no cache and
-    every cold reply must report 0 cached tokens."""
+    every cold reply must report 0 cached tokens.
+    ``draft``: speculative decoding with tiny-llama-draft.gguf (``-md``, ``--spec-type
+    draft-simple``: without a type the draft model loads and is never used); the cold server
+    decodes without it. ``lora``: a LoRA GGUF of the models directory (``--lora``), on both
+    servers."""
     models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
     gguf, mmproj = MODELS[model]
+    flags = list(flags)
+    if draft:
+        flags += ["-md", shlex.quote(str(models / DRAFT)), "--spec-type", "draft-simple"]
+    if lora:
+        flags += ["--lora", shlex.quote(str(models / lora))]
     e = llama_server(
         models / gguf,
         models / mmproj if mmproj else None,

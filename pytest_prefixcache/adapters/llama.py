@@ -29,7 +29,7 @@ from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 
-__all__ = ["ATOL", "CACHE_ONLY", "cold_command", "exact_kv", "llama_server", "slots"]
+__all__ = ["ATOL", "CACHE_ONLY", "SPECULATION", "cold_command", "exact_kv", "llama_server", "slots"]
 
 #: The tolerance rule (atol on every decode step's logprobs, greedy tokens equal), by whether
 #: the server computes attention exactly enough to be judged tightly: ``"off"`` (``-fa off``,
@@ -49,6 +49,20 @@ CACHE_ONLY = {
     "--cache-idle-slots": 0,
     "--no-cache-idle-slots": 0,
 }
+#: Speculative decoding's flags (a draft model and its settings), with their number of values:
+#: the cold server drops them too, so the baseline is the same request decoded without
+#: speculation (greedy tokens and every compared step must equal it).
+SPECULATION = {
+    "-md": 1,
+    "--model-draft": 1,
+    "--spec-draft-model": 1,
+    "--spec-type": 1,
+    "--spec-draft-n-max": 1,
+    "--spec-draft-n-min": 1,
+    "--spec-draft-p-min": 1,
+    "--draft-p-min": 1,
+}
+_NOT_COLD = {**CACHE_ONLY, **SPECULATION}
 # Not cache-only: the context checkpoints (-ctxcp, -cms). On a sliding-window model taking a
 # checkpoint changes the prefill's logits (by 5.2e-4 on tiny-gemma3-text, engines/llama
 # findings), and a cache-less server takes them too, so the cold server keeps the same ones.
@@ -82,8 +96,9 @@ def exact_kv(words: Sequence[str]) -> bool:
 
 
 def cold_command(cmd: Sequence[str]) -> list[str]:
-    """The cache-less cold server: ``cmd`` without the cache-only flags, prompt caching and
-    the RAM prompt cache off; the same slots as ``cmd`` (so a wave of concurrent cold requests
+    """The cache-less cold server: ``cmd`` without the cache-only flags and without
+    speculative decoding (:data:`SPECULATION`), prompt caching and the RAM prompt cache off;
+    the same slots as ``cmd`` (so a wave of concurrent cold requests
     is batched like the cached ones: the waves' noise control), one when ``cmd`` sets none."""
     out: list[str] = []
     skip = 0
@@ -91,9 +106,9 @@ def cold_command(cmd: Sequence[str]) -> list[str]:
         name = word.partition("=")[0]
         if skip:
             skip -= 1
-        elif word in CACHE_ONLY:
-            skip = CACHE_ONLY[word]
-        elif name in CACHE_ONLY:
+        elif word in _NOT_COLD:
+            skip = _NOT_COLD[word]
+        elif name in _NOT_COLD:
             continue
         else:
             out.append(word)
