@@ -134,11 +134,12 @@ def test_an_entrys_scenario_joins_the_runs_corpus(tmp_path: Path) -> None:
     bug = stub_bug(corpus="short_first_prompt.json", select="test_corpus")
     run = command(bug, "buggy", Path("p"), tmp_path)
     assert f"--rootdir={tmp_path}" in run.argv  # the project corpus: <rootdir>/fixtures/corpus
-    assert not any(w.startswith("--rootdir") for w in command(stub_bug(), "buggy", Path("p"),
-                                                               tmp_path).argv)  # fmt: skip
-    entry = GOOD.replace('runner = "mlx-lm"', 'runner = "mlx-lm"\ncorpus = "short_first_prompt.json"')
+    plain = command(stub_bug(), "buggy", Path("p"), tmp_path)
+    assert not any(w.startswith("--rootdir") for w in plain.argv)
+    scenario = 'corpus = "short_first_prompt.json"'
+    entry = GOOD.replace('runner = "mlx-lm"', f'runner = "mlx-lm"\n{scenario}')
     assert loads(CHECKS, entry)[0].corpus == "short_first_prompt.json"
-    with pytest.raises(CatalogueError, match="no scenario 'nope.json'"):
+    with pytest.raises(CatalogueError, match=r"no scenario 'nope\.json'"):
         loads(CHECKS, entry.replace("short_first_prompt", "nope"))
 
 
