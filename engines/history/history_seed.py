@@ -8,7 +8,7 @@ default the main checkout's ``.engines/seed``; a ``.pth`` line adds its site-pac
 venv's own, so the old wheel shadows the seed's version and everything else is the seed's).
 The seed environments hold mlx 0.32.4, mlx-lm 0.31.3 and mlx-vlm 0.7.10 (vllm-mlx) or 0.7.2
 (rapid-mlx): what vllm-mlx from 0.3.0 on requires (mlx-lm>=0.31.0 in its METADATA), and what
-rapid-mlx 0.12 requires (mlx-lm>=0.31.3) except its pin mlx<0.32, which :data:`RUNS_ON` says.
+rapid-mlx 0.9 and 0.12 require (mlx-lm>=0.31.3) except 0.12's pin mlx<0.32 (:data:`RUNS_ON`).
 
 The servers are ``adapters.seed.seed_server``'s (under the logit tap, a cache-less cold
 server) started in that venv's interpreter; the verifier itself runs in this project's
@@ -29,15 +29,15 @@ from history_catalogue import Bug
 
 #: the runners of this module: engine -> the PyPI package
 SEED_PACKAGES = {"vllm-mlx": "vllm-mlx", "rapid-mlx": "rapid-mlx"}
-#: The CLI function by package series, where it is not the adapter's default: rapid-mlx 0.12's
-#: wheel has no ``rapid_mlx`` package (its console scripts are ``vllm_mlx.cli:main``, read in
-#: the 0.12.7, 0.12.8, 0.12.11 and 0.12.12 wheels' entry_points.txt).
-CLI = {("rapid-mlx", "0.12"): "vllm_mlx.cli:main"}
+#: The CLI function by package series, where it is not the adapter's default: rapid-mlx 0.9 and
+#: 0.12 wheels have no ``rapid_mlx`` package (their console scripts are ``vllm_mlx.cli:main``,
+#: read in the 0.9.8, 0.9.9, 0.12.7, 0.12.8, 0.12.11 and 0.12.12 wheels' entry_points.txt).
+CLI = {("rapid-mlx", "0.9"): "vllm_mlx.cli:main", ("rapid-mlx", "0.12"): "vllm_mlx.cli:main"}
 #: The cache resets by package series, where the adapter's endpoints do not empty the prefix
 #: cache: rapid-mlx 0.12's POST /v1/cache/clear empties only the simple engine's prompt cache
-#: and its DELETE /v1/cache only mlx-vlm's (routes/health.py, read in the 0.12.11 wheel), so a
-#: restart stands in (``"restart"``).
-RESETS = {("rapid-mlx", "0.12"): "restart"}
+#: and its DELETE /v1/cache only mlx-vlm's (routes/health.py, read in the 0.12.11 wheel; the
+#: same clear_cache in 0.9.8's), so a restart stands in (``"restart"``).
+RESETS = {("rapid-mlx", "0.9"): "restart", ("rapid-mlx", "0.12"): "restart"}
 #: What the layered environments run on that the wheel's METADATA does not allow.
 RUNS_ON = {"rapid-mlx": "mlx 0.32.4 (its wheels of 0.12 pin mlx<0.32)"}
 MAIN = Path(__file__).resolve().parents[2]

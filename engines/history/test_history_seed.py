@@ -87,5 +87,5 @@ def test_the_catalogue_bounds_the_seed_runners() -> None:
     with pytest.raises(CatalogueError, match=r"vllm-mlx runs versions from 0\.3\.0"):
         loads(CHECKS, seed.replace('"0.31.0"', '"0.2.9"').replace('"0.31.1"', '"0.3.0"'))
     fork = GOOD.replace('runner = "mlx-lm"', 'runner = "rapid-mlx"')
-    with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.12\.0"):
-        loads(CHECKS, fork.replace('"0.31.0"', '"0.11.9"').replace('"0.31.1"', '"0.12.1"'))
+    with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.9\.0"):
+        loads(CHECKS, fork.replace('"0.31.0"', '"0.8.19"').replace('"0.31.1"', '"0.9.1"'))
