@@ -103,6 +103,9 @@ def test_concurrent_noise_control_is_concurrent_only_where_the_cold_server_keeps
     assert cold_baseline("vllm-mlx", [], 4) == "reset"
     assert cold_baseline("rapid-mlx", ["--mllm"], 4) == "reset"
     assert cold_baseline("vllm-mlx", ["--continuous-batching", "--mllm"], 4) == "reset"
+    # a server only a restart empties (rapid-mlx 0.12): its cache-less twin is not reset
+    assert cold_baseline("rapid-mlx", [], 1, restarts=True) == "server"
+    assert cold_baseline("rapid-mlx", ["--mllm"], 1, restarts=True) == "reset"
 
 
 def test_vllm_mlx_without_the_tap_is_refused(tmp_path: Path) -> None:
@@ -128,3 +131,48 @@ def test_without_the_tap_the_cli_module_runs_itself() -> None:
     cached, cold = commands("rapid-mlx", ["--max-num-seqs 2"], "p", tap=False)
     assert cached[:4] == ["p", "-m", "rapid_mlx.cli", "serve"]
     assert "pytest_prefixcache.tap" not in cold and cold[-1] == "--disable-prefix-cache"
+
+
+def test_another_cli_function_runs_in_place_of_the_engines() -> None:
+    cached, cold = commands("rapid-mlx", [], "p", cli="vllm_mlx.cli:main")  # rapid-mlx 0.12
+    assert cached[:5] == ["p", "-m", "pytest_prefixcache.tap", "vllm_mlx.cli:main", "serve"]
+    assert cold[3] == "vllm_mlx.cli:main"
+    assert commands("rapid-mlx", [], "p")[0][3] == "rapid_mlx.cli:main"  # the default stays
+    untapped = commands("rapid-mlx", [], "p", tap=False, cli="vllm_mlx.cli:main")[0]
+    assert untapped[2] == "vllm_mlx.cli"
+
+
+def test_a_restart_stands_in_for_a_reset_that_leaves_the_cache() -> None:
+    from pytest_prefixcache.adapters.http.resets import RESTART, endpoints, reset_caches
+
+    (restart,) = endpoints(RESTART)
+    # no request is sent: a dead URL would raise for a real endpoint (the negative control)
+    assert reset_caches("http://127.0.0.1:9", [restart], 1.0, can_restart=True) is False
+    with pytest.raises(EngineError, match="only a restart empties its cache"):
+        reset_caches("http://127.0.0.1:9", [restart], 1.0, can_restart=False)
+    with pytest.raises(EngineError, match="cannot reset"):
+        reset_caches("http://127.0.0.1:9", endpoints("POST /v1/cache/clear"), 1.0,
+                     can_restart=False)  # fmt: skip
+
+
+def test_seed_server_passes_its_resets_and_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pytest_prefixcache.adapters import seed
+
+    seen: list[tuple[list[str], dict[str, object]]] = []
+
+    def engine(cmd: list[str], **kw: object) -> object:
+        seen.append((cmd, kw))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(seed, "OpenAIEngine", engine)
+    python = tmp_path / "python"
+    python.write_text("")
+    for resets, cli in (("restart", "vllm_mlx.cli:main"), (None, None)):
+        with pytest.raises(RuntimeError, match="stop here"):
+            seed_server("rapid-mlx", python=str(python), resets=resets, cli=cli)
+    (old_cmd, old), (new_cmd, new) = seen
+    assert old["reset_paths"] == "restart" and old_cmd[3] == "vllm_mlx.cli:main"
+    assert new["reset_paths"] == "POST /v1/cache/clear, DELETE /v1/cache"
+    assert new_cmd[3] == "rapid_mlx.cli:main"

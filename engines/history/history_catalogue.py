@@ -7,8 +7,9 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm`` or ``mlx-vlm`` (history_runner.py installs the
-version and runs the stock verifier against it), or ``none`` with ``why``: the entry is catalogued
+``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx`` or ``rapid-mlx``
+(history_runner.py installs the version, history_seed.py for the last two, and runs the stock
+verifier against it), or ``none`` with ``why``: the entry is catalogued
 but not run (its engine needs an install this lab does not make yet, or it is a
 regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
 budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
@@ -20,7 +21,10 @@ version run here, 0.6.7 to 0.7.10: the positive control fails on any image strea
 ``fixed_fails``: what the failure of the version with the fix was classified as (another bug,
 or the tap's), once a run showed it;
 ``replays``: how often the buggy side's saved stream failed again when replayed alone on fresh
-servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed.
+servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed;
+``corpus``: a scenario of engines/history/corpus/ (a stream file) that the run adds to the
+suite's corpus (``test_corpus``): the request shape a bug needs that neither the built-in
+scenarios nor the generated streams send.
 """
 
 from __future__ import annotations
@@ -39,14 +43,23 @@ else:  # pragma: no cover
 
 HERE = Path(__file__).resolve().parent
 CATALOGUE = HERE / "bugs.toml"
+#: The scenarios entries add to the suite's corpus (``corpus``).
+CORPUS = HERE / "corpus"
 
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
-RUNNERS = ("mlx-lm", "mlx-vlm", "none")
+RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "none")
 #: The oldest version each runner can run: before 0.31.0 (#906) mlx_lm.server has no
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
-#: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on.
-RUNS_FROM = {"mlx-lm": (0, 30, 0), "mlx-vlm": (0, 6, 7)}
+#: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
+#: engines run over the seed environments (history_seed.py): vllm-mlx from 0.3.0 (the first
+#: to require mlx-lm>=0.31), rapid-mlx from 0.9 (mlx-lm>=0.31.3 in 0.9.8).
+RUNS_FROM = {
+    "mlx-lm": (0, 30, 0),
+    "mlx-vlm": (0, 6, 7),
+    "vllm-mlx": (0, 3, 0),
+    "rapid-mlx": (0, 9, 0),
+}
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
     "tiny-llama",
@@ -90,6 +103,7 @@ OPTIONAL = {
     "images": bool,
     "fixed_fails": str,
     "replays": str,
+    "corpus": str,
 }
 
 
@@ -124,6 +138,7 @@ class Bug:
     images: bool = True
     fixed_fails: str = ""
     replays: str = ""
+    corpus: str = ""
 
     @property
     def runs(self) -> bool:
@@ -171,6 +186,8 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}: a regression row of this repository needs a 'guard'")
     if raw["model"] not in MODELS:
         raise CatalogueError(f"{where}.model: {raw['model']!r} is not one of {MODELS}")
+    if raw.get("corpus") and not (CORPUS / raw["corpus"]).is_file():
+        raise CatalogueError(f"{where}.corpus: no scenario {raw['corpus']!r} in {CORPUS}")
     if raw["concurrency"] < 1:
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}

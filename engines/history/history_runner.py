@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from history_catalogue import Bug
+import history_seed
+from history_catalogue import CORPUS, Bug
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGES = {"mlx-lm": "mlx-lm", "mlx-vlm": "mlx-vlm"}
+PACKAGES = {"mlx-lm": "mlx-lm", "mlx-vlm": "mlx-vlm", **history_seed.SEED_PACKAGES}
 #: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
 #: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
 #: or of a later one where the series' wheels require it (mlx-lm 0.28.4 and 0.29.1 require
@@ -92,6 +93,8 @@ def companions(bug: Bug, side: str) -> dict[str, str]:
     """The packages a side runs on besides its own, by the series of its version: the MLX
     (:data:`MLX` for mlx-lm, :data:`MLX_VLM` for mlx-vlm, with the mlx-lm of its time)."""
     version = version_of(bug, side)
+    if bug.runner in history_seed.SEED_PACKAGES:
+        return {}  # the seed environment's (history_seed.py)
     series = ".".join(version.split(".")[:2])
     table: dict[str, Any] = MLX_VLM if bug.runner == "mlx-vlm" else MLX
     if series not in table:
@@ -103,8 +106,9 @@ def companions(bug: Bug, side: str) -> dict[str, str]:
 
 
 def mlx_for(bug: Bug, side: str) -> str:
-    """The MLX release a side runs on (:func:`companions`)."""
-    return companions(bug, side)["mlx"]
+    """The MLX release a side runs on (:func:`companions`; the seed engines: their
+    environment's)."""
+    return companions(bug, side).get("mlx", "the seed environment's")
 
 
 def installed(python: Path, package: str) -> str | None:
@@ -119,6 +123,9 @@ def installed(python: Path, package: str) -> str | None:
 def install(bug: Bug, side: str) -> Path:
     """The interpreter of the side's environment, made (or reused) as the module says."""
     venv, version = venv_of(bug, side), version_of(bug, side)
+    if bug.runner in history_seed.SEED_PACKAGES:
+        engines_dir().mkdir(parents=True, exist_ok=True)
+        return history_seed.install(bug, version, venv)
     package = PACKAGES[bug.runner]
     python = venv / "bin" / "python"
     others = companions(bug, side)
@@ -168,13 +175,15 @@ def cold_module(bug: Bug, side: str) -> str:
 
 def uses_matrix(bug: Bug, side: str = "buggy") -> bool:
     """Server flags, the preset without the tap or images, or another cold server: arguments
-    only a matrix file passes."""
+    only a matrix file passes (the seed engines always: their interpreter is an argument)."""
+    if bug.runner in history_seed.SEED_PACKAGES:
+        return True
     return bool(bug.flags) or not bug.tap or not bug.images or bool(cold_module(bug, side))
 
 
 def matrix_text(bug: Bug, side: str = "buggy") -> str:
     """A one-combination matrix file for an entry with server flags, without the tap or with
-    another cold server."""
+    another cold server (the seed engines: history_seed.matrix_text)."""
     args = [f"concurrency = {bug.concurrency}"] if bug.runner == "mlx-lm" else []
     args += [] if bug.tap else ["tap = false"]  # the mlx_vlm preset takes neither
     if cold_module(bug, side):  # 0.30: no --prompt-cache-size, and its batch loop dies on
@@ -194,7 +203,9 @@ def matrix_text(bug: Bug, side: str = "buggy") -> str:
 def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> Run:
     """The verifier run of ``bug``'s ``side`` in the interpreter ``python``, writing to ``out``."""
     n = examples or bug.examples or EXAMPLES
-    argv = [str(python), "-m", "pytest", "-p", "no:randomly", "-q", "-x", "-rfE"]
+    seed = bug.runner in history_seed.SEED_PACKAGES  # the server's interpreter, not pytest's
+    interpreter = sys.executable if seed else str(python)
+    argv = [interpreter, "-m", "pytest", "-p", "no:randomly", "-q", "-x", "-rfE"]
     if bug.select:
         argv += ["-k", bug.select]
     argv += ["--prefixcache-verify", "--pyargs", "pytest_prefixcache.suite"]
@@ -209,6 +220,9 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
         "--prefixcache-progress=1",
         f"--prefixcache-report={out / 'suite.json'}",
     ]
+    argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
+    if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
+        argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
     return Run(argv, env, out)
 
@@ -273,7 +287,14 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     if out.exists():
         subprocess.run(["rm", "-rf", str(out)], check=True)
     out.mkdir(parents=True)
-    if uses_matrix(bug, side):
+    if bug.corpus:
+        (out / "fixtures" / "corpus").mkdir(parents=True)
+        scenario = CORPUS / bug.corpus
+        (out / "fixtures" / "corpus" / scenario.name).write_text(scenario.read_text())
+    if bug.runner in history_seed.SEED_PACKAGES:
+        text = history_seed.matrix_text(bug, version_of(bug, side), python)
+        (out / "matrix.toml").write_text(text)
+    elif uses_matrix(bug, side):
         (out / "matrix.toml").write_text(matrix_text(bug, side))
     run = command(bug, side, python, out, examples)
     env = {**os.environ, **run.env}

@@ -126,3 +126,35 @@ def test_the_presets_take_what_the_runner_passes_old_versions(
     text: Any = presets.mlx_vlm_server(images=False, flags=["--prefill-step-size 32"])
     assert text.kwargs["supports_images"] is False
     assert text.cmd == vlm.cmd + " --prefill-step-size 32"
+
+
+def test_an_entrys_scenario_joins_the_runs_corpus(tmp_path: Path) -> None:
+    from history_catalogue import CatalogueError, loads
+    from test_history import CHECKS, GOOD
+
+    bug = stub_bug(corpus="short_first_prompt.json", select="test_corpus")
+    run = command(bug, "buggy", Path("p"), tmp_path)
+    assert f"--rootdir={tmp_path}" in run.argv  # the project corpus: <rootdir>/fixtures/corpus
+    plain = command(stub_bug(), "buggy", Path("p"), tmp_path)
+    assert not any(w.startswith("--rootdir") for w in plain.argv)
+    scenario = 'corpus = "short_first_prompt.json"'
+    entry = GOOD.replace('runner = "mlx-lm"', f'runner = "mlx-lm"\n{scenario}')
+    assert loads(CHECKS, entry)[0].corpus == "short_first_prompt.json"
+    with pytest.raises(CatalogueError, match=r"no scenario 'nope\.json'"):
+        loads(CHECKS, entry.replace("short_first_prompt", "nope"))
+
+
+def test_the_short_first_prompt_is_under_mlx_vlm_1901s_guard() -> None:
+    """The scenario reaches mlx-vlm #1901 only while its first prompt renders shorter than the
+    exact-mode guard (APC_EXACT_PREFIX_GUARD_TOKENS, 16) on the entry's fixture, and its last
+    request repeats a long one (the repeat that must reuse)."""
+    from history_catalogue import CORPUS
+
+    from pytest_prefixcache.adapters.http.render import TextRenderer
+    from pytest_prefixcache.output.streams import load_stream
+
+    requests, _ = load_stream(CORPUS / "short_first_prompt.json")
+    render = TextRenderer(HERE.parent.parent / "fixtures" / "tiny-qwen3.5-vl")
+    lengths = [len(render(r)[0]) for r in requests]
+    assert lengths[0] < 16 <= lengths[1] - 16, lengths
+    assert render(requests[1])[0] == render(requests[2])[0]

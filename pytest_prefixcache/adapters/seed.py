@@ -34,6 +34,7 @@ from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
+from .http.resets import RESTART
 from .tolerances import with_measured_rules
 
 __all__ = [
@@ -108,14 +109,20 @@ def default_python(engine: str) -> str:
 
 
 def commands(
-    engine: str, flags: Sequence[str], python: str, model: Path | None = None, tap: bool = True
+    engine: str,
+    flags: Sequence[str],
+    python: str,
+    model: Path | None = None,
+    tap: bool = True,
+    cli: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """The cached and the cold server's command lines (the tap launcher, with ``{port}``; with
-    ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`)."""
+    ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`); ``cli``: the
+    CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
-    cli = ENGINES[engine][0]
+    cli = cli or ENGINES[engine][0]
     launch = ["-m", "pytest_prefixcache.tap", cli] if tap else ["-m", cli.partition(":")[0]]
     argv = [python, *launch, "serve"]
     argv += [str(model or model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
@@ -182,6 +189,8 @@ def seed_server(
     audit_share: int = 8,
     concurrency: int = 1,
     tap: bool = True,
+    cli: str | None = None,
+    resets: str | None = None,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -205,7 +214,10 @@ def seed_server(
     server is reset before every uncached run and serves them one at a time. ``tap=False``:
     no logit tap (nor claims, which read the tap): the logits are the API's ``top_logprobs``
     and the reuse its ``cached_tokens``, which only rapid-mlx returns (vllm-mlx returns
-    neither)."""
+    neither). ``cli``: the CLI function when it is not the engine's own (rapid-mlx 0.12 ships
+    its CLI as ``vllm_mlx.cli:main``: engines/history runs such versions); ``resets``: the
+    cache resets when not the engine's (``"restart"``: a restart empties the cache, where the
+    endpoints do not, as in rapid-mlx 0.12)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -213,7 +225,7 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
-    cmd, cold = commands(engine, flags, python, model, tap=tap)
+    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli)
     logs = value("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
@@ -224,11 +236,11 @@ def seed_server(
         cmd,
         # the cache-less server, reset before every run all the same (one at a time): the
         # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
-        cold=cold_baseline(engine, flags, concurrency),
+        cold=cold_baseline(engine, flags, concurrency, restarts=resets == RESTART),
         cold_cmd=cold,
         model=str(model),
         top_logprobs=top_logprobs,
-        reset_paths=ENGINES[engine][1],
+        reset_paths=resets or ENGINES[engine][1],
         reset_tolerated=(MLX_VLM,),
         supports_images=images,
         render=VlmRenderer(model) if images else TextRenderer(model),
@@ -256,13 +268,18 @@ def seed_server(
     return with_measured_rules(engine_, library="mlx-vlm" if images else "mlx-lm", model_dir=model)
 
 
-def cold_baseline(engine: str, flags: Sequence[str], concurrency: int) -> Cold:
+def cold_baseline(
+    engine: str, flags: Sequence[str], concurrency: int, restarts: bool = False
+) -> Cold:
     """``"server"`` (the cache-less server as it is, concurrent requests and all) where its
-    ``--disable-prefix-cache`` leaves it nothing to reuse and requests go out concurrently;
-    else ``"reset"`` (reset before every uncached run, which then go one at a time)."""
+    ``--disable-prefix-cache`` leaves it nothing to reuse and requests go out concurrently, or
+    where only a restart would reset it (``restarts``: a restart per uncached run, 20-180 s
+    each, is no baseline; the tap faults any reuse on it all the same); else ``"reset"`` (reset
+    before every uncached run, which then go one at a time)."""
     words = split_flags(flags)
     simple = engine == "vllm-mlx" and "--continuous-batching" not in words
-    return "server" if concurrency > 1 and not simple and "--mllm" not in words else "reset"
+    keeps_nothing = not simple and "--mllm" not in words
+    return "server" if (concurrency > 1 or restarts) and keeps_nothing else "reset"
 
 
 def from_env() -> OpenAIEngine:

@@ -4,6 +4,8 @@ A reset endpoint is ``"METHOD /path"`` (or ``"/path"`` for POST). A server can n
 (vLLM: ``/reset_prefix_cache``, ``/reset_mm_cache``, ``/reset_encoder_cache``). A reset
 succeeded when it answered 2xx and its body does not say otherwise: vLLM answers 200
 ``{"success": false}`` when it could not reset, which is a failure here, never a reset.
+``"restart"`` in place of an endpoint: no endpoint empties the server's cache, a restart does
+(rapid-mlx 0.12's ``/v1/cache/clear`` and ``DELETE /v1/cache`` leave its prefix cache).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 from ...errors import EngineError
 from .server import connection_problem, http_json
 
-__all__ = ["Endpoint", "endpoints", "refusal", "reset_caches"]
+__all__ = ["RESTART", "Endpoint", "endpoints", "refusal", "reset_caches"]
 
+#: The reset spec that means "restart the server" (no endpoint empties its cache).
+RESTART = "restart"
 #: Statuses that mean "this server has no such endpoint" (a restart can stand in for it).
 ABSENT = (404, 405, 501)
 
@@ -31,11 +35,15 @@ class Endpoint:
 
 
 def endpoints(spec: Sequence[str] | str) -> tuple[Endpoint, ...]:
-    """``"POST /a"``, ``"/b"`` or a list of them (a string may hold several, comma-separated)."""
+    """``"POST /a"``, ``"/b"`` or a list of them (a string may hold several, comma-separated);
+    ``"restart"`` (:data:`RESTART`) for a server that only a restart empties."""
     items = [s for part in ([spec] if isinstance(spec, str) else spec) for s in part.split(",")]
     out = []
     for item in (s.strip() for s in items):
         if not item:
+            continue
+        if item.lower() == RESTART:
+            out.append(Endpoint(RESTART.upper(), ""))
             continue
         method, _, path = item.rpartition(" ")
         method = method.strip().upper() or "POST"
@@ -75,6 +83,10 @@ def reset_caches(
     one of ``tolerated`` still counts as a reset (see :func:`refusal`).
     """
     for ep in resets:
+        if ep.method == RESTART.upper():
+            if not can_restart:
+                raise EngineError(f"cannot reset {base}: only a restart empties its cache")
+            return False
         try:
             status, reply = http_json(ep.method, base + ep.path, {}, timeout=timeout)
         except OSError as exc:
