@@ -98,8 +98,8 @@ OPTIONS: tuple[Option, ...] = (
            "tiny-llama, ...) or a model directory; exported as PREFIXCACHE_MODEL (default: ini "
            "prefixcache_model, else $PREFIXCACHE_MODEL, else each engine's own fixture)",
            doc="the model every engine factory loads: a shipped fixture (`tiny-qwen2-vl`, "
-           "`tiny-qwen3.5-vl`, `tiny-gemma3`, and the text-only `tiny-llama`, `tiny-qwen3.5`, "
-           "`tiny-gemma3-text`) or a model directory; named in the header, the reports and "
+           "`tiny-qwen3.5-vl`, `tiny-gemma3`, `tiny-gemma4`, and the text-only `tiny-llama`, "
+           "`tiny-qwen3.5`, `tiny-gemma3-text`, `tiny-gemma4-text`) or a model directory; named in the header, the reports and "
            "every replay command",
            type=values.model_dir, metavar="NAME|DIR", cli=BOTH, common=True),
     Option("server-cmd", "Verify an OpenAI-compatible server started from CMD ({port} is "
