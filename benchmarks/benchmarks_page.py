@@ -99,6 +99,23 @@ def families() -> str:
     return families_side_by_side.markdown(_json("families_side_by_side.json"))
 
 
+def families_hybrid() -> str:
+    """The hybrid again, after the kernel and cut changes (families_side_by_side.py --family
+    hybrid --repeats 3)."""
+    import families_side_by_side
+
+    return families_side_by_side.markdown(
+        _json("families_side_by_side_hybrid/families_side_by_side.json")
+    )
+
+
+def failing_runs() -> str:
+    """What a failing run costs, with and without the shrink budget (failing_runs.py)."""
+    import failing_runs as runs
+
+    return runs.markdown(_json("failing_runs.json")["runs"])
+
+
 def verify_cost() -> str:
     """What verification costs, in-process and over HTTP (benchmarks/verify_throughput.py)."""
     import verify_throughput
@@ -164,6 +181,8 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "parallel_streams": parallel_streams,
     "verify_cost": verify_cost,
     "families": families,
+    "families_hybrid": families_hybrid,
+    "failing_runs": failing_runs,
     "prefill": prefill,
     "side_by_side": side_by_side,
     "no_reuse": no_reuse,
