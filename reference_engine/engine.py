@@ -55,6 +55,7 @@ from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore
 from .kvquant import KVQuant, QuantizedKV, kv_quant_from_env
+from .lora import Adapters
 from .model import LoadedModel, default_model_path, load_model
 from .persist import Persist
 from .pool import BlockPool, Reuse
@@ -76,7 +77,7 @@ __all__ = [
 ]
 
 
-class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Counters):
+class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Adapters, Counters):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -94,6 +95,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
             Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
         kv_quant: quantize the KV rows (``kvquant.py``). Default:
             ``PREFIXCACHE_REFERENCE_KV_BITS`` and its companions, else off.
+        adapters: LoRA adapters requests may name, name -> folder (``lora.py``). Default:
+            ``PREFIXCACHE_REFERENCE_ADAPTERS``, else none.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -131,6 +134,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         disk_bytes: int = DEFAULT_DISK_BYTES,
         speculative: Speculative | None = None,
         kv_quant: KVQuant | None = None,
+        adapters: dict[str, str | os.PathLike[str]] | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -159,11 +163,13 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         self._prompt_tokens = 0
         self._snapshots_stored = 0
         self._snapshot_hits = 0
-        self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
+        self._roots: dict[tuple[str, str | None], bytes] = {}  # (namespace, adapter) -> root
         self.kv_quant: KVQuant | None = None
         self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
+        self.load_adapters(adapters)
         self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
-                       vision_entries=vision_entries, cache_output=cache_output)  # fmt: skip
+                       vision_entries=vision_entries, cache_output=cache_output,
+                       adapters={n: a.path for n, a in self.loras.items()})  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -224,7 +230,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
             keys = self.keys(rendered, request) if use_cache else []
         served, reuse, writing = self.admit(keys, rendered, request, use_cache=use_cache)
         try:
-            with self._compute:
+            with self._compute, self.adapted(request.adapter):
                 out = self._serve(request, rendered, prepared, keys, reuse, use_cache)
             return out if served is None else dataclasses.replace(out, served=served)
         finally:
@@ -291,15 +297,17 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
         """The prompt's block keys, hashed as the lookup needs them (the rest during the
         prefill, see ``prefill``)."""
-        root = self.root(request.namespace)
+        root = self.root(request.namespace, request.adapter)
         return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
-    def root(self, namespace: str) -> bytes:
-        """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
-        root = self._roots.get(namespace)
+    def root(self, namespace: str, adapter: str | None = None) -> bytes:
+        """The parent key of block 0 in ``namespace`` with ``adapter`` (``namespace_root`` of
+        the identity with the adapter's, ``lora.py``), hashed once."""
+        root = self._roots.get((namespace, adapter))
         if root is None:
-            root = self._roots[namespace] = namespace_root(
-                self.identity.digest, namespace, *self.kv_key()
+            identity = dataclasses.replace(self.identity, adapter=self.adapter_identity(adapter))
+            root = self._roots[(namespace, adapter)] = namespace_root(
+                identity.digest, namespace, *self.kv_key()
             )
         return root
 

@@ -49,7 +49,7 @@ class Resume:
             rendered.spans,
             position,
             block_size=self.block_size,
-            root=self.root(request.namespace),
+            root=self.root(request.namespace, request.adapter),
         )
 
     def resume_point(

@@ -251,6 +251,6 @@ class Speculate:
         if n < 1:
             return
         ids = (*rendered.token_ids, *tokens[:n])
-        root = self.root(request.namespace)
+        root = self.root(request.namespace, request.adapter)
         keys = KeyChain(ids, rendered.spans, block_size=self.block_size, root=root)
         self.store(cache, keys, prompt // self.block_size)
