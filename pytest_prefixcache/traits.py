@@ -62,6 +62,8 @@ class EngineTraits:
             restart streams of ``--prefixcache-restarts`` run.
         restart_changes: what a restart may change (``weights``, ``template``, ``kv_dtype``,
             ``adapter``...): a restart with one of them changed must reuse nothing.
+        adapters: the adapter names a request may carry (``Request.adapter``); empty: the
+            streams never send one. Requests with different adapters share nothing.
     """
 
     supports_images: bool = True
@@ -85,6 +87,7 @@ class EngineTraits:
     uncached_times_skewed: str = ""
     persists: bool = False
     restart_changes: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
 
 
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
@@ -102,7 +105,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "decode_atol": (int, float, type(None)), "decode_rule": (str,),
     "cache_capacity_tokens": (int, type(None)), "max_concurrency": (int,),
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
-    "persists": (bool,), "restart_changes": (tuple, list),
+    "persists": (bool,), "restart_changes": (tuple, list), "adapters": (tuple, list),
 }  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import contextvars
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,16 @@ from pytest_prefixcache.errors import EngineError
 from .cpu import TransposedLinear
 from .model import LoadedModel
 
-__all__ = ["ADAPTERS_ENV", "AdaptedLinear", "Lora", "active", "adapters_from_env", "load_lora"]
+__all__ = [
+    "ADAPTERS_ENV",
+    "AdaptedLinear",
+    "Adapters",
+    "Lora",
+    "active",
+    "adapters_from_env",
+    "load_lora",
+    "parse_adapters",
+]
 
 ADAPTERS_ENV = "PREFIXCACHE_REFERENCE_ADAPTERS"
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("lora", default=None)
@@ -181,21 +190,24 @@ def active(identity: str | None) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
-def adapters_from_env() -> dict[str, str]:
-    """The adapters ``PREFIXCACHE_REFERENCE_ADAPTERS`` names (``name=DIR,...``; a bare DIR is
-    named by its folder); raise EngineError naming the variable on a bad value."""
-    raw = os.environ.get(ADAPTERS_ENV, "").strip()
+def parse_adapters(items: Sequence[str], source: str) -> dict[str, str]:
+    """``NAME=DIR`` items (a bare DIR is named by its folder) as a dict; raise EngineError
+    naming ``source`` (the flag or variable) on a bad one."""
     out: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in raw.split(","))):
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep:
             name, path = Path(item).name, item
         if not name or not path or name in out:
-            raise EngineError(
-                f"{ADAPTERS_ENV}={raw!r}: {item!r} must be name=DIR with a new, non-empty name"
-            )
+            raise EngineError(f"{source} {item!r}: expected NAME=DIR with a new, non-empty NAME")
         out[name] = path
     return out
+
+
+def adapters_from_env() -> dict[str, str]:
+    """The adapters ``PREFIXCACHE_REFERENCE_ADAPTERS`` names (``NAME=DIR``, comma-separated)."""
+    raw = os.environ.get(ADAPTERS_ENV, "")
+    return parse_adapters([s.strip() for s in raw.split(",") if s.strip()], ADAPTERS_ENV)
 
 
 class Adapters:

@@ -235,10 +235,10 @@ class Verifier(ShortRepr):
             render = self._findings(render_problems(request, ids, self._rendered), index)
             self._rendered.append((index, request, ids))
             spans = cached.image_spans or ()
-            match = self.oracle.match(request.namespace, cached.token_ids, spans)
+            match = self.oracle.match(request.scope, cached.token_ids, spans)
             starts = cached.message_starts
             self.oracle.add(  # the KV of every token it decoded, the claims' extra steps too
-                index, request.namespace, cached.token_ids, spans, starts, decoded_tokens(cached)
+                index, request.scope, cached.token_ids, spans, starts, decoded_tokens(cached)
             )
             self.report.starts_unknown += starts is None
         ctx = Context(ctx.stream, index, cached, match)
