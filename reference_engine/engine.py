@@ -95,7 +95,8 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Ada
             Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
         kv_quant: quantize the KV rows (``kvquant.py``). Default:
             ``PREFIXCACHE_REFERENCE_KV_BITS`` and its companions, else off.
-        adapters: LoRA adapters requests may name, name -> folder (``lora.py``). Default:
+        adapters: LoRA adapters requests may name, name -> folder, or ``"fixture"`` (the
+            model's fixture adapter as ``lora``; ``lora.py``). Default:
             ``PREFIXCACHE_REFERENCE_ADAPTERS``, else none.
     """
 
@@ -134,7 +135,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Ada
         disk_bytes: int = DEFAULT_DISK_BYTES,
         speculative: Speculative | None = None,
         kv_quant: KVQuant | None = None,
-        adapters: dict[str, str | os.PathLike[str]] | None = None,
+        adapters: dict[str, str | os.PathLike[str]] | str | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")

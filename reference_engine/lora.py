@@ -14,7 +14,8 @@ adapters. A cached and a cold run of one adapter use the same fused weights, so 
 bit-exact.
 
 ``Engine(adapters={"name": DIR})``, or ``PREFIXCACHE_REFERENCE_ADAPTERS`` (``name=DIR``
-pairs, comma-separated; a bare ``DIR`` is named by its folder), loads them; ``engine.adapters``
+pairs, comma-separated; a bare ``DIR`` is named by its folder; the folder ``fixture`` is the
+model's own fixture adapter, ``fixtures/adapters/<model>-lora``), loads them; ``engine.adapters``
 (the trait) lists their names, and the plugin's streams then draw requests with them.
 """
 
@@ -40,16 +41,20 @@ from .model import LoadedModel
 
 __all__ = [
     "ADAPTERS_ENV",
+    "FIXTURE",
     "AdaptedLinear",
     "Adapters",
     "Lora",
     "active",
     "adapters_from_env",
+    "fixture_adapter",
     "load_lora",
     "parse_adapters",
 ]
 
 ADAPTERS_ENV = "PREFIXCACHE_REFERENCE_ADAPTERS"
+#: The folder value naming the model's own fixture adapter (``fixtures/adapters/<model>-lora``).
+FIXTURE = "fixture"
 _ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("lora", default=None)
 _FILES = ("adapter_config.json", "adapters.safetensors")
 
@@ -64,6 +69,11 @@ class Lora:
     identity: str
     scale: float
     pairs: Mapping[str, tuple[mx.array, mx.array]]
+
+
+def fixture_adapter(model_path: Path) -> Path:
+    """The fixture adapter of the model in ``model_path`` (``reference_engine.fixtures``)."""
+    return Path(model_path).parent / "adapters" / f"{Path(model_path).name}-lora"
 
 
 def _module(root: nn.Module, dotted: str) -> Any:
@@ -216,10 +226,18 @@ class Adapters:
     model: LoadedModel
     loras: dict[str, Lora]
 
-    def load_adapters(self, adapters: Mapping[str, str | os.PathLike[str]] | None) -> None:
-        """Load ``adapters`` (name -> folder; None: ``PREFIXCACHE_REFERENCE_ADAPTERS``)."""
-        named = adapters_from_env() if adapters is None else dict(adapters)
-        self.loras = {name: load_lora(name, path, self.model) for name, path in named.items()}
+    def load_adapters(self, adapters: Mapping[str, str | os.PathLike[str]] | str | None) -> None:
+        """Load ``adapters`` (name -> folder; :data:`FIXTURE`: the model's fixture adapter as
+        ``lora``; None: ``PREFIXCACHE_REFERENCE_ADAPTERS``)."""
+        if adapters == FIXTURE:
+            adapters = {"lora": FIXTURE}
+        named = adapters_from_env() if adapters is None else dict(adapters)  # type: ignore[arg-type]
+        self.loras = {
+            name: load_lora(
+                name, fixture_adapter(self.model.path) if path == FIXTURE else path, self.model
+            )
+            for name, path in named.items()
+        }
         for lora in self.loras.values():
             install(lora, self.model)
 
