@@ -215,8 +215,11 @@ def parse_adapters(items: Sequence[str], source: str) -> dict[str, str]:
 
 
 def adapters_from_env() -> dict[str, str]:
-    """The adapters ``PREFIXCACHE_REFERENCE_ADAPTERS`` names (``NAME=DIR``, comma-separated)."""
+    """The adapters ``PREFIXCACHE_REFERENCE_ADAPTERS`` names (``NAME=DIR``, comma-separated;
+    ``fixture``: the model's fixture adapter as ``lora``)."""
     raw = os.environ.get(ADAPTERS_ENV, "")
+    if raw.strip() == FIXTURE:  # the model's own fixture adapter, named lora
+        return {"lora": FIXTURE}
     return parse_adapters([s.strip() for s in raw.split(",") if s.strip()], ADAPTERS_ENV)
 
 
