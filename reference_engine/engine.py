@@ -222,9 +222,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Ada
         self._clock.start = time.perf_counter()
         with self._compute:
             prepared = {
-                img.digest: self.vision.prepare(
-                    img, use_cache=use_cache, namespace=request.namespace
-                )
+                img.digest: self.vision.prepare(img, use_cache=use_cache, namespace=request.scope)
                 for img in request.images
             }
             rendered = self.render(request, prepared, use_cache=use_cache, template=template)
@@ -283,7 +281,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Ada
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
             encode=(
-                functools.partial(self.tokens.encode, namespace=request.namespace)
+                functools.partial(self.tokens.encode, namespace=request.scope)
                 if use_cache and self.tokens is not None
                 else None
             ),

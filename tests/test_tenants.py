@@ -223,3 +223,22 @@ def test_the_reference_engine_passes_the_adapter_audit_and_the_mutant_leaks(
     result = audit(timed(engine), reset=engine.reset, seed=1, across=across, label="adapter")
     assert result.verdict == verdict, result.lines()
     assert result.control.pvalue < 0.01
+
+
+def test_adapters_share_no_image_encoding_and_no_remembered_piece(model: Any) -> None:
+    """The caches beside the KV blocks are per scope too: another adapter's image or text is
+    not a faster hit (a timing side channel across adapters), its own repeat is."""
+    from pytest_prefixcache.images import make_image
+    from reference_engine import Engine
+
+    engine = Engine(model, adapters="fixture")
+    assert engine.tokens is not None
+    image = make_image("noise", 64, 64, seed=5)
+    r = Request((SYS, Message("user", ("A text only the base model saw.", image))), "", 0)
+    engine.run(r)
+    encoded, first = engine.stats.vision_encoded, engine.tokens.hits
+    engine.run(Request(r.messages, adapter="lora"))
+    assert engine.stats.vision_encoded == encoded + 1  # encoded again for the adapter
+    assert engine.tokens.hits == 2 * first  # and tokenised again
+    engine.run(Request(r.messages, adapter="lora"))  # the control: its own repeat hits both
+    assert engine.stats.vision_encoded == encoded + 1 and engine.tokens.hits > 3 * first
