@@ -336,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
         "--adapter",
         action="append",
         metavar="NAME=DIR",
-        help="A LoRA adapter requests name as their model (repeatable; default: "
+        help="A LoRA adapter requests name as their model, repeatable (default: "
         "$PREFIXCACHE_REFERENCE_ADAPTERS, else none)",
     )
     p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
