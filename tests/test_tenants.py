@@ -242,3 +242,55 @@ def test_adapters_share_no_image_encoding_and_no_remembered_piece(model: Any) ->
     assert engine.tokens.hits == 2 * first  # and tokenised again
     engine.run(Request(r.messages, adapter="lora"))  # the control: its own repeat hits both
     assert engine.stats.vision_encoded == encoded + 1 and engine.tokens.hits > 3 * first
+
+
+def test_the_builder_reproduces_the_shipped_vlm_adapters(tmp_path: Path) -> None:
+    from reference_engine.fixtures.adapters import adapter_dir
+    from reference_engine.fixtures.vlm_adapters import VLM_ADAPTER_MODELS, build_vlm_adapter
+
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures"
+    for name in VLM_ADAPTER_MODELS:
+        (tmp_path / name).symlink_to(fixtures / name)
+        built, shipped = build_vlm_adapter(tmp_path, name), adapter_dir(fixtures, name)
+        files = sorted(p.name for p in shipped.iterdir())
+        assert (
+            files
+            == sorted(p.name for p in built.iterdir())
+            == ["adapter_config.json", "adapters.safetensors"]
+        )
+        for f in files:
+            assert (built / f).read_bytes() == (shipped / f).read_bytes(), (name, f)
+    with pytest.raises(ValueError, match="no adapter is defined for fixture 'tiny-llama'"):
+        build_vlm_adapter(tmp_path, "tiny-llama")
+
+
+def test_a_bad_adapter_is_named(model: Any, tmp_path: Path) -> None:
+    import shutil
+
+    import mlx.core as mx
+
+    from reference_engine import Engine
+    from reference_engine.lora import ADAPTERS_ENV, adapters_from_env
+
+    with pytest.raises(EngineError, match=r"adapter 'x' at .* has no adapter_config\.json"):
+        Engine(model, adapters={"x": tmp_path})
+    good = Path(__file__).resolve().parent.parent / "fixtures" / "adapters" / "tiny-qwen2-vl-lora"
+    for case, says in (("layer", "has no module 'model.layers.9"), ("shape", "does not fit")):
+        bad = shutil.copytree(good, tmp_path / case)
+        weights = mx.load(str(bad / "adapters.safetensors"))
+        if case == "layer":
+            weights = {k.replace("layers.1.", "layers.9."): v for k, v in weights.items()}
+        else:
+            weights = {k: (v[:-1] if k.endswith("lora_a") else v) for k, v in weights.items()}
+        mx.save_safetensors(str(bad / "adapters.safetensors"), weights)
+        with pytest.raises(EngineError, match=f"adapter 'bad'.*{says}"):
+            Engine(model, adapters={"bad": bad})
+    monkey = pytest.MonkeyPatch()
+    try:
+        monkey.setenv(ADAPTERS_ENV, "a=x,a=y")
+        with pytest.raises(EngineError, match=f"{ADAPTERS_ENV} 'a=y': expected NAME=DIR"):
+            adapters_from_env()
+        monkey.setenv(ADAPTERS_ENV, "fixture")
+        assert adapters_from_env() == {"lora": "fixture"}
+    finally:
+        monkey.undo()
