@@ -37,7 +37,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefixcache.types import Outcome, Request
@@ -135,7 +135,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Ada
         disk_bytes: int = DEFAULT_DISK_BYTES,
         speculative: Speculative | None = None,
         kv_quant: KVQuant | None = None,
-        adapters: dict[str, str | os.PathLike[str]] | str | None = None,
+        adapters: Mapping[str, str | os.PathLike[str]] | str | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")

@@ -30,7 +30,7 @@ class Resume:
 
     if TYPE_CHECKING:
 
-        def root(self, namespace: str) -> bytes: ...
+        def root(self, namespace: str, adapter: str | None = None) -> bytes: ...
 
     def boundaries(self, rendered: Rendered) -> list[int]:
         """Where this prompt's prefill is cut and its non-trimmable layers snapshotted."""

@@ -110,7 +110,7 @@ def test_the_engine_applies_the_adapter_per_request_and_keys_by_it(model: Any) -
     for request, cold in ((R, cold_r), (A, cold_a), (A, cold_a), (R, cold_r)):
         warm = engine.run(request)
         np.testing.assert_array_equal(np.array(warm.logits), np.array(cold.logits))
-    assert engine.run(A).cached_tokens > 0  # its own repeat reuses
+    assert (engine.run(A).cached_tokens or 0) > 0  # its own repeat reuses
     fresh = Engine(model, adapters="fixture")
     fresh.run(R)
     assert fresh.run(A).cached_tokens == 0  # same prompt, other identity: nothing reused
@@ -122,7 +122,7 @@ def test_the_engine_applies_the_adapter_per_request_and_keys_by_it(model: Any) -
     mutant = AdapterNotKeyed(model)
     mutant.run(R)
     bad = mutant.run(A)
-    assert bad.cached_tokens > 0
+    assert (bad.cached_tokens or 0) > 0
     assert np.abs(np.array(bad.logits) - np.array(cold_a.logits)).max() > 0
 
 
@@ -278,6 +278,7 @@ def test_a_bad_adapter_is_named(model: Any, tmp_path: Path) -> None:
     for case, says in (("layer", "has no module 'model.layers.9"), ("shape", "does not fit")):
         bad = shutil.copytree(good, tmp_path / case)
         weights = mx.load(str(bad / "adapters.safetensors"))
+        assert isinstance(weights, dict)
         if case == "layer":
             weights = {k.replace("layers.1.", "layers.9."): v for k, v in weights.items()}
         else:
