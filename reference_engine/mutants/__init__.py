@@ -192,7 +192,7 @@ _ALL = (
            "the padding attended (no mask)", "equivalence", RaggedBatch),
     Mutant("ragged_decode", 10, "decode steps after the first token take the batch's "
            "length as a shorter row's position", "equivalence", RaggedDecode),
-    Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
+    Mutant("namespace_missing", 11, "namespace left out of the key root", "isolation",
            NamespaceMissing),
     Mutant("adapter_not_keyed", 11, "block keys without the adapter: a request with the "
            "fixture adapter reuses the base model's KV", "isolation", AdapterNotKeyed,
