@@ -295,3 +295,32 @@ def test_a_bad_adapter_is_named(model: Any, tmp_path: Path) -> None:
         assert adapters_from_env() == {"lora": "fixture"}
     finally:
         monkey.undo()
+
+
+def test_the_http_adapter_sends_the_adapter_as_model_and_the_salt(model: Any) -> None:
+    from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+    from reference_engine import Engine
+    from reference_engine.server import make_server
+
+    srv = make_server(Engine(model, adapters="fixture"), "127.0.0.1", 0, model_name="base")
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    engine = OpenAIEngine(url=url, cold="salt", namespace_field="cache_salt", adapters=("lora",))
+    try:
+        assert engine.adapters == ("lora",) and "adapter" in stream_kwargs(engine)["moves"]
+        assert OpenAIEngine(url=url, cold="salt", namespace_field="cache_salt").adapters == ()
+        engine.run(R, use_cache=True)
+        assert engine.run(A, use_cache=True).cached_tokens == 0  # another identity
+        warm, cold = engine.run(A, use_cache=True), engine.run(A, use_cache=False)
+        assert (warm.cached_tokens or 0) > 0 and cold.cached_tokens == 0  # the control
+        assert warm.tokens == cold.tokens
+        base = engine.run(R, use_cache=False)
+        assert base.tokens != cold.tokens  # the adapter ran: its greedy reply differs
+        with pytest.raises(EngineError, match="request adapter 'nope' cannot be sent"):
+            engine.run(Request(R.messages, adapter="nope"), use_cache=True)
+    finally:
+        engine.close()
+        srv.shutdown()
+        srv.server_close()
+        thread.join()
