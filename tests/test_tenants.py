@@ -324,3 +324,11 @@ def test_the_http_adapter_sends_the_adapter_as_model_and_the_salt(model: Any) ->
         srv.shutdown()
         srv.server_close()
         thread.join()
+
+
+def test_the_html_conversation_names_the_adapter(tmp_path: Path) -> None:
+    from pytest_prefixcache.html.conversation import render_stream
+
+    (tmp_path / "stream.json").write_text(json.dumps(stream_to_json((R, A), "two identities")))
+    page = render_stream(tmp_path, failing=1)
+    assert page.count("adapter &#x27;lora&#x27;") + page.count("adapter 'lora'") == 1
