@@ -29,6 +29,8 @@ from pytest_prefixcache.strategies import request_streams, stream_kwargs
 from pytest_prefixcache.types import Message, Outcome, Request
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
 
+pytest_plugins = ["pytester"]
+
 SYS = Message("system", ("You are a careful assistant; answer in one short sentence.",))
 R = Request((SYS, Message("user", ("describe the weather over the harbor today",))), "", 2)
 A = Request(R.messages, "", 2, "lora")
@@ -332,3 +334,49 @@ def test_the_html_conversation_names_the_adapter(tmp_path: Path) -> None:
     (tmp_path / "stream.json").write_text(json.dumps(stream_to_json((R, A), "two identities")))
     page = render_stream(tmp_path, failing=1)
     assert page.count("adapter &#x27;lora&#x27;") + page.count("adapter 'lora'") == 1
+
+
+ADAPTER_BLIND = """
+import time
+import numpy as np
+from pytest_prefixcache import Outcome
+
+class Sleepy:
+    adapters = ("x",)
+
+    def __init__(self, blind):
+        self.blind, self.seen = blind, set()
+
+    def reset(self):
+        self.seen.clear()
+
+    def run(self, request, *, use_cache):
+        scope = request.namespace if self.blind else request.scope
+        key = (scope, str(request.messages[0].content[0]))
+        hit = use_cache and key in self.seen
+        if use_cache:
+            self.seen.add(key)
+        time.sleep(0.0005 if hit else 0.006)
+        return Outcome(logits=np.zeros(8, dtype=np.float32), cached_tokens=64 if hit else 0,
+                       prompt_tokens=80)
+
+blind = lambda: Sleepy(True)
+keyed = lambda: Sleepy(False)
+"""
+
+
+@pytest.mark.timing
+@pytest.mark.parametrize(("engine", "outcome"), [("keyed", "passed"), ("blind", "failed")])
+def test_the_option_audits_across_the_engines_adapters(
+    pytester: pytest.Pytester, engine: str, outcome: str
+) -> None:
+    pytester.makepyfile(adapterblind=ADAPTER_BLIND)
+    result = pytester.runpytest(
+        "-p", "no:cacheprovider", "--prefixcache-isolation", "-k", "isolation",
+        f"--prefixcache-engine=adapterblind:{engine}", "--prefixcache-seed=3",
+    )  # fmt: skip
+    result.assert_outcomes(**{outcome: 1})
+    if outcome == "failed":  # the namespaces pass; the adapter pair leaks
+        result.stdout.fnmatch_lines(
+            ["E   *IsolationFailure: *reveals whether another identity (adapter 'x') cached*"]
+        )

@@ -65,9 +65,10 @@ def test_isolation(prefixcache_settings: Settings, prefixcache_verifier: Verifie
                for label, pair in pairs.items()}  # fmt: skip
     for label, result in results.items():
         if result.verdict == "leak":
+            who = "namespace" if label == "namespaces" else f"identity ({label})"
             detail = "\n  ".join(result.lines())
             raise IsolationFailure(
-                f"isolation: time to first token reveals whether another identity ({label}) "
+                f"isolation: time to first token reveals whether another {who} "
                 f"cached a prefix (a cross-tenant timing side channel)\n  {detail}\n  "
                 f"replay: {command}"
             )
