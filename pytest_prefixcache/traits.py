@@ -65,6 +65,8 @@ class EngineTraits:
             restart streams of ``--prefixcache-restarts`` run.
         restart_changes: what a restart may change (``weights``, ``template``, ``kv_dtype``,
             ``adapter``...): a restart with one of them changed must reuse nothing.
+        adapters: the adapter names a request may carry (``Request.adapter``); empty: the
+            streams never send one. Requests with different adapters share nothing.
     """
 
     supports_images: bool = True
@@ -89,6 +91,7 @@ class EngineTraits:
     cold_waves_serial: str = ""
     persists: bool = False
     restart_changes: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
 
 
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
@@ -107,6 +110,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "cache_capacity_tokens": (int, type(None)), "max_concurrency": (int,),
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
     "cold_waves_serial": (str,), "persists": (bool,), "restart_changes": (tuple, list),
+    "adapters": (tuple, list),
 }  # fmt: skip
 
 

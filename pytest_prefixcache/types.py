@@ -178,11 +178,18 @@ class Message:
 
 @dataclass(frozen=True)
 class Request:
-    """A chat request. Requests in different namespaces must never share cache entries."""
+    """A chat request. Requests in different namespaces (tenants, cache salts) or with
+    different adapters must never share cache entries.
+
+    ``adapter`` names a LoRA adapter the engine serves (its ``adapters`` trait; None: the base
+    model). Servers receive it as the request's ``model`` name (vLLM, llama-server), the
+    namespace as a header or body field such as vLLM's ``cache_salt`` (docs/adapters.md).
+    """
 
     messages: tuple[Message, ...]
     namespace: str = ""
     max_new_tokens: int = 0
+    adapter: str | None = None
 
     def __post_init__(self) -> None:
         messages = tuple(self.messages)
@@ -193,10 +200,22 @@ class Request:
                 raise RequestError(f"Request.messages[{i}] is a {type(m).__name__}, not a Message")
         if not isinstance(self.namespace, str):
             raise RequestError(f"Request.namespace must be a str, got {self.namespace!r}")
+        if self.adapter is not None and (not isinstance(self.adapter, str) or not self.adapter):
+            raise RequestError(
+                f"Request.adapter must be None or a non-empty str, got {self.adapter!r}"
+            )
         n = self.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise RequestError(f"Request.max_new_tokens must be an int >= 0, got {n!r}")
         object.__setattr__(self, "messages", messages)
+
+    @property
+    def scope(self) -> str:
+        """The cache identity the request is served under: its namespace, and its adapter
+        when it has one (requests of different scopes share nothing)."""
+        return (
+            self.namespace if self.adapter is None else f"{self.namespace}\0adapter={self.adapter}"
+        )
 
     @property
     def images(self) -> tuple[Image, ...]:

@@ -51,7 +51,7 @@ class OutputDesign:
 
     if TYPE_CHECKING:
 
-        def root(self, namespace: str) -> bytes: ...
+        def root(self, namespace: str, adapter: str | None = None) -> bytes: ...
 
         def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None: ...
 
@@ -59,7 +59,7 @@ class OutputDesign:
         """The block keys of the prompt continued by the output tokens whose KV the decode
         computed (all but the last: it is never fed back)."""
         ids = (*rendered.token_ids, *tokens[:-1])
-        root = self.root(request.namespace)
+        root = self.root(request.namespace, request.adapter)
         return KeyChain(ids, rendered.spans, block_size=self.block_size, root=root)
 
     def store_output(

@@ -22,10 +22,9 @@ default) stores the prompt's KV only; ``prompt+output`` also stores the rows the
 computed (every output token but the last, which is never fed back), so that the next turn,
 whose prompt carries the reply, reuses them up to the first token where the chat template's
 re-tokenised reply differs from the generated ids (the pool's token-granular match stops
-there by itself). The engine declares no decode rule (``decode_atol``): it reuses
-decode-time KV only on full-attention models, where a decode step and a prefill agree bit
-for bit on the fixtures (``benchmarks/decode_tolerance.py``: qwen2_vl 0.0); on a model with
-sliding-window or recurrent layers it resumes at snapshots, never inside a reply.
+there by itself). No decode rule: decode-time KV is reused only on full-attention models,
+where decode and prefill agree bit for bit (``benchmarks/decode_tolerance.py``); a model with
+sliding-window or recurrent layers resumes at snapshots, never inside a reply.
 
 Each step is a method, so a mutant (``reference_engine.mutants``) can break exactly one.
 """
@@ -37,7 +36,7 @@ import functools
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_prefixcache.types import Outcome, Request
@@ -55,6 +54,7 @@ from .disk import DEFAULT_DISK_BYTES
 from .inflight import IN_FLIGHT_WAIT, InFlight
 from .kv import KVStore
 from .kvquant import KVQuant, QuantizedKV, kv_quant_from_env
+from .lora import Adapters
 from .model import LoadedModel, default_model_path, load_model
 from .persist import Persist
 from .pool import BlockPool, Reuse
@@ -76,7 +76,7 @@ __all__ = [
 ]
 
 
-class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Counters):
+class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Adapters, Counters):
     """A reference MLX engine with a chained-hash, image-aware block prefix cache.
 
     Args:
@@ -94,6 +94,9 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
             Default: ``PREFIXCACHE_REFERENCE_DRAFT``, else none.
         kv_quant: quantize the KV rows (``kvquant.py``). Default:
             ``PREFIXCACHE_REFERENCE_KV_BITS`` and its companions, else off.
+        adapters: LoRA adapters requests may name, name -> folder, or ``"fixture"`` (the
+            model's fixture adapter as ``lora``; ``lora.py``). Default:
+            ``PREFIXCACHE_REFERENCE_ADAPTERS``, else none.
     """
 
     #: Requests ``run`` may serve at once (the plugin's waves property sends up to this many).
@@ -132,6 +135,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         speculative: Speculative | None = None,
         kv_quant: KVQuant | None = None,
         prefill_step: int | None = None,
+        adapters: Mapping[str, str | os.PathLike[str]] | str | None = None,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {block_size!r}")
@@ -161,12 +165,14 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         self._prompt_tokens = 0
         self._snapshots_stored = 0
         self._snapshot_hits = 0
-        self._roots: dict[str, bytes] = {}  # namespace -> the parent key of its block 0
+        self._roots: dict[tuple[str, str | None], bytes] = {}  # (namespace, adapter) -> root
         self.kv_quant: KVQuant | None = None
         self.set_kv_quant(kv_quant_from_env() if kv_quant is None else kv_quant)
+        self.load_adapters(adapters)
         self.open_disk(cache_dir, disk_bytes, block_size=block_size, max_bytes=max_bytes,
                        vision_entries=vision_entries, cache_output=cache_output,
-                       prefill_step=prefill_step)  # fmt: skip
+                       prefill_step=prefill_step,
+                       adapters={n: a.path for n, a in self.loras.items()})  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -218,16 +224,14 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
         self._clock.start = time.perf_counter()
         with self._compute:
             prepared = {
-                img.digest: self.vision.prepare(
-                    img, use_cache=use_cache, namespace=request.namespace
-                )
+                img.digest: self.vision.prepare(img, use_cache=use_cache, namespace=request.scope)
                 for img in request.images
             }
             rendered = self.render(request, prepared, use_cache=use_cache, template=template)
             keys = self.keys(rendered, request) if use_cache else []
         served, reuse, writing = self.admit(keys, rendered, request, use_cache=use_cache)
         try:
-            with self._compute:
+            with self._compute, self.adapted(request.adapter):
                 out = self._serve(request, rendered, prepared, keys, reuse, use_cache)
             return out if served is None else dataclasses.replace(out, served=served)
         finally:
@@ -279,7 +283,7 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
             image_token_id=self.model.image_token_id,
             placeholder_count=lambda img: prepared[img.digest].count,
             encode=(
-                functools.partial(self.tokens.encode, namespace=request.namespace)
+                functools.partial(self.tokens.encode, namespace=request.scope)
                 if use_cache and self.tokens is not None
                 else None
             ),
@@ -294,15 +298,17 @@ class Engine(Persist, Resume, Compute, OutputDesign, Speculate, QuantizedKV, Cou
     def keys(self, rendered: Rendered, request: Request) -> Sequence[BlockKey]:
         """The prompt's block keys, hashed as the lookup needs them (the rest during the
         prefill, see ``prefill``)."""
-        root = self.root(request.namespace)
+        root = self.root(request.namespace, request.adapter)
         return KeyChain(rendered.token_ids, rendered.spans, block_size=self.block_size, root=root)
 
-    def root(self, namespace: str) -> bytes:
-        """The parent key of block 0 in ``namespace`` (``namespace_root``), hashed once."""
-        root = self._roots.get(namespace)
+    def root(self, namespace: str, adapter: str | None = None) -> bytes:
+        """The parent key of block 0 in ``namespace`` with ``adapter`` (``namespace_root`` of
+        the identity with the adapter's, ``lora.py``), hashed once."""
+        root = self._roots.get((namespace, adapter))
         if root is None:
-            root = self._roots[namespace] = namespace_root(
-                self.identity.digest, namespace, *self.kv_key()
+            identity = dataclasses.replace(self.identity, adapter=self.adapter_identity(adapter))
+            root = self._roots[(namespace, adapter)] = namespace_root(
+                identity.digest, namespace, *self.kv_key()
             )
         return root
 

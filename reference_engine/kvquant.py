@@ -170,7 +170,7 @@ class QuantizedKV:
     block_size: int
     kv_quant: KVQuant | None
     _lock: threading.RLock
-    _roots: dict[str, bytes]
+    _roots: dict[tuple[str, str | None], bytes]
 
     def set_kv_quant(self, setting: KVQuant | None) -> None:
         """Quantize the KV of the requests that follow with ``setting`` (None: off), its group

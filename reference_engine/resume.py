@@ -39,7 +39,7 @@ class Resume:
 
     if TYPE_CHECKING:
 
-        def root(self, namespace: str) -> bytes: ...
+        def root(self, namespace: str, adapter: str | None = None) -> bytes: ...
 
     def prefill_cuts(self, bounds: Sequence[int], start: int, end: int) -> list[int]:
         """Where the prefill of [start, end) cuts: at every boundary (``bounds``) past ``start``
@@ -63,7 +63,7 @@ class Resume:
             rendered.spans,
             position,
             block_size=self.block_size,
-            root=self.root(request.namespace),
+            root=self.root(request.namespace, request.adapter),
         )
 
     def resume_point(

@@ -24,7 +24,8 @@ Decoding is greedy: sampling fields are accepted only with values that mean gree
 ``tools`` are refused. Errors have the OpenAI shape ``{"error": {"message", "type", "param",
 "code"}}``. A stream (server-sent events ``data: {...}``, then ``data: [DONE]``) is the
 finished reply cut into one chunk per token. The ``x-prefixcache-namespace`` header (or a
-``namespace`` body field) sets the request's cache namespace.
+``namespace`` or vLLM's ``cache_salt`` body field) sets the request's cache namespace; a
+``model`` naming one of the adapters (``--adapter NAME=DIR``) runs the request with it.
 
 A body field ``"prefixcache": {"logits": true}`` adds a ``prefixcache`` object to the reply
 (to the chunk with ``finish_reason`` when streaming): the prompt's token ids, image spans and
@@ -49,12 +50,14 @@ from typing import Any
 
 from pytest_prefixcache.errors import PrefixCacheError
 from pytest_prefixcache.package_data import resolve_model
+from pytest_prefixcache.traits import traits_of
 from pytest_prefixcache.types import Outcome
 
 from . import env_model_path
 from .disk import DEFAULT_DISK_BYTES
 from .engine import Engine
 from .kvquant import KVQuant
+from .lora import parse_adapters
 from .model import load_model
 from .openai_api import (
     ENDPOINTS,
@@ -208,6 +211,8 @@ class _Handler(BaseHTTPRequestHandler):
         route.check(body)
         request = route.request(body, self.headers.get(NAMESPACE_HEADER, ""))
         s, model = self.server, self.server.engine.model
+        if body.get("model") in traits_of(s.engine).adapters:  # vLLM's way: the adapter's name
+            request = dataclasses.replace(request, adapter=str(body["model"]))
         # Chat requests call run() as before, so engines overriding it without ``template``
         # (mutants, test doubles) still serve them.
         flags = {} if route.template else {"template": False}
@@ -327,6 +332,13 @@ def parser() -> argparse.ArgumentParser:
         default=0,
         help="First position whose KV rows are quantized (default: %(default)s)",
     )
+    p.add_argument(
+        "--adapter",
+        action="append",
+        metavar="NAME=DIR",
+        help="A LoRA adapter requests name as their model, repeatable (default: "
+        "$PREFIXCACHE_REFERENCE_ADAPTERS, else none)",
+    )
     p.add_argument("--verbose", action="store_true", help="Log every request (default: off)")
     return p
 
@@ -346,7 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else KVQuant(args.kv_bits, args.kv_group_size, args.quantized_kv_start)
         )
         disk = {} if args.cache_dir is None else {"cache_dir": args.cache_dir}
-        engine = Engine(load_model(path), block_size=args.block_size, **disk,
+        adapters = parse_adapters(args.adapter or [], "--adapter") or None  # None: the env's
+        engine = Engine(load_model(path), block_size=args.block_size, **disk, adapters=adapters,
                         disk_bytes=args.disk_bytes, kv_quant=kv_quant)  # fmt: skip
     except (ValueError, PrefixCacheError) as exc:  # the block size, a cache dir, KV bits
         parser().error(str(exc))

@@ -150,7 +150,7 @@ class Speculate:
 
     if TYPE_CHECKING:
 
-        def root(self, namespace: str) -> bytes: ...
+        def root(self, namespace: str, adapter: str | None = None) -> bytes: ...
 
         def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None: ...
 
@@ -251,6 +251,6 @@ class Speculate:
         if n < 1:
             return
         ids = (*rendered.token_ids, *tokens[:n])
-        root = self.root(request.namespace)
+        root = self.root(request.namespace, request.adapter)
         keys = KeyChain(ids, rendered.spans, block_size=self.block_size, root=root)
         self.store(cache, keys, prompt // self.block_size)

@@ -135,7 +135,7 @@ def test_option_fails_an_engine_that_shares_across_namespaces(pytester: pytest.P
             "E   *IsolationFailure: isolation: time to first token reveals whether another "
             "namespace cached a prefix*",
             "*across namespaces: KS D=*, p=*",
-            "*cached_tokens reported for another namespace's prefix: max 64",
+            "*cached_tokens reported for another identity's prefix: max 64",
             "*replay: * -m pytest --prefixcache-verify --prefixcache-engine=sleepy:shared "
             "--prefixcache-isolation --prefixcache-seed=3 -k isolation",
         ]

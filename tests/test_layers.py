@@ -42,7 +42,7 @@ ENGINE_LAYERS = (
         "inputs and stores",
         {"families", "render", "vision", "snapshots", "pool", "inflight", "disk"},
     ),
-    ("the model", {"kv", "kvquant", "model"}),
+    ("the model", {"kv", "kvquant", "model", "lora"}),
     (
         "the engine",
         {"engine", "resume", "compute", "designs", "stats", "persist", "speculative", "__init__"},

@@ -133,7 +133,7 @@ CONFIGS: list[Config] = sorted(
 
 def _config_id(config: Config) -> str:
     settings = "-".join(
-        f"{k}={v.label if isinstance(v, KVQuant) else format(v, 'g')}"
+        f"{k}={v.label if isinstance(v, KVQuant) else v if isinstance(v, str) else format(v, 'g')}"
         for part in config[1:]
         for k, v in part
     )

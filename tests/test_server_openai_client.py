@@ -280,7 +280,7 @@ def test_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     text = capsys.readouterr().out
     options = text.split("options:")[1].split("\n  -")[1:]
-    assert len(options) == 12  # -h and the eleven options (the disk tier, KV bits among them)
+    assert len(options) == 13  # -h and the twelve options (the disk tier, KV bits, adapters)
     for option in options:
         if not option.startswith("h, --help"):
             assert "(default: " in " ".join(option.split()), option

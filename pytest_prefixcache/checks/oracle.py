@@ -201,6 +201,22 @@ class ReuseOracle:
             recent=recent,
         )
 
+    def elsewhere(
+        self, scope: str, token_ids: Sequence[int], spans: Sequence[tuple[int, int, str]]
+    ) -> tuple[int, str | None]:
+        """The longest prefix (capped at ``len - 1``) this prompt shares with a prompt seen in
+        another scope (namespace or adapter), and that scope: what an engine keying without
+        the identity could reuse (:mod:`.isolation`)."""
+        keys = position_keys(token_ids, spans)
+        best, where = 0, None
+        for other, prompts in self._history.items():
+            if other != scope:
+                for p in prompts:
+                    n = min(shared_prefix(keys, p.keys), len(keys) - 1)
+                    if n > best:
+                        best, where = n, other
+        return best, where
+
     def add(
         self,
         index: int,

@@ -101,7 +101,7 @@ def control_problems(
         return []
     if match is None or match.max_reuse < CONTROL_MIN_TOKENS:
         return []
-    if prev.namespace != req.namespace or req.messages[: len(prev.messages)] != prev.messages:
+    if prev.scope != req.scope or req.messages[: len(prev.messages)] != prev.messages:
         return []
     same = req.messages == prev.messages
     kind = "an identical repeat" if same else "an append-only next turn"

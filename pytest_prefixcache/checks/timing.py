@@ -124,6 +124,8 @@ class IsolationResult:
     control_miss: tuple[float, ...]
     candidate_cached: tuple[int | None, ...]
     alpha: float = ALPHA
+    across: str = "namespaces"
+    """What the two identities differ in (``namespaces``, ``adapter 'x'``)."""
 
     @property
     def verdict(self) -> Verdict:
@@ -137,17 +139,15 @@ class IsolationResult:
         n = len(self.candidate)
         reported = [c for c in self.candidate_cached if c is not None]
         out = [
-            f"across namespaces: KS D={self.cross.statistic:.2f}, p={self.cross.pvalue:.2g} "
+            f"across {self.across}: KS D={self.cross.statistic:.2f}, p={self.cross.pvalue:.2g} "
             f"over {n}+{len(self.fresh)} samples (median {_ms(self.candidate)} for another "
-            f"namespace's prefix vs {_ms(self.fresh)} for a fresh one), alpha={self.alpha:g}",
-            f"positive control, one namespace: KS D={self.control.statistic:.2f}, "
+            f"identity's prefix vs {_ms(self.fresh)} for a fresh one), alpha={self.alpha:g}",
+            f"positive control, one identity: KS D={self.control.statistic:.2f}, "
             f"p={self.control.pvalue:.2g} (median {_ms(self.control_hit)} hit vs "
             f"{_ms(self.control_miss)} miss)",
         ]
         if reported:
-            out.append(
-                f"cached_tokens reported for another namespace's prefix: max {max(reported)}"
-            )
+            out.append(f"cached_tokens reported for another identity's prefix: max {max(reported)}")
         return out
 
 

@@ -169,6 +169,8 @@ def _request(i: int, r: Any, failing: int | None, images: _Images) -> str:
     if isinstance(r, dict):
         if r.get("namespace"):
             bits.append(f"namespace {r['namespace']!r}")
+        if r.get("adapter"):
+            bits.append(f"adapter {r['adapter']!r}")
         if r.get("max_new_tokens"):
             bits.append(f"{r['max_new_tokens']} new token(s)")
     is_failing = i == failing

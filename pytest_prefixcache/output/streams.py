@@ -64,9 +64,10 @@ def stream_to_json(stream: Sequence[Request], description: str = "") -> dict[str
                 p if isinstance(p, str) else {"image": _image_name(p)} for p in m.content
             ]
             messages.append({"role": m.role, "content": content})
-        requests.append(
-            {"namespace": req.namespace, "max_new_tokens": req.max_new_tokens, "messages": messages}
-        )
+        saved: dict[str, Any] = {"namespace": req.namespace, "max_new_tokens": req.max_new_tokens}
+        if req.adapter is not None:  # files without adapters stay as they were
+            saved["adapter"] = req.adapter
+        requests.append({**saved, "messages": messages})
     return {"format": FORMAT, "description": description, "requests": requests}
 
 
@@ -219,8 +220,9 @@ def _requests(data: dict[str, Any], base: Path) -> list[Request]:
                 raise _Malformed(f"{mat}.role", str(exc)) from exc
         namespace = _field(r, "namespace", at, str, "")
         max_new = _field(r, "max_new_tokens", at, int, 0)
+        adapter = _field(r, "adapter", at, (str, type(None)), None)
         try:
-            requests.append(Request(tuple(messages), namespace=namespace, max_new_tokens=max_new))
+            requests.append(Request(tuple(messages), namespace, max_new, adapter))
         except PrefixCacheError as exc:
             raise _Malformed(at, str(exc)) from exc
     return requests

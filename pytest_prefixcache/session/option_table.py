@@ -99,8 +99,8 @@ OPTIONS: tuple[Option, ...] = (
            "prefixcache_model, else $PREFIXCACHE_MODEL, else each engine's own fixture)",
            doc="the model every engine factory loads: a shipped fixture (`tiny-qwen2-vl`, "
            "`tiny-qwen3.5-vl`, `tiny-gemma3`, `tiny-gemma4`, and the text-only `tiny-llama`, "
-           "`tiny-qwen3.5`, `tiny-gemma3-text`, `tiny-gemma4-text`) or a model directory; named in the header, the reports and "
-           "every replay command",
+           "`tiny-qwen3.5`, `tiny-gemma3-text`, `tiny-gemma4-text`) or a model directory; "
+           "named in the header, the reports and every replay command",
            type=values.model_dir, metavar="NAME|DIR", cli=BOTH, common=True),
     Option("server-cmd", "Verify an OpenAI-compatible server started from CMD ({port} is "
            "replaced by an ephemeral port on 127.0.0.1); more settings by PREFIXCACHE_* "

@@ -31,7 +31,11 @@ def stream_kwargs(engine: object) -> dict[str, Any]:
     images, namespaces = capabilities(engine)
     moves = [m for m in MOVES if (images or m not in IMAGE_MOVES)]
     moves = [m for m in moves if (namespaces or m != "namespace")]
+    adapters = tuple(traits_of(engine).adapters)
+    moves = [m for m in moves if (adapters or m != "adapter")]
     kwargs: dict[str, Any] = {"moves": tuple(moves), "closed_loop": CLOSED_LOOP_SHARE}
+    if adapters:
+        kwargs["adapters"] = adapters
     if not images:
         kwargs["max_images_per_message"] = 0
     if not namespaces:

@@ -4,8 +4,9 @@ Each move takes a ``draw`` function (from ``st.composite`` or ``st.data()``) and
 Request derived from earlier ones: a new conversation, an exact repeat, an append-only next
 turn, an edit of an earlier turn (a branch), the same prompt with one image replaced by another
 of the same size, swapped images, the same pixels from another container, or the same
-conversation in another namespace. Draws shrink toward short text, no images, the first
-namespace and ``max_new_tokens=0``.
+conversation in another namespace, or with another adapter (``StreamSpec.adapters``: every
+other move keeps its base's adapter; a new conversation draws one). Draws shrink toward short
+text, no images, the first namespace, no adapter and ``max_new_tokens=0``.
 
 In a closed-loop stream (``StreamSpec.closed_loop``) an ``append`` move's assistant turn is
 not text the strategy wrote but a :class:`~pytest_prefixcache.types.ReplyOf` marker: the
@@ -18,7 +19,7 @@ its last request's place (:func:`reply_back`), so that every one sends a reply b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import strategies as st
@@ -66,7 +67,7 @@ SYSTEM_PROMPTS = (
 )
 
 #: Move names; the first ones are the simplest, so streams shrink toward them.
-MOVES = ("repeat", "append", "new", "edit", "replace", "swap", "reencode", "namespace")
+MOVES = ("repeat", "append", "new", "edit", "replace", "swap", "reencode", "namespace", "adapter")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,8 @@ class StreamSpec:
     defer_replies: bool = False
     """Write assistant turns as :class:`ReplySlot` texts, so that a stream drawn open-loop can
     be closed afterwards (:func:`close_loop`) with the same draws."""
+    adapters: tuple[str, ...] = ()
+    """Adapter names requests may carry besides none (``Request.adapter``); empty: none."""
 
 
 class ReplySlot(str):
@@ -180,7 +183,7 @@ def close_loop(stream: Sequence[Request], closed: bool, spec: StreamSpec) -> tup
     out = []
     for r in stream:
         n = lo + r.max_new_tokens * (hi - lo) // top if closed else r.max_new_tokens
-        out.append(Request(tuple(message(m) for m in r.messages), r.namespace, n))
+        out.append(Request(tuple(message(m) for m in r.messages), r.namespace, n, r.adapter))
     return tuple(out)
 
 
@@ -247,7 +250,33 @@ def apply_move(
     base: Request | None = None,
 ) -> Request:
     """The next request of a stream, made by ``move`` from ``base`` (default: drawn from the
-    requests before it, the latest first)."""
+    requests before it, the latest first). It keeps ``base``'s adapter, but for ``new`` (one
+    drawn from ``spec.adapters``, when any) and ``adapter`` (the same request with another)."""
+    if (not stream and base is None) or move == "new":
+        made = _apply(draw, "new", stream, pool, spec, base)
+        if not spec.adapters:
+            return made
+        return replace(made, adapter=draw(st.sampled_from((None, *spec.adapters))))
+    index = None
+    if base is None:
+        index = _pick(draw, stream)
+        base = stream[index]
+    if move == "adapter":
+        others = [a for a in (None, *spec.adapters) if a != base.adapter] or [base.adapter]
+        return replace(base, adapter=others[draw(st.integers(0, len(others) - 1))])
+    made = _apply(draw, move, stream, pool, spec, base, index)
+    return made if made.adapter == base.adapter else replace(made, adapter=base.adapter)
+
+
+def _apply(
+    draw: Draw,
+    move: str,
+    stream: Sequence[Request],
+    pool: Sequence[Image],
+    spec: StreamSpec,
+    base: Request | None = None,
+    picked: int | None = None,
+) -> Request:
     lo, hi = spec.reply_tokens if spec.closed_loop else (0, spec.max_new_tokens)
     mnt = st.integers(lo, hi)
     if (not stream and base is None) or move == "new":
@@ -258,7 +287,7 @@ def apply_move(
         index = _pick(draw, stream)
         base = stream[index]
     else:
-        index = _index_of(stream, base)
+        index = _index_of(stream, base) if picked is None else picked
     if move == "repeat":
         return base
     if move == "append":

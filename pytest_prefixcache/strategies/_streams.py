@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ..types import Image, Message, Request
-from ._args import int_arg, range_arg, stream_spec
+from ._args import int_arg, range_arg, stream_spec, usable_moves
 from ._images import pool_strategy
 from ._moves import MOVES, apply_move, close_loop, new_conversation, reply_back
 
@@ -67,6 +67,7 @@ def request_streams(
     moves: Sequence[str] = MOVES,
     closed_loop: bool | float = False,
     reply_tokens: tuple[int, int] = (2, 8),
+    adapters: Sequence[str] = (),
 ) -> st.SearchStrategy[tuple[Request, ...]]:
     """Streams of requests that stress a prefix cache, run in order against one cache.
 
@@ -76,7 +77,7 @@ def request_streams(
     distinct images of the same size where possible), a ``replace`` of one image by a
     distinct one of the same size in an otherwise identical prompt, a ``swap`` of two images, a
     ``reencode`` of the images through BMP or PNG (same pixels, so the same images), or the
-    same conversation in another ``namespace``.
+    same conversation in another ``namespace``, or with another ``adapter``.
 
     Args:
         min_requests, max_requests: stream length. Default: 2 and 8.
@@ -95,6 +96,8 @@ def request_streams(
             an ``append`` on the request before it instead. Default: ``False``.
         reply_tokens: (fewest, most) new tokens per request of a closed-loop stream.
             Default: ``(2, 8)``.
+        adapters: adapter names (``Request.adapter``) requests may carry besides none; the
+            ``adapter`` move is drawn only with some. Default: none.
 
     Shrinks toward ``min_requests`` requests, exact repeats, few short text turns, small
     solid images, the first namespace, ``max_new_tokens=0`` and open-loop streams (the
@@ -105,10 +108,8 @@ def request_streams(
     int_arg("min_requests", min_requests, 1, 256)
     int_arg("max_requests", max_requests, 1, 256)
     range_arg("min_requests", min_requests, "max_requests", max_requests)
-    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message)
-    mv = (moves,) if isinstance(moves, str) else tuple(moves)
-    if not mv or any(m not in MOVES for m in mv):
-        raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
+    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message, adapters)
+    mv = usable_moves(moves, spec, MOVES)
     share = _share(closed_loop)
     lo, hi = _reply_tokens(reply_tokens)
     looped = dataclasses.replace(spec, closed_loop=True, reply_tokens=(lo, hi))

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from ..types import Image, Request, Wave
-from ._args import int_arg, range_arg, stream_spec
+from ._args import int_arg, range_arg, stream_spec, usable_moves
 from ._images import pool_strategy
 from ._moves import MOVES, StreamSpec, apply_move, new_conversation
 
@@ -41,7 +41,7 @@ __all__ = ["ARRIVALS", "request_waves"]
 #: Arrival patterns; the first is the simplest, so waves shrink toward it.
 ARRIVALS = ("together", "staggered", "long_first", "duplicates")
 #: Moves that make a wave's requests share prefixes; "new" and "namespace" add variety.
-SHARING = ("repeat", "append", "new", "edit", "replace", "swap", "reencode", "namespace")
+SHARING = ("repeat", "append", "new", "edit", "replace", "swap", "reencode", "namespace", "adapter")
 #: A wave goes on after each wave with odds MORE_WAVES : 1 (until max_waves).
 MORE_WAVES = 2
 
@@ -64,7 +64,7 @@ def _ragged(
         n = draw(st.integers(2, top))
     else:
         n = draw(st.integers(0, 1))
-    return Request(request.messages, request.namespace, n)
+    return Request(request.messages, request.namespace, n, request.adapter)
 
 
 def _wave(
@@ -86,7 +86,7 @@ def _wave(
         if pattern == "duplicates" and requests and draw(st.booleans()):
             copy = requests[draw(st.integers(0, len(requests) - 1))]
             if copy.max_new_tokens < 2 <= spec.max_new_tokens and 2 * decoding < len(requests) + 1:
-                copy = Request(copy.messages, copy.namespace, 2)  # same prompt, it decodes
+                copy = Request(copy.messages, copy.namespace, 2, copy.adapter)  # it decodes
             requests.append(copy)
             continue
         move = draw(st.sampled_from(moves)) if earlier else "new"
@@ -113,6 +113,7 @@ def request_waves(
     moves: Sequence[str] = SHARING,
     arrivals: Sequence[str] = ARRIVALS,
     max_stagger_ms: int = 20,
+    adapters: Sequence[str] = (),
 ) -> st.SearchStrategy[tuple[Wave, ...]]:
     """Tuples of waves of concurrent requests that share system prompts, turns and images.
 
@@ -128,6 +129,7 @@ def request_waves(
         moves: the stream moves a wave's requests are made by. Default: all of them.
         arrivals: the arrival patterns to draw from (:data:`ARRIVALS`). Default: all four.
         max_stagger_ms: largest gap between two staggered arrivals, in ms. Default: 20.
+        adapters: adapter names requests may carry besides none. Default: none.
 
     Shrinks toward ``min_waves`` waves of ``min_size`` requests arriving together, exact
     repeats of one short text conversation, the first namespace, and every other request
@@ -140,10 +142,8 @@ def request_waves(
     int_arg("max_size", max_size, 1, 64)
     range_arg("min_size", min_size, "max_size", max_size)
     int_arg("max_stagger_ms", max_stagger_ms, 0, 1000)
-    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message)
-    mv = (moves,) if isinstance(moves, str) else tuple(moves)
-    if not mv or any(m not in MOVES for m in mv):
-        raise InvalidArgument(f"moves={moves!r} must be a non-empty subset of {MOVES}")
+    spec = stream_spec(namespaces, max_new_tokens, max_images_per_message, adapters)
+    mv = usable_moves(moves, spec, MOVES)
     pats = (arrivals,) if isinstance(arrivals, str) else tuple(arrivals)
     if not pats or any(p not in ARRIVALS for p in pats):
         raise InvalidArgument(f"arrivals={arrivals!r} must be a non-empty subset of {ARRIVALS}")

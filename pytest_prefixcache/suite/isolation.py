@@ -18,14 +18,16 @@ import pytest
 from pytest_prefixcache.checks.timing import IsolationFailure
 from pytest_prefixcache.errors import EngineFault, EngineTimeout
 from pytest_prefixcache.session.settings import Settings
+from pytest_prefixcache.traits import traits_of
 from pytest_prefixcache.types import Outcome, Request
-from pytest_prefixcache.verify.isolation import audit
+from pytest_prefixcache.verify.isolation import audit, identity_pairs
 from pytest_prefixcache.verify.verifier import Verifier
 from pytest_prefixcache.verify.worker import CallTimedOut
 
 
 def test_isolation(prefixcache_settings: Settings, prefixcache_verifier: Verifier) -> None:
-    """Time to first token does not reveal another namespace's cached prefix (KS test)."""
+    """Time to first token does not reveal another namespace's or adapter's cached prefix (KS
+    test, one audit per pair of identities, each with its positive control)."""
     __tracebackhide__ = True
     s = prefixcache_settings
     worker, engine = prefixcache_verifier.worker, prefixcache_verifier.engine
@@ -48,20 +50,31 @@ def test_isolation(prefixcache_settings: Settings, prefixcache_verifier: Verifie
 
     def run(request: Request) -> tuple[Outcome, float]:
         fn = functools.partial(engine.run, request, use_cache=True)
-        out = call(fn, f"run(namespace {request.namespace!r}, use_cache=True)")
+        adapter = "" if request.adapter is None else f", adapter {request.adapter!r}"
+        out = call(fn, f"run(namespace {request.namespace!r}{adapter}, use_cache=True)")
         if not isinstance(out, Outcome):
             raise EngineFault(f"fault: run() returned a {type(out).__name__}, not an Outcome")
         return out, seconds[0]
 
-    result = audit(run, seed=s.seed, reset=lambda: call(engine.reset, "engine.reset()"))
-    detail = "\n  ".join(result.lines())
-    if result.verdict == "leak":
-        raise IsolationFailure(
-            "isolation: time to first token reveals whether another namespace cached a "
-            f"prefix (a cross-tenant timing side channel)\n  {detail}\n  replay: {command}"
-        )
-    if result.verdict == "inconclusive":
+    traits = traits_of(engine)
+    pairs = identity_pairs(traits.supports_namespaces, tuple(traits.adapters))
+    if not pairs:
+        pytest.skip("isolation: the engine takes neither namespaces nor adapters")
+    reset = lambda: call(engine.reset, "engine.reset()")  # noqa: E731
+    results = {label: audit(run, seed=s.seed, reset=reset, across=pair, label=label)
+               for label, pair in pairs.items()}  # fmt: skip
+    for label, result in results.items():
+        if result.verdict == "leak":
+            who = "namespace" if label == "namespaces" else f"identity ({label})"
+            detail = "\n  ".join(result.lines())
+            raise IsolationFailure(
+                f"isolation: time to first token reveals whether another {who} "
+                f"cached a prefix (a cross-tenant timing side channel)\n  {detail}\n  "
+                f"replay: {command}"
+            )
+    powerless = [f"{label}: {r.lines()[1]}" for label, r in results.items() if r.verdict != "pass"]
+    if powerless:
         pytest.skip(
             "isolation inconclusive: hits are not measurably faster than misses within one "
-            f"namespace, so the measurement has no power ({result.lines()[1]})"
+            f"identity, so the measurement has no power ({'; '.join(powerless)})"
         )

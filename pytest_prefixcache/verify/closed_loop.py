@@ -75,7 +75,8 @@ def fill_replies(request: Request, replies: Sequence[str | None]) -> tuple[Reque
             else:
                 parts.append(p)
         messages.append(Message(m.role, tuple(parts)))  # type: ignore[arg-type]
-    return Request(tuple(messages), request.namespace, request.max_new_tokens), filled, missing
+    filled_in = Request(tuple(messages), request.namespace, request.max_new_tokens, request.adapter)
+    return filled_in, filled, missing
 
 
 def decode_atol_of(engine: object, override: float | None = None) -> float:

@@ -183,19 +183,17 @@ def _matches(
             others = oracle.copy()
             for j, (r2, o2) in enumerate(zip(wave.requests, cached)):
                 if j != i and o2.token_ids is not None:
-                    others.add(first + j, r2.namespace, o2.token_ids, o2.image_spans or ())
-            matches[i] = others.match(req.namespace, o.token_ids, o.image_spans or ())
+                    others.add(first + j, r2.scope, o2.token_ids, o2.image_spans or ())
+            matches[i] = others.match(req.scope, o.token_ids, o.image_spans or ())
     for i in served_order(served):
         req, o = wave.requests[i], cached[i]
         if o.token_ids is None:
             continue
         spans = o.image_spans or ()
         if known:
-            matches[i] = oracle.match(req.namespace, o.token_ids, spans)
+            matches[i] = oracle.match(req.scope, o.token_ids, spans)
         # the KV of every token it decoded: a later request may continue its reply
-        oracle.add(
-            first + i, req.namespace, o.token_ids, spans, o.message_starts, decoded_tokens(o)
-        )
+        oracle.add(first + i, req.scope, o.token_ids, spans, o.message_starts, decoded_tokens(o))
     return matches
 
 

@@ -13,7 +13,16 @@ import numpy as np
 from ..checks.timing import ALPHA, IsolationResult, ks_2samp
 from ..types import Engine, Message, Outcome, Request
 
-__all__ = ["SAMPLES", "WORDS", "TimedRun", "audit", "timed"]
+__all__ = [
+    "NAMESPACES",
+    "SAMPLES",
+    "WORDS",
+    "Identity",
+    "TimedRun",
+    "audit",
+    "identity_pairs",
+    "timed",
+]
 
 #: Timed requests per group (candidate, fresh, control hit, control miss).
 SAMPLES = 30
@@ -46,8 +55,26 @@ def _prompt(rng: np.random.Generator, words: int) -> str:
     return " ".join(_VOCAB[i] for i in rng.integers(0, len(_VOCAB), size=words))
 
 
-def _request(text: str, namespace: str) -> Request:
-    return Request((Message("user", (text,)),), namespace=namespace)
+Identity = tuple[str, str | None]
+"""A (namespace, adapter) pair the audit sends requests under."""
+#: The audit's default pair: two namespaces (tenants, salts), no adapter.
+NAMESPACES: tuple[Identity, Identity] = (("A", None), ("B", None))
+
+
+def identity_pairs(
+    namespaces: bool, adapters: tuple[str, ...]
+) -> dict[str, tuple[Identity, Identity]]:
+    """The (victim, other) identities the audit runs across, by label: two namespaces (when the
+    engine takes them) and, for each adapter, the base model against it in one namespace."""
+    pairs = {"namespaces": NAMESPACES} if namespaces else {}
+    for name in adapters:
+        pairs[f"adapter {name!r}"] = (("A", None), ("A", name))
+    return pairs
+
+
+def _request(text: str, identity: Identity | str) -> Request:
+    namespace, adapter = (identity, None) if isinstance(identity, str) else identity
+    return Request((Message("user", (text,)),), namespace=namespace, adapter=adapter)
 
 
 def audit(
@@ -58,6 +85,8 @@ def audit(
     alpha: float = ALPHA,
     seed: int = 0,
     reset: Callable[[], object] | None = None,
+    across: tuple[Identity, Identity] = NAMESPACES,
+    label: str = "namespaces",
 ) -> IsolationResult:
     """Measure time to first token across namespaces and within one (the positive control).
 
@@ -68,6 +97,9 @@ def audit(
         alpha: significance level. Default: ``ALPHA``.
         seed: seed of the prompts and of the order within each sample. Default: ``0``.
         reset: called first and last (the engine's ``reset``), if given. Default: ``None``.
+        across: the (victim, other) identities: the victim caches a prompt, the other sends
+            it (:func:`identity_pairs`). Default: two namespaces, no adapter.
+        label: what the pair differs in, for the result's lines. Default: ``"namespaces"``.
     """
     if samples < 2 or words < 1 or not 0 < alpha < 1:
         raise ValueError(f"need samples >= 2, words >= 1, 0 < alpha < 1: {samples=} {words=} "
@@ -75,8 +107,9 @@ def audit(
     rng = np.random.default_rng(seed)
     if reset is not None:
         reset()
+    victim, other_id = across
     for i in range(_WARMUP):
-        run(_request(_prompt(rng, words), f"warmup-{i}"))
+        run(_request(_prompt(rng, words), (f"warmup-{i}", victim[1])))
     candidate: list[float] = []
     fresh: list[float] = []
     hit: list[float] = []
@@ -84,20 +117,20 @@ def audit(
     cached: list[int | None] = []
     for _ in range(samples):
         shared, other, own, new = (_prompt(rng, words) for _ in range(4))
-        run(_request(shared, "A"))  # the victim caches a prefix
-        run(_request(own, "A"))
+        run(_request(shared, victim))  # the victim caches a prefix
+        run(_request(own, victim))
         order = rng.permutation(4)
         for k in order:
             if k == 0:
-                out, t = run(_request(shared, "B"))
+                out, t = run(_request(shared, other_id))
                 candidate.append(t)
                 cached.append(out.cached_tokens)
             elif k == 1:
-                fresh.append(run(_request(other, "B"))[1])
+                fresh.append(run(_request(other, other_id))[1])
             elif k == 2:
-                hit.append(run(_request(own, "A"))[1])
+                hit.append(run(_request(own, victim))[1])
             else:
-                miss.append(run(_request(new, "A"))[1])
+                miss.append(run(_request(new, victim))[1])
     if reset is not None:
         reset()
     return IsolationResult(
@@ -109,4 +142,5 @@ def audit(
         control_miss=tuple(miss),
         candidate_cached=tuple(cached),
         alpha=alpha,
+        across=label,
     )

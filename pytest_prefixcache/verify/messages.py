@@ -37,6 +37,8 @@ def describe_request(req: Request, max_messages: int = 5) -> str:
         ]
         msgs.append(f"{m.role}: " + " ".join(parts))
     head = f"namespace={req.namespace!r}, max_new_tokens={req.max_new_tokens}"
+    if req.adapter is not None:
+        head += f", adapter={req.adapter!r}"
     return head + " | " + " | ".join(msgs)
 
 

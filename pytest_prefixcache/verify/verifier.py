@@ -46,6 +46,7 @@ from ..checks import (
     usage_problems,
 )
 from ..checks.coverage import APPLIED, attribution_of
+from ..checks.isolation import ISOLATION, isolation_problems, isolation_row
 from ..checks.restart import STALE, stale_problems
 from ..output.report import Report, RequestRecord
 from ..output.streams import stream_id
@@ -229,16 +230,19 @@ class Verifier(ShortRepr):
         if self.counts_requests:  # nothing in flight: both replies are in
             self._check(request_count_problems(self, ctx), ctx)
         match = None
+        crossing: tuple[int, str | None] = (0, None)
         render: list[Problem] = []
         if cached.token_ids is not None:
             ids = tuple(cached.token_ids)
             render = self._findings(render_problems(request, ids, self._rendered), index)
             self._rendered.append((index, request, ids))
             spans = cached.image_spans or ()
-            match = self.oracle.match(request.namespace, cached.token_ids, spans)
+            match = self.oracle.match(request.scope, cached.token_ids, spans)
+            crossing = self.oracle.elsewhere(request.scope, cached.token_ids, spans)
+            self.report.count(ISOLATION, isolation_row(match, crossing))
             starts = cached.message_starts
             self.oracle.add(  # the KV of every token it decoded, the claims' extra steps too
-                index, request.namespace, cached.token_ids, spans, starts, decoded_tokens(cached)
+                index, request.scope, cached.token_ids, spans, starts, decoded_tokens(cached)
             )
             self.report.starts_unknown += starts is None
         ctx = Context(ctx.stream, index, cached, match)
@@ -285,6 +289,7 @@ class Verifier(ShortRepr):
             )
         self._check(
             stale_problems(cached, match, self.changed_since)
+            + isolation_problems(cached, match, crossing, request.scope)
             + merge_problems(cached)
             + merge_problems(uncached)
             + comparison.problems

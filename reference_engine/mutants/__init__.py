@@ -23,6 +23,7 @@ from pytest_prefixcache.package_data import model_from_env
 from ..engine import Engine
 from ..fixtures.qwen2_vl import QWEN2_VL_DIR
 from ..kvquant import KVQuant
+from ..lora import FIXTURE
 from ..model import LoadedModel, shared_model
 from .accounting import (
     SMALL_BUDGET,
@@ -63,6 +64,7 @@ from .state import (
     SnapshotAfterDecode,
     SnapshotBeforePrefill,
 )
+from .tenants import AdapterNotKeyed, SaltDroppedForImages
 
 __all__ = ["MUTANTS", "PROTOCOL_CHECKS", "Mutant"]
 
@@ -78,6 +80,7 @@ PROTOCOL_CHECKS = frozenset(
         "equivalence",
         "shapes",
         "reuse bound",
+        "isolation",
         "positive control",
         "min efficiency",
         "render stability",
@@ -190,8 +193,14 @@ _ALL = (
            "the padding attended (no mask)", "equivalence", RaggedBatch),
     Mutant("ragged_decode", 10, "decode steps after the first token take the batch's "
            "length as a shorter row's position", "equivalence", RaggedDecode),
-    Mutant("namespace_missing", 11, "namespace left out of the key root", "reuse bound",
+    Mutant("namespace_missing", 11, "namespace left out of the key root", "isolation",
            NamespaceMissing),
+    Mutant("adapter_not_keyed", 11, "block keys without the adapter: a request with the "
+           "fixture adapter reuses the base model's KV", "isolation", AdapterNotKeyed,
+           options={"adapters": FIXTURE}),
+    Mutant("salt_dropped_for_images", 11, "the namespace (salt) left out of the keys of "
+           "prompts with images only (a tenant's own text prefix is then missed)",
+           "positive control", SaltDroppedForImages),
     Mutant("volatile_header_kept", 12, "per-request billing header rendered into the "
            "system prompt", "render hygiene", VolatileHeaderKept,
            verify={"strict_render": True}),

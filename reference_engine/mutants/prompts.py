@@ -61,7 +61,7 @@ def _mark_latest_reply(request: Request) -> Request:
         head, *rest = m.content
         if isinstance(head, str):
             msgs[latest] = Message(m.role, (THINK + head, *rest))
-    return Request(tuple(msgs), request.namespace, request.max_new_tokens)
+    return Request(tuple(msgs), request.namespace, request.max_new_tokens, request.adapter)
 
 
 class HistoryRerendered(Engine):

@@ -32,6 +32,7 @@ from pytest_prefixcache.strategies import (
     request_waves,
     restart_streams,
 )
+from pytest_prefixcache.traits import traits_of
 from pytest_prefixcache.types import Engine as EngineProtocol
 from pytest_prefixcache.types import Request, Wave
 from pytest_prefixcache.verify.concurrent import max_concurrency
@@ -153,14 +154,18 @@ def detect(
         suppress_health_check=list(HealthCheck),
     )
 
+    names = traits_of(engine).adapters  # the engine's adapters on: streams carry them
+    adapters: dict[str, Any] = {"adapters": tuple(names)} if names else {}
+
     @seed(seed_value)
     @configured
-    @given(stream=request_streams(closed_loop=CLOSED_LOOP_SHARE))
+    @given(stream=request_streams(closed_loop=CLOSED_LOOP_SHARE, **adapters))
     def run(stream: tuple[Request, ...]) -> None:
         _attempt(found, start, lambda: verifier.run(stream))
 
     if declares_restart(engine):  # restarts on (--prefixcache-restarts)
-        restarts = restart_streams(changes=restart_changes(engine), closed_loop=CLOSED_LOOP_SHARE)
+        changes = restart_changes(engine)
+        restarts = restart_streams(changes=changes, closed_loop=CLOSED_LOOP_SHARE, **adapters)
 
         @seed(seed_value)
         @configured

@@ -133,7 +133,9 @@ def _request(messages: tuple[Message, ...], body: dict[str, Any], namespace: str
         max_tokens = int_field(body, "max_tokens", DEFAULT_MAX_TOKENS, 0, _MAX_TOKENS_LIMIT)
     try:
         return Request(
-            messages, namespace=str(body.get("namespace", namespace)), max_new_tokens=max_tokens
+            messages,
+            namespace=str(body.get("namespace", body.get("cache_salt", namespace))),
+            max_new_tokens=max_tokens,
         )
     except PrefixCacheError as exc:
         raise APIError(str(exc)) from None

@@ -82,6 +82,10 @@ class CacheControl:
         warm_start: the server fills its own cache while it starts (rapid-mlx 0.16.10 sends a
             whole request through its prefix cache to warm up hybrid and sliding-window
             models), so a server just started is reset too before its first stream.
+        adapters: the LoRA adapter names the server (and its cold server) serves; a request
+            with ``Request.adapter`` sends it as the body's ``model`` (vLLM's
+            ``--lora-modules NAME=PATH``, the reference server's ``--adapter NAME=DIR``).
+            Empty: the streams send none.
     """
 
     namespace_header: str | None = None
@@ -93,6 +97,7 @@ class CacheControl:
     reuse_reference: str = "token"
     block_size: int | None = None
     warm_start: bool = False
+    adapters: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,12 @@ class EngineSettings:
         return self.cache.namespace_header is not None or self.cache.namespace_field is not None
 
     @property
+    def adapters(self) -> tuple[str, ...]:
+        """The adapter names a request may carry (``cache.adapters``), sent as ``model``."""
+        names = self.cache.adapters
+        return (names,) if isinstance(names, str) else tuple(names)
+
+    @property
     def decode_kv_probe(self) -> bool:
         """Whether the decode-KV probe can ask this server (:mod:`...verify.decode_kv`): its
         reuse is read from the tap or checked claims."""

@@ -106,6 +106,11 @@ class RequestPath(EngineSettings):
                 f"request namespace {request.namespace!r} cannot be sent: set namespace_header "
                 "or namespace_field to what this server keys its cache on"
             )
+        if request.adapter is not None and request.adapter not in self.adapters:
+            raise EngineError(
+                f"request adapter {request.adapter!r} cannot be sent: the server serves "
+                f"{list(self.adapters) or 'none'} (CacheControl.adapters)"
+            )
         if use_cache:
             return self.server, request.namespace
         cold = self.baseline.cold
@@ -190,7 +195,7 @@ class RequestPath(EngineSettings):
         body, headers = chat_body(
             request,
             top_logprobs=read.top_logprobs,
-            model=self.model,
+            model=self.model if request.adapter is None else request.adapter,
             namespace=(kv.namespace_field, kv.namespace_header, namespace),
             extra={
                 **({"prefixcache": {"logits": True}} if read.extensions else {}),
