@@ -155,7 +155,9 @@ class Persist:
     def fresh_instance(self) -> Any:
         """A fresh instance as this engine runs now (after a changed restart, the changed
         configuration), without a disk tier: the baseline audit's cold runs."""
-        return type(self)(self.model, **{**self._config, "cache_dir": None})  # type: ignore[call-arg]
+        # the KV quantization and speculation it runs with now, however they were set
+        now = {name: getattr(self, name, None) for name in ("kv_quant", "speculative")}
+        return type(self)(self.model, **{**self._config, **now, "cache_dir": None})  # type: ignore[call-arg]
 
     # -- the disk tier ------------------------------------------------------------------------
     def store(self, cache: list[Any], keys: Sequence[BlockKey], first: int) -> None:

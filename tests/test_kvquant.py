@@ -225,3 +225,14 @@ def test_the_default_run_passes_with_quantized_kv_and_catches_the_start_mutant(
         tmp_path, "--prefixcache-engine=reference_engine.mutants:kv_start_off_by_one_block", **env
     )
     assert bad.returncode == 1 and "equivalence" in bad.stdout, bad.stdout[-3000:]
+
+
+def test_the_audits_fresh_instance_quantizes_as_the_engine_runs_now(model: LoadedModel) -> None:
+    engine = Engine(model, kv_quant=KVQuant(8))  # given as an argument, not by the environment
+    assert engine.fresh_instance().kv_quant == engine.kv_quant
+    engine.set_kv_quant(KVQuant(4, 0, 16))  # switched since
+    assert engine.fresh_instance().kv_quant == engine.kv_quant
+    # negative control: the configuration the engine was built with alone would build a fresh
+    # instance that does not quantize, and its cold runs differ from the engine's
+    plain = Engine(model, **{**engine._config, "cache_dir": None})
+    assert plain.kv_quant != engine.kv_quant
