@@ -62,6 +62,9 @@ class EngineTraits:
             restart streams of ``--prefixcache-restarts`` run.
         restart_changes: what a restart may change (``weights``, ``template``, ``kv_dtype``,
             ``adapter``...): a restart with one of them changed must reuse nothing.
+        returns_prompt_logprobs: its outcomes carry ``prompt_logprobs`` (vLLM's request field
+            of that name): the prompt-logprobs row is then shown for every request, and a
+            reply without them is a coverage gap.
     """
 
     supports_images: bool = True
@@ -85,6 +88,7 @@ class EngineTraits:
     uncached_times_skewed: str = ""
     persists: bool = False
     restart_changes: tuple[str, ...] = ()
+    returns_prompt_logprobs: bool = False
 
 
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
@@ -102,7 +106,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "decode_atol": (int, float, type(None)), "decode_rule": (str,),
     "cache_capacity_tokens": (int, type(None)), "max_concurrency": (int,),
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
-    "persists": (bool,), "restart_changes": (tuple, list),
+    "persists": (bool,), "restart_changes": (tuple, list), "returns_prompt_logprobs": (bool,),
 }  # fmt: skip
 
 

@@ -129,6 +129,7 @@ def vllm_server(
     audit_share: int = 8,
     claims: bool = False,
     concurrency: int = 1,
+    prompt_logprobs: int = 0,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -155,7 +156,8 @@ def vllm_server(
     machine, 5 min with three starting at once: the start timeout is 600 s), and a server's
     first request took over 120 s at a load of 35 (``timeout``, per HTTP request: 600 s); the
     baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
-    nothing (``audit=False``: not audited, a partial verdict).
+    nothing (``audit=False``: not audited, a partial verdict). ``prompt_logprobs`` K > 0 asks
+    for the top K at every prompt position (the prompt-logprobs check).
     """
     config = model_config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -181,6 +183,7 @@ def vllm_server(
         reuse_reference="block",
         block_size=block,
         concurrency=concurrency,
+        prompt_logprobs=prompt_logprobs,
         claims=ClaimWatch(sources_from_specs(claim_specs())) if claims else None,
     )
     engine.fresh_instance_share = audit_share

@@ -54,6 +54,11 @@ class EngineSettings:
         return self.cache.namespace_header is not None or self.cache.namespace_field is not None
 
     @property
+    def returns_prompt_logprobs(self) -> bool:
+        """Whether replies carry prompt logprobs (``readout.prompt_logprobs`` asks for them)."""
+        return self.readout.prompt_logprobs > 0
+
+    @property
     def decode_kv_probe(self) -> bool:
         """Whether the decode-KV probe can ask this server (:mod:`...verify.decode_kv`): its
         reuse is read from the tap or checked claims."""
