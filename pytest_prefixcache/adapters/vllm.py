@@ -225,13 +225,14 @@ def vllm_matrix_engine(
     claims: bool = True,
     audit: bool | None = None,
     python: str | None = None,
+    prompt_logprobs: int = 0,
 ) -> OpenAIEngine:
     """:func:`vllm_server` for one combination of engines/vllm/matrix.toml: ``model``
     (``text``: tiny-llama-hf, ``vl``: tiny-qwen2-vl-hf, or a directory; see
     :func:`model_path`) served by ``python`` (default :func:`default_python`) with ``flags``.
     ``claims`` (default on), ``audit``: default
     ``$VLLM_AUDIT`` = 1 (off otherwise: a fresh vLLM server per audited request takes
-    minutes here)."""
+    minutes here). ``prompt_logprobs``: K > 0 asks for them (the prompt-logprobs check)."""
     python = python or default_python()
     exe = shlex.split(python)[-1] if python.strip() else ""
     if os.sep in exe and not Path(exe).is_file():
@@ -247,5 +248,6 @@ def vllm_matrix_engine(
     if audit is None:
         audit = os.environ.get("VLLM_AUDIT") == "1"
     return vllm_server(
-        path, python=python, flags=flags, audit=audit, claims=claims, concurrency=concurrency
+        path, python=python, flags=flags, audit=audit, claims=claims, concurrency=concurrency,
+        prompt_logprobs=prompt_logprobs,
     )
