@@ -115,6 +115,18 @@ def test_the_preset_asks_for_prompt_logprobs_and_a_hit_matches_the_cold_run(
     assert prompt_logprob_problems(hit, cold, Tolerance()) == []
 
 
+def test_a_hit_whose_reused_prompt_logprobs_moved_fails(
+    stub: OpenAIEngine, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("STUB_FAULT", "corrupt_prompt")
+    python = f"{sys.executable} {STUB} --flavour vllm"
+    with vllm_server(tmp_path, python=python, start_timeout=60, prompt_logprobs=3) as bad:
+        bad.run(TEXT, use_cache=True)
+        hit, cold = bad.run(TEXT, use_cache=True), bad.run(TEXT, use_cache=False)
+    (p,) = prompt_logprob_problems(hit, cold, Tolerance())
+    assert p.headline.startswith("differ at position 1 (reused: cached_tokens=")
+
+
 ENGINES = """
 import json, pathlib, sys
 from pytest_prefixcache.adapters.presets import vllm_server
@@ -129,6 +141,7 @@ def vllm():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["", "corrupt_prompt"])
 def test_the_suite_shows_the_row_and_fails_a_corrupted_hit(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, fault: str
