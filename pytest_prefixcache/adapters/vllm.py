@@ -248,6 +248,11 @@ def vllm_matrix_engine(
     if audit is None:
         audit = os.environ.get("VLLM_AUDIT") == "1"
     return vllm_server(
-        path, python=python, flags=flags, audit=audit, claims=claims, concurrency=concurrency,
+        path,
+        python=python,
+        flags=flags,
+        audit=audit,
+        claims=claims,
+        concurrency=concurrency,
         prompt_logprobs=prompt_logprobs,
     )
