@@ -14,6 +14,7 @@ __all__ = [
     "MemoryBudgetFailure",
     "PositiveControlFailure",
     "PrefixCacheError",
+    "PromptLogprobsFailure",
     "RenderHygieneFailure",
     "RenderStabilityFailure",
     "RequestError",
@@ -96,6 +97,12 @@ class StaleIdentityFailure(VerificationFailure):
     """After a restart with something changed, the engine reused a prefix cached before it."""
 
     check = "stale identity"
+
+
+class PromptLogprobsFailure(VerificationFailure):
+    """A cache hit's prompt logprobs differ from the cold run's (vLLM's ``prompt_logprobs``)."""
+
+    check = "prompt logprobs"
 
 
 class PositiveControlFailure(VerificationFailure):

@@ -67,6 +67,9 @@ class EngineTraits:
             ``adapter``...): a restart with one of them changed must reuse nothing.
         adapters: the adapter names a request may carry (``Request.adapter``); empty: the
             streams never send one. Requests with different adapters share nothing.
+        returns_prompt_logprobs: its outcomes carry ``prompt_logprobs`` (vLLM's request field
+            of that name): the prompt-logprobs row is then shown for every request, and a
+            reply without them is a coverage gap.
     """
 
     supports_images: bool = True
@@ -92,6 +95,7 @@ class EngineTraits:
     persists: bool = False
     restart_changes: tuple[str, ...] = ()
     adapters: tuple[str, ...] = ()
+    returns_prompt_logprobs: bool = False
 
 
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
@@ -111,6 +115,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "batch_invariant": (bool,), "coverage_hints": (str,), "uncached_times_skewed": (str,),
     "cold_waves_serial": (str,), "persists": (bool,), "restart_changes": (tuple, list),
     "adapters": (tuple, list),
+    "returns_prompt_logprobs": (bool,),
 }  # fmt: skip
 
 

@@ -305,6 +305,11 @@ class Outcome(ShortRepr):
         speculated: the decode ran draft-then-verify (speculative decoding): True, False, or
             None (the engine does not say). A cached run that speculated judged against a cold
             run that did not is the ``speculation`` coverage row.
+        prompt_logprobs: per prompt position, token id -> logprob of that position's
+            distribution (the prompt's own token among them), as vLLM's ``prompt_logprobs``
+            request field returns them; position 0 (nothing before it) is None. None when
+            the engine does not report them. The prompt-logprobs check compares the cached
+            positions' values with the cold run's (:mod:`.checks.prompt_logprobs`).
     """
 
     logits: np.ndarray | None = None
@@ -324,6 +329,7 @@ class Outcome(ShortRepr):
     first_token_seconds: float | None = None
     attribution: str | None = None
     speculated: bool | None = None
+    prompt_logprobs: tuple[Mapping[int, float] | None, ...] | None = None
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

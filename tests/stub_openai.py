@@ -12,7 +12,9 @@ Flavours (their field shapes, from ../shared/NOTES.md):
 - ``vllm``: top_logprobs entries ``{token, logprob, bytes}`` without ``id``; non-printable
   tokens named ``''``; ``token_id:N`` with ``return_tokens_as_token_ids``; ``prompt_token_ids``
   and the choice's ``token_ids`` with ``return_token_ids``; tenants by the ``cache_salt`` body
-  field; ``POST /reset_prefix_cache`` answers ``{"success": bool}``, ``/reset_mm_cache`` and
+  field; ``prompt_logprobs: K`` (the top K and the prompt's own token at every prompt position,
+  read through the cache on a hit: unlike vLLM 0.32, which reads no cache for such a request);
+  ``POST /reset_prefix_cache`` answers ``{"success": bool}``, ``/reset_mm_cache`` and
   ``/reset_encoder_cache`` an empty 200; ``GET /metrics``: vLLM 0.32's prefix-cache counters
   (``vllm:prefix_cache_hits_total``, ``vllm:prompt_tokens_cached_total``,
   ``vllm:prompt_tokens_by_source_total``) in Prometheus text.
@@ -28,10 +30,11 @@ keeps the cache), ``ignores_salt`` (the cache key leaves the salt out), ``null_l
 greedy tokens unchanged), ``metric_overclaim`` (vllm: the counters add a block of 32 tokens
 more than the reply's ``cached_tokens`` on every hit), ``cache_n_overclaims`` (llama:
 ``timings.cache_n`` says 4 more than ``cached_tokens`` and the counter on a hit),
+``corrupt_prompt`` (a cache hit's prompt_logprobs at its reused positions move by 1e-3),
 ``sampled_second`` (each step's own entry names its second-best token, as a
-grammar-constrained sampler's does; the logprobs stay the raw ones), ``stale_after_evict``
-(vllm, with a capacity: an evicted block's hash stays indexed, so a later hit reads the tokens
-of the block that overwrote it: a wrong answer after eviction).
+grammar-constrained sampler's does; the logprobs stay the raw ones), ``stale_after_evict`` (vllm,
+with a capacity: an evicted block's hash stays indexed, so a later hit reads the tokens of the
+block that overwrote it: a wrong answer after eviction).
 
 Capacity (vllm): ``--num-gpu-blocks-override N`` keeps at most N - 1 blocks (vLLM holds one
 back as its null block), the salted cold runs' blocks included, and evicts the least recently
@@ -158,6 +161,8 @@ class Stub:
             tokens.append(top[0][0])
             context.append((top[0][0], ""))
         tokens = tokens[:n]
+        k = int(body.get("prompt_logprobs") or 0) if self.flavour == "vllm" else 0
+        prompt = self._prompt_logprobs(context[: len(ext)], ext, k, cached) if k else None
         if cached and self.fault in ("corrupt", "corrupt_step2"):
             i = 0 if self.fault == "corrupt" else min(2, n - 1)
             tops[i] = [(t, lp + 1e-3) for t, lp in tops[i]]
@@ -166,7 +171,33 @@ class Stub:
         tops = tops[:n]
         if self.fault == "short":
             tops = tops[:-1]
-        return self._reply(body, ext, cached, tokens, tops)
+        reply = self._reply(body, ext, cached, tokens, tops)
+        if prompt is not None:
+            reply["prompt_logprobs"] = prompt
+        return reply
+
+    def _prompt_logprobs(
+        self, context: list[tuple[int, str]], ext: list[tuple[int, str]], k: int, cached: int
+    ) -> list[dict[str, dict[str, Any]] | None]:
+        """vLLM's prompt_logprobs: per position, the prompt's own token and the top k of the
+        distribution the context before it gives (``corrupt_prompt``: a hit's reused
+        positions move by 1e-3, as a store of prompt logprobs keyed without the prefix)."""
+        out: list[dict[str, dict[str, Any]] | None] = [None]
+        for pos in range(1, len(ext)):
+            top = step_top(context[:pos])[:k]
+            own = ext[pos][0]
+            values = dict(top)
+            values.setdefault(own, -4.0 - own / 1000)
+            if self.fault == "corrupt_prompt" and pos < cached:
+                values = {t: lp + 1e-3 for t, lp in values.items()}
+            ranked = sorted(values, key=lambda t: -values[t])
+            out.append(
+                {
+                    str(t): {"logprob": values[t], "rank": ranked.index(t) + 1, "decoded_token": ""}
+                    for t in values
+                }
+            )
+        return out
 
     def _hit(self, salt: str, ext: list[tuple[int, str]]) -> tuple[int, list[tuple[int, str]]]:
         """The cached prefix's length (whole blocks, never the whole prompt) and the context

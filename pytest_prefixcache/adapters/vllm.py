@@ -129,6 +129,7 @@ def vllm_server(
     audit_share: int = 8,
     claims: bool = False,
     concurrency: int = 1,
+    prompt_logprobs: int = 0,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -155,7 +156,8 @@ def vllm_server(
     machine, 5 min with three starting at once: the start timeout is 600 s), and a server's
     first request took over 120 s at a load of 35 (``timeout``, per HTTP request: 600 s); the
     baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
-    nothing (``audit=False``: not audited, a partial verdict).
+    nothing (``audit=False``: not audited, a partial verdict). ``prompt_logprobs`` K > 0 asks
+    for the top K at every prompt position (the prompt-logprobs check).
     """
     config = model_config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
@@ -181,6 +183,7 @@ def vllm_server(
         reuse_reference="block",
         block_size=block,
         concurrency=concurrency,
+        prompt_logprobs=prompt_logprobs,
         claims=ClaimWatch(sources_from_specs(claim_specs())) if claims else None,
     )
     engine.fresh_instance_share = audit_share
@@ -222,13 +225,14 @@ def vllm_matrix_engine(
     claims: bool = True,
     audit: bool | None = None,
     python: str | None = None,
+    prompt_logprobs: int = 0,
 ) -> OpenAIEngine:
     """:func:`vllm_server` for one combination of engines/vllm/matrix.toml: ``model``
     (``text``: tiny-llama-hf, ``vl``: tiny-qwen2-vl-hf, or a directory; see
     :func:`model_path`) served by ``python`` (default :func:`default_python`) with ``flags``.
     ``claims`` (default on), ``audit``: default
     ``$VLLM_AUDIT`` = 1 (off otherwise: a fresh vLLM server per audited request takes
-    minutes here)."""
+    minutes here). ``prompt_logprobs``: K > 0 asks for them (the prompt-logprobs check)."""
     python = python or default_python()
     exe = shlex.split(python)[-1] if python.strip() else ""
     if os.sep in exe and not Path(exe).is_file():
@@ -244,5 +248,11 @@ def vllm_matrix_engine(
     if audit is None:
         audit = os.environ.get("VLLM_AUDIT") == "1"
     return vllm_server(
-        path, python=python, flags=flags, audit=audit, claims=claims, concurrency=concurrency
+        path,
+        python=python,
+        flags=flags,
+        audit=audit,
+        claims=claims,
+        concurrency=concurrency,
+        prompt_logprobs=prompt_logprobs,
     )

@@ -7,7 +7,8 @@ readable failure. One module per subject: ``protocol`` (faults, a pair's agreeme
 ``equivalence`` (cached vs uncached logits under a tolerance rule), ``oracle``, ``references``
 and ``reuse`` (the most a correct cache of each design could reuse; the reuse bound, the
 positive control, the efficiency floor), ``claims`` (what the engine claimed against what its
-model computed), ``render`` (render stability, corpus expectations), ``memory`` (the budget)
+model computed), ``prompt_logprobs`` (a hit's prompt logprobs against the cold run's),
+``render`` (render stability, corpus expectations), ``memory`` (the budget)
 and ``timing`` (the speedup floor, the tenant-isolation audit).
 """
 
@@ -20,6 +21,7 @@ from .equivalence import Comparison, Tolerance, compare
 from .memory import usage_problems
 from .oracle import Match, ReuseOracle, position_keys, shared_prefix
 from .problem import Problem
+from .prompt_logprobs import PROMPT_LOGPROBS, prompt_logprob_problems
 from .protocol import fault_problems, merge_problems, pair_problems, span_at
 from .references import REUSE_REFERENCES, CacheDesign, ReuseReference
 from .render import (
@@ -51,6 +53,7 @@ __all__ = [
     "HYGIENE",
     "NO_SNAPSHOT",
     "OLDER_ENTRY",
+    "PROMPT_LOGPROBS",
     "RENDER_SLACK",
     "REUSE_REFERENCES",
     "SPEEDUP_MIN_SECONDS",
@@ -79,6 +82,7 @@ __all__ = [
     "merge_problems",
     "pair_problems",
     "position_keys",
+    "prompt_logprob_problems",
     "render_problems",
     "reuse_problems",
     "shared_prefix",

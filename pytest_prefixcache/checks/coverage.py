@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..types import Outcome, Request
 from .claims import CLAIMS, STEPS
+from .prompt_logprobs import NO_REUSED_POSITION, PROMPT_LOGPROBS, prompt_logprob_coverage
 
 __all__ = [
     "APPLIED",
@@ -106,6 +107,8 @@ HINTS = {
     "the adapter start a fresh server per audited request (drop PREFIXCACHE_AUDIT=0)",
     "the engine opts out (supports_fresh_instances = False)": "let the factory build a "
     "fresh instance cheaply and drop supports_fresh_instances = False",
+    "no prompt_logprobs in the reply": "return Outcome.prompt_logprobs on both runs (vLLM: "
+    "Readout(prompt_logprobs=K) asks for them), or drop returns_prompt_logprobs",
     NO_TAP: "run the server under the logit tap (tap=True) so that its claims can be "
     "compared with what the model computed",
     SPECULATED_BOTH: "compare with a cold run without speculation (a cold server without "
@@ -147,11 +150,18 @@ SERVER_HINTS = {
 
 
 def coverage_of(
-    request: Request, cached: Outcome, uncached: Outcome, *, has_usage: bool, compared: int = 1
+    request: Request,
+    cached: Outcome,
+    uncached: Outcome,
+    *,
+    has_usage: bool,
+    compared: int = 1,
+    prompt_logprobs: bool = False,
 ) -> Iterator[tuple[str, str]]:
     """(check, APPLIED or the reason it could not run) for every check that concerns this
     request. A check that does not concern it (shapes on a text-only request, decode steps of
-    a one-token answer) yields nothing. ``compared``: the steps the comparison compared."""
+    a one-token answer) yields nothing. ``compared``: the steps the comparison compared;
+    ``prompt_logprobs``: the engine declares ``returns_prompt_logprobs``."""
     yield "equivalence", APPLIED if compared else "nothing compared"
     if max(len(cached.tokens), len(uncached.tokens)) > 1:
         c = bool(cached.step_logits or cached.step_top_logprobs)
@@ -171,6 +181,7 @@ def coverage_of(
     yield "render stability", _first_missing(cached, "token_ids") or APPLIED
     yield "memory budget", APPLIED if has_usage else "no cache_usage()"
     yield from claims_coverage(cached, uncached)
+    yield from prompt_logprob_coverage(cached, uncached, declared=prompt_logprobs)
     if cached.speculated:
         yield SPECULATION, SPECULATED_BOTH if uncached.speculated else APPLIED
     how = attribution_of(cached, uncached)
@@ -219,10 +230,13 @@ def _first_missing(outcome: Outcome, *names: str) -> str | None:
 
 def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
     """The required checks that could not run on some request: check -> reason -> requests.
-    The claims rows count only where something was claimed."""
+    The claims rows count only where something was claimed; the prompt-logprobs row (shown
+    only where they were returned or declared) where a run returned none."""
     out = {}
-    for check in (*REQUIRED, *DECLARED):
+    for check in (*REQUIRED, *DECLARED, PROMPT_LOGPROBS):
         skip = UNCLAIMED if check in DECLARED else frozenset()
+        if check == PROMPT_LOGPROBS:
+            skip = frozenset({NO_REUSED_POSITION})
         if check == "cold baseline":
             skip = frozenset({NOT_SAMPLED})
         reasons = {

@@ -41,6 +41,7 @@ from ..checks import (
     fault_problems,
     merge_problems,
     pair_problems,
+    prompt_logprob_problems,
     render_problems,
     reuse_problems,
     usage_problems,
@@ -258,8 +259,9 @@ class Verifier(ShortRepr):
                 for p in comparison.problems[:1]
             ]
         for check, outcome in coverage_of(
-            request, cached, uncached, has_usage=callable(usage), compared=comparison.steps
-        ):
+            request, cached, uncached, has_usage=callable(usage), compared=comparison.steps,
+            prompt_logprobs=traits_of(self.engine).returns_prompt_logprobs,
+        ):  # fmt: skip
             self.report.count(check, outcome)
         self._check(
             self.audit.check(
@@ -293,6 +295,7 @@ class Verifier(ShortRepr):
             + merge_problems(cached)
             + merge_problems(uncached)
             + comparison.problems
+            + prompt_logprob_problems(cached, uncached, tolerance)
             + reuse_problems(cached, match)
             + self._findings(self._control(request, prev, cached, match), index)
             + render,

@@ -7,12 +7,17 @@ process of that server, the engine core included, runs it at start. When vLLM's
 none, so two prompts with the same text and different images hash to the same blocks and the
 second reuses the first one's KV cache. The plugin must catch it (cached != uncached logits).
 Nothing else is touched, and nothing is imported before vLLM imports that module itself.
+
+``VLLM_PATCH_IGNORES=lora`` (the LoRA negative control of engines/vllm/test_vllm_lora.py)
+replaces ``_gen_lora_extra_hash_keys`` instead: blocks are keyed without the request's
+adapter, so an adapter's request reuses the base model's KV cache.
 """
 
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -26,7 +31,17 @@ def _ignore_images(
     return [], start_mm_idx
 
 
+def _ignore_adapters(request: Any) -> list[Any]:
+    return []
+
+
 def _patch(module: ModuleType) -> None:
+    if os.environ.get("VLLM_PATCH_IGNORES") == "lora":
+        module._gen_lora_extra_hash_keys = _ignore_adapters  # type: ignore[attr-defined]
+        print(
+            f"[vllm_patches] {TARGET}._gen_lora_extra_hash_keys ignores adapters", file=sys.stderr
+        )
+        return
     module._gen_mm_extra_hash_keys = _ignore_images  # type: ignore[attr-defined]
     print(f"[vllm_patches] {TARGET}._gen_mm_extra_hash_keys ignores images", file=sys.stderr)
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...errors import EngineError
 from ..environment import START_TIMEOUT
 from .baselines import Cold
 
@@ -124,6 +125,9 @@ class Readout:
             checked against the server's ids and ``usage.prompt_tokens``.
         extensions: ask for reference_engine.server's ``prefixcache`` reply object (token ids,
             image spans, merges, message starts, full logits).
+        prompt_logprobs: K > 0 asks for vLLM's ``prompt_logprobs`` (the top K at every prompt
+            position) and reads them into ``Outcome.prompt_logprobs``; the engine then
+            declares ``returns_prompt_logprobs``. Default: ``0`` (not asked).
     """
 
     top_logprobs: int = 10
@@ -136,8 +140,12 @@ class Readout:
     image_token_id: int | None = None
     render: Callable[[Request], tuple[list[int], Spans]] | None = None
     extensions: bool = False
+    prompt_logprobs: int = 0
 
     def __post_init__(self) -> None:
+        k = self.prompt_logprobs
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise EngineError(f"prompt_logprobs={k!r} is not an int >= 0 (top K per position)")
         if isinstance(self.vocab, (str, os.PathLike)):  # read once, not at every reply
             from .replies import Vocabulary
 

@@ -60,6 +60,11 @@ class EngineSettings:
         return (names,) if isinstance(names, str) else tuple(names)
 
     @property
+    def returns_prompt_logprobs(self) -> bool:
+        """Whether replies carry prompt logprobs (``readout.prompt_logprobs`` asks for them)."""
+        return self.readout.prompt_logprobs > 0
+
+    @property
     def decode_kv_probe(self) -> bool:
         """Whether the decode-KV probe can ask this server (:mod:`...verify.decode_kv`): its
         reuse is read from the tap or checked claims."""

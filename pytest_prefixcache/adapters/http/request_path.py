@@ -18,6 +18,7 @@ from ...types import Outcome, Request
 from .chat import chat_body
 from .claims import Pending
 from .engine_settings import EngineSettings
+from .prompt_logprobs import read_prompt_logprobs
 from .replies import Reply, logprob_problems, parse_reply, with_extension
 from .server import ServerProcess, connection_problem, http_json
 from .tapped import log_tap, tapped_outcome
@@ -140,6 +141,7 @@ class RequestPath(EngineSettings):
             # max_tokens is at least 1: a request for none sends no reply back
             text=parsed.text if request.max_new_tokens else "",
             first_token_seconds=parsed.prompt_seconds,
+            prompt_logprobs=read_prompt_logprobs(reply) if self.readout.prompt_logprobs else None,
         )
         if self.readout.extensions:
             return with_extension(out, reply, request.max_new_tokens)
@@ -200,6 +202,7 @@ class RequestPath(EngineSettings):
             extra={
                 **({"prefixcache": {"logits": True}} if read.extensions else {}),
                 **({"return_token_ids": True} if read.prompt_ids == "reply" else {}),
+                **({"prompt_logprobs": read.prompt_logprobs} if read.prompt_logprobs else {}),
                 **self.extra_body,
             },
         )
