@@ -4,48 +4,29 @@
     python benchmarks/families_side_by_side.py --family hybrid --engine reference --requests 2
     python benchmarks/families_side_by_side.py --table benchmarks/results/families_side_by_side.json
 
-Three families (DESIGN.md, "Model families"), each on one set of weights: **hybrid**
-(``tiny-qwen3.5-vl`` and its language model alone, ``tiny-qwen3.5``: recurrent GatedDeltaNet
-layers x3 + full attention), **sliding-window** (``tiny-gemma3`` and ``tiny-gemma3-text``: a
-32-position ring every other layer) and **kv-shared** (``tiny-gemma4`` and ``tiny-gemma4-text``:
-Gemma 4's windows, its last two layers reading the KV of earlier ones). The workloads are
-``workloads.family_workloads()``: every prompt wraps the window and has several boundaries.
-Engines, interleaved request by request as ``side_by_side.py`` does (``interleaved_pass``):
+Families (``FAMILIES``): hybrid (tiny-qwen3.5-vl / tiny-qwen3.5), sliding-window (tiny-gemma3 /
+-text) and kv-shared (tiny-gemma4 / -text), on ``workloads.family_workloads()``. Engines,
+interleaved request by request as ``side_by_side.py`` does: the reference engine (VLM fixture,
+every workload), mlx-lm's prompt cache (text fixture, text workloads), mlx-vlm APC in block and
+exact-snapshot modes, and rapid-mlx / vllm-mlx (``--mllm``) when their venvs exist under
+``$SEED_DIR`` or ``.engines/seed/`` (else skipped, saying why).
 
-- the reference engine on the VLM fixture, every workload (it loads mlx-vlm models only; the
-  text fixture is the VLM's language model, so its text runs are on the same weights);
-- mlx-lm's prompt cache (``adapters/mlx_lm.py``) on the text fixture, text workloads only;
-- mlx-vlm APC, block and exact-snapshot modes (``adapters/mlx_vlm_apc.py``), on the VLM
-  fixture, every workload;
-- rapid-mlx and vllm-mlx (``adapters/seed.py``, ``--mllm``, on the VLM fixture) when a venv of
-  each exists under ``$SEED_DIR`` or a checkout's ``.engines/seed/``; otherwise skipped, saying
-  why.
-
-Per request: an uncached run (cold), then a cached run (warm), each timed to the first token
-(``max_new_tokens=0``; the peers' adapters always sample one token); the largest
-|cached - cold| over the logits of the first position (bit-exactness: 0.0 is bit-exact); the
-warm run's cached tokens against two references computed over the engine's own prompts:
-
-- the **token oracle** (``ReuseOracle``): the longest prefix shared with an earlier prompt, to
-  the token (the correctness bound);
-- the **snapshot-aware reference** (``Match.snapshot``): the most a cache can reuse when its
-  non-trimmable layers resume only at boundaries an earlier prompt passed (message starts,
-  image edges, earlier prompts' ends). Message starts are the engine's own
-  (``Outcome.message_starts``), else the reference engine's for the same token ids; a peer
-  whose prompt differs gets image edges and prompt ends only (``starts_from`` says which).
-
-``--repeats`` replays each workload (caches reset first; the first engine rotating per pass)
-and keeps the median time per request. Writes ``results/families_side_by_side.json``; with
-``--markdown`` prints the table. The issue's target: the reference engine reaches 0.95 of the
-snapshot-aware reference on every workload and reuses more than every peer beside it
-(``target`` in the JSON, per family and workload, with the requests that fall short).
+Per request: a cold run then a warm one, each timed to the first token; the largest
+|cached - cold| over the first position's logits (0.0: bit-exact); the warm run's cached tokens
+against the token oracle (``ReuseOracle``: the correctness bound) and the snapshot-aware
+reference (``Match.snapshot``: resumes only at boundaries an earlier prompt passed; message
+starts are the engine's own, else the reference engine's for the same token ids).
+``--repeats`` replays each workload (caches reset, the first engine rotating) and keeps the
+median time per request. Writes ``results/families_side_by_side.json`` (``target`` per family
+and workload: the reference's share of the snapshot-aware reference, whether it reuses more
+than every peer, its warm time over the best peer's); ``--markdown`` prints the table
+(``families_table.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import inspect
 import json
 import os
 import platform
@@ -54,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,11 +44,12 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from families_table import markdown, pct
 from side_by_side import interleaved_pass, median_rows, ratio, resident_bytes, timed, warm_up
 from workloads import Workload, family_workloads
 
 from pytest_prefixcache import Request
-from pytest_prefixcache.checks.oracle import Match, ReuseOracle
+from pytest_prefixcache.checks.oracle import ReuseOracle
 from pytest_prefixcache.package_data import FIXTURES
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -90,24 +72,9 @@ FAMILIES = {
         "tiny-gemma3", "tiny-gemma3-text", "Gemma 3: (sliding window 32 + global) x2"
     ),
     "kv-shared": Family(
-        "tiny-gemma4",
-        "tiny-gemma4-text",
-        "Gemma 4: (sliding window 32 + global) x2, the last two layers reading earlier ones' KV",
+        "tiny-gemma4", "tiny-gemma4-text", "Gemma 4: (sliding window 32 + global) x2, KV-shared"
     ),
 }
-
-
-# -- the second reference ----------------------------------------------------------------------
-# The snapshot-aware reference comes from pytest_prefixcache/checks/oracle.py (Match.snapshot,
-# and ReuseOracle.add(..., message_starts=); merged from branch 'oracle' in 8768e20). With an
-# oracle without them, the snapshot-aware figures are None and the table says "n/a".
-_ADD_TAKES_STARTS = "message_starts" in inspect.signature(ReuseOracle.add).parameters
-SNAPSHOT_REFERENCE = _ADD_TAKES_STARTS and "snapshot" in {f.name for f in fields(Match)}
-
-
-def snapshot_reference(match: Match) -> int | None:
-    """The snapshot-aware reference of one request (None: this oracle does not compute it)."""
-    return getattr(match, "snapshot", None)
 
 
 # -- engines -----------------------------------------------------------------------------------
@@ -226,10 +193,9 @@ def add_references(rows: dict[str, list[dict[str, Any]]], namespace: str = "") -
             if starts is None and same and ours is not None:
                 starts, source = ours[i]["message_starts"], "reference"
             match = oracle.match(namespace, ids, spans)
-            extra: dict[str, Any] = {"message_starts": starts} if _ADD_TAKES_STARTS else {}
-            oracle.add(i, namespace, ids, spans, **extra)
+            oracle.add(i, namespace, ids, spans, message_starts=starts)
             row["oracle_max"] = match.max_reuse
-            row["snapshot_ref"] = snapshot_reference(match)
+            row["snapshot_ref"] = match.snapshot
             row["starts_from"] = source if starts is not None else None
             row["same_prompt_as_reference"] = same
     for per_request in rows.values():  # the JSON keeps counts, not the prompts' ids
@@ -379,55 +345,13 @@ def run(
     return {
         "repeats": repeats,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, MLX CPU",
-        "snapshot_reference_available": SNAPSHOT_REFERENCE,
+        "snapshot_reference_available": True,
         "wall_s": time.perf_counter() - t_start,
         "families": out,
     }
 
 
 # -- output ------------------------------------------------------------------------------------
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.1%}"
-
-
-HEAD = (
-    "| family | workload | engine | reused / prompt | vs token oracle | vs snapshot-aware "
-    "| requests short of snapshot-aware | cold | warm | cold / warm | max \\|cached - cold\\| |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
-)
-
-
-def markdown(figures: dict[str, Any]) -> str:
-    """The table: one row per family, workload and engine."""
-    lines = [HEAD]
-    for fname, fam in figures["families"].items():
-        for wname, per_engine in fam["workloads"].items():
-            for ename, result in per_engine.items():
-                if "error" in result:  # the first clause (the JSON has all of it)
-                    error = result["error"].split(": the render")[0].replace("|", "\\|")
-                    lines.append(f"| {fname} | {wname} | {ename} | failed: {error} |" + " |" * 7)
-                    continue
-                s, n = result["summary"], len(result["requests"])
-                vs_snap = (
-                    "n/a" if s["snapshot_ref"] is None
-                    else f"{pct(s['vs_snapshot'])} of {s['snapshot_ref']:,}"
-                )  # fmt: skip
-                short = (
-                    "n/a" if s["snapshot_ref"] is None
-                    else f"{len(s['short_of_snapshot'])} of {n}"
-                )  # fmt: skip
-                diff = "-" if s["max_abs_diff"] is None else f"{s['max_abs_diff']:.3g}"
-                lines.append(
-                    f"| {fname} | {wname} | {ename} "
-                    f"| {s['cached_tokens']:,} / {s['prompt_tokens']:,} ({pct(s['efficiency'])}) "
-                    f"| {pct(s['vs_oracle'])} of {s['oracle_max']:,} "
-                    f"| {vs_snap} | {short} "
-                    f"| {s['cold_s']:.2f} s | {s['warm_s']:.2f} s "
-                    f"| {s['cold_over_warm']:.2f}x | {diff} |"
-                )
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--family", action="append", choices=list(FAMILIES),
