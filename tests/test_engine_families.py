@@ -194,7 +194,7 @@ class _ComputesAgain(Engine):
     def render(self, *args: Any, **kwargs: Any) -> Any:
         return dataclasses.replace(super().render(*args, **kwargs), boundaries=None)
 
-    def root(self, namespace: str) -> bytes:
+    def root(self, namespace: str, adapter: str | None = None) -> bytes:
         return engine_module.namespace_root(self.model.fingerprint, namespace)
 
 
