@@ -164,7 +164,8 @@ def _n(x: Any) -> str:
 
 def render(name: str, f: dict[str, Any]) -> str:
     """The README's sentence for figure ``name``."""
-    load = f"load {f['load_before']:g}-{f['load_after']:g}"
+    low, high = sorted((f["load_before"], f["load_after"]))
+    load = f"load {low:g}-{high:g}"
     if name == "quickstart":
         return (
             f"{f['wall_s']:.0f} s on 2 cores ({f['cpu_s']:.0f} s CPU, {load}; "
