@@ -214,3 +214,28 @@ def test_the_ledger_follows_a_request_from_its_prefill_into_the_batch(tmp_path: 
     unnamed = ledger(tmp_path / "uids", waves)
     unnamed.refresh()
     assert unnamed.received == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.environ.get("OMLX_DIR"), reason="needs oMLX's venv (OMLX_DIR; engines/omlx/install.sh)"
+)
+def test_omlx_waves_are_attributed_by_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flyto-mlx 0.7.0 under the tap, 4 requests at once (identical prompts among them): every
+    reply's rows by id, and one prefill per reply."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
+    from test_adapters_waves import WAVES
+
+    from pytest_prefixcache import Verifier
+    from pytest_prefixcache.adapters.omlx import omlx_server
+    from pytest_prefixcache.checks.coverage import ATTRIBUTION
+
+    engine = omlx_server(flags=["--block-size", "32"], audit=False, claims=False, concurrency=4)
+    try:
+        verifier = Verifier(engine)
+        steps = verifier.run_waves(WAVES)
+        assert {s.cached.attribution for s in steps} == {"id"}
+        assert verifier.report.coverage[ATTRIBUTION] == {"applied": len(steps)}
+        assert engine.request_count_problems() == []
+    finally:
+        engine.close()
