@@ -10,7 +10,8 @@
 #
 # Usage: engines/omlx/verify.sh [CONFIG...]   (default: every combination of the matrix file;
 #   CONFIG: a configuration or combination name, e.g. omlx-llama or 'omlx-llama[ssd,b32]')
-# Environment: OMLX_DIR, PYTHON, OMLX_EXAMPLES (per property and combination, default 3),
+# Environment: OMLX_DIR, PYTHON, OMLX_EXAMPLES (per property and combination, default 3), OMLX_SEED
+#   (Hypothesis' seed, default 1),
 #   OMLX_MATRIX (default engines/omlx/matrix.toml), OMLX_RUN (the run directory's name, default
 #   "all"), OMLX_CHECKS=0 (skip the targeted checks, engines/omlx/test_omlx_engine.py),
 #   OMLX_CORPUS (a directory: each failure's shrunk counterexample is copied there as
@@ -64,7 +65,7 @@ while read -r combo; do
     -p no:cacheprovider -q -rfE "${select[@]}" "${more[@]}" --prefixcache-verify \
     --pyargs pytest_prefixcache.suite \
     --prefixcache-matrix="$MATRIX" "--prefixcache-config=$combo" --prefixcache-allow-partial \
-    --prefixcache-examples="$EXAMPLES" --prefixcache-seed=1 --prefixcache-timeout=300 \
+    --prefixcache-examples="$EXAMPLES" --prefixcache-seed="${OMLX_SEED:-1}" --prefixcache-timeout=300 \
     --prefixcache-report="$out/suite.json" >"$out/suite.log" 2>&1; tail -n 3 "$out/suite.log") || true
 done < <(lab_combos "$MATRIX" "$@")
 [ -z "${OMLX_CORPUS:-}" ] || "$PYTHON" "$ROOT/engines/omlx/findings.py" save "$RUN" "$MATRIX" "$OMLX_CORPUS"

@@ -20,6 +20,7 @@ __all__ = [
     "VARIABLES",
     "Variable",
     "audit_share",
+    "batch_invariant_from_env",
     "concurrency_from_env",
     "markdown_table",
     "value",
@@ -175,6 +176,10 @@ VARIABLES: tuple[Variable, ...] = (
     V("PREFIXCACHE_CONCURRENCY", "requests the server is sent at once; above 1, `test_waves` "
       "runs ([waves](#concurrent-service-waves)); also read by the `reference_server` preset",
       "1", _at_least_one, readers=ALL),
+    V("PREFIXCACHE_BATCH_INVARIANT", "`1`: the server declares that a reply never depends on "
+      "the requests in flight with it (the trait `batch_invariant`): a cold wave that differs "
+      "from the same requests alone is then a batching fault, not the finding `batch "
+      "non-invariance`", "0", _switch, readers=ALL),
     V("PREFIXCACHE_FORK", "`0`: start every server from scratch; `1`: fork `{python} -m MODULE` "
       "servers", None, _switch, shown="fork on Linux, not on macOS"),
     V("SEED_ENGINE", "`vllm-mlx` or `rapid-mlx`: the seed engine of "
@@ -217,6 +222,12 @@ def value(name: str, environ: Mapping[str, str] | None = None) -> Any:
 def concurrency_from_env() -> int:
     """``PREFIXCACHE_CONCURRENCY``: requests a server is sent at once (default 1)."""
     return int(value("PREFIXCACHE_CONCURRENCY"))
+
+
+def batch_invariant_from_env() -> bool:
+    """``PREFIXCACHE_BATCH_INVARIANT``: whether the server declares the trait
+    ``batch_invariant`` (default no)."""
+    return bool(value("PREFIXCACHE_BATCH_INVARIANT"))
 
 
 def audit_share(name: str) -> int:

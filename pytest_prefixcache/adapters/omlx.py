@@ -40,7 +40,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, is_vision_model, model_from_env, resolve_model
-from .environment import concurrency_from_env, value
+from .environment import batch_invariant_from_env, concurrency_from_env, value
 from .flags import split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
@@ -238,8 +238,14 @@ def from_env() -> OpenAIEngine:
     """``omlx_server`` configured by ``OMLX_FLAGS`` (a command-line string), for
     ``--prefixcache-engine=pytest_prefixcache.adapters.omlx:from_env`` (the model:
     ``--prefixcache-model``); ``PREFIXCACHE_AUDIT=0``: no baseline audit; ``OMLX_CLAIMS=0``:
-    no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once."""
+    no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once;
+    ``PREFIXCACHE_BATCH_INVARIANT``: the trait ``batch_invariant``."""
     audit = value("PREFIXCACHE_AUDIT")
     claims = value("OMLX_CLAIMS")
     flags = shlex.split(value("OMLX_FLAGS"))
-    return omlx_server(flags=flags, audit=audit, claims=claims, concurrency=concurrency_from_env())
+    invariant = batch_invariant_from_env()
+    engine = omlx_server(
+        flags=flags, audit=audit, claims=claims, concurrency=concurrency_from_env()
+    )
+    engine.batch_invariant = invariant
+    return engine

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..errors import EngineError
 from ..package_data import FIXTURES, engine_model
-from .environment import audit_share, concurrency_from_env, value
+from .environment import audit_share, batch_invariant_from_env, concurrency_from_env, value
 from .flags import split_flags
 from .http.baselines import Cold
 from .http.claims import ClaimWatch, sources_from_specs
@@ -287,7 +287,8 @@ def from_env() -> OpenAIEngine:
     for ``--prefixcache-engine=pytest_prefixcache.adapters.seed:from_env`` (one combination;
     ``engines/seed/matrix.toml`` names them all); ``PREFIXCACHE_AUDIT=0``: no baseline audit;
     ``SEED_CLAIMS=0``: no claim sources; ``PREFIXCACHE_CONCURRENCY``: requests sent at once;
-    ``SEED_TAP=0``: no logit tap (rapid-mlx only; see :func:`seed_server`)."""
+    ``SEED_TAP=0``: no logit tap (rapid-mlx only; see :func:`seed_server`);
+    ``PREFIXCACHE_BATCH_INVARIANT``: the trait ``batch_invariant``."""
     engine = value("SEED_ENGINE")
     if not engine:
         raise EngineError("set SEED_ENGINE (vllm-mlx or rapid-mlx) and SEED_FLAGS")
@@ -296,7 +297,8 @@ def from_env() -> OpenAIEngine:
     flags = shlex.split(value("SEED_FLAGS"))
     share = audit_share("SEED_AUDIT_SHARE")
     tap = value("SEED_TAP")
-    return seed_server(
+    invariant = batch_invariant_from_env()
+    server = seed_server(
         engine,
         flags,
         audit=audit,
@@ -305,3 +307,5 @@ def from_env() -> OpenAIEngine:
         concurrency=concurrency_from_env(),
         tap=tap,
     )
+    server.batch_invariant = invariant
+    return server

@@ -6,6 +6,7 @@ method once (nothing here raises into the server)."""
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -21,6 +22,7 @@ __all__ = [
     "padded_prefill",
     "patch",
     "patch_plan",
+    "row_label",
     "serial",
     "serials",
     "take_padding",
@@ -45,6 +47,18 @@ def current_labels() -> list[str] | None:
     if labels is None:
         labels = once
     return None if labels is None else list(labels)
+
+
+def row_label(generator: int, uid: int) -> str:
+    """The label of a ``BatchGenerator`` row: ``PID:GENERATOR:UID``, unless a scheduler hook
+    named its uids after its own requests for the call running on this thread
+    (``local.names``, uid -> label or None)."""
+    names = getattr(local, "names", None)
+    if names is not None:
+        name = names(uid)
+        if name is not None:
+            return str(name)
+    return f"{os.getpid()}:{generator}:{uid}"
 
 
 def padded_prefill(where: Callable[..., Any]) -> Make:

@@ -32,6 +32,7 @@ from typing import Any
 from ._labels import PAD_MARK, current_labels, padded_prefill, patch_plan
 from ._labels import Writer as _Writer
 from ._labels import local as _local
+from ._labels import row_label as _row_label
 from ._labels import serial as _serial
 from ._labels import serials as _serials
 from .identity_vllm import REQUEST_HEADER, VLLM_MLX_MODULES, vllm_mlx_hooks
@@ -50,7 +51,7 @@ def _labelled(original: Callable[..., Any]) -> Callable[..., Any]:
         before = getattr(_local, "labels", None)
         try:
             gen = getattr(_local, "generator", 0)
-            _local.labels = [f"{os.getpid()}:{gen}:{u}" for u in self.uids]
+            _local.labels = [_row_label(gen, u) for u in self.uids]
         except Exception:  # never raise into the server
             _local.labels = None
         try:

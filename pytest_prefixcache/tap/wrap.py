@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import ENV, identity, identity_vlm
+from . import ENV, identity, identity_omlx, identity_vlm
 from ._labels import take_padding
 
 __all__ = ["DEFAULT_TARGETS", "install", "install_identity"]
@@ -270,7 +270,7 @@ def install_identity() -> list[str]:
         with sink.lock, open(sink.path, "a") as f:
             f.write(json.dumps({"identity": done, "pid": os.getpid()}) + "\n")
 
-    families = (*identity.FAMILIES, identity_vlm.FAMILY)
+    families = (*identity.FAMILIES, identity_vlm.FAMILY, identity_omlx.FAMILY)
     done = identity.install(sink, header, families)  # a later import's patches: another line
     header(done)
     return done

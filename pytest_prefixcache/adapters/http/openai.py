@@ -77,6 +77,7 @@ class OpenAIEngine(RequestPath):
     # traits a preset adjusts (pytest_prefixcache.traits.EngineTraits documents them)
     caches_output: bool = False
     cache_capacity_tokens: int | None = None
+    batch_invariant: bool = False
 
     #: The verdict's advice for checks that could not run names the PREFIXCACHE_* settings.
     coverage_hints = "server"

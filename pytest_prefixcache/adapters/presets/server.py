@@ -6,7 +6,7 @@ import os
 import shlex
 
 from ...errors import EngineError
-from ..environment import audit_share, concurrency_from_env, value
+from ..environment import audit_share, batch_invariant_from_env, concurrency_from_env, value
 from ..http.claims import ClaimWatch, sources_from_json
 from ..http.openai import OpenAIEngine
 from ..http.render import TextRenderer, VlmRenderer
@@ -74,6 +74,7 @@ def from_env() -> OpenAIEngine:
         else None,
     )
     engine.fresh_instance_share = audit_share("PREFIXCACHE_AUDIT_SHARE")
+    engine.batch_invariant = batch_invariant_from_env()
     # the measured rule of the program the command runs on the model's family, as a preset
     # of the same server gets it: the model directory is the command's --model, else the one
     # the ids are rendered with, the vocabulary's, or PREFIXCACHE_MODEL's
