@@ -32,7 +32,8 @@
 # The waves property runs on the combinations whose args declare concurrency above 1 (the
 #   *-waves configs of matrix.toml; PREFIXCACHE_CONCURRENCY for from_env).
 # verify runs, for every combination of the matrix file that belongs to the engines named:
-# the targeted checks (engines/seed/test_seed_engines.py, and test_seed_waves.py: the saved
+# the targeted checks (engines/seed/test_seed_engines.py, test_seed_paged_dedup.py (paged store
+# only), and test_seed_waves.py: the saved
 # waves' replays; under --runxfail, so the JUnit file holds what really failed) against its own pair of servers, then the plugin's built-in suite over all
 # of them in one matrix run (--prefixcache-matrix; each combination is its own set of tests,
 # engine, cold baseline and verdict row; claims and per-step alignment on; text-only streams
@@ -127,7 +128,7 @@ verify() {  # verify ENGINE...: the targeted checks per combination, then one ma
     SEED_ENGINE="$engine" SEED_MODE="$mode" SEED_FLAGS="$flags" SEED_FINDINGS="$out/checks.jsonl" \
       "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEs --runxfail \
       "$ROOT/engines/seed/test_seed_engines.py" "$ROOT/engines/seed/test_seed_waves.py" \
-      --junitxml="$out/checks.xml" | tail -n 5 || true
+      "$ROOT/engines/seed/test_seed_paged_dedup.py" --junitxml="$out/checks.xml" | tail -n 5 || true
   done < <(combos "$@")
   echo "== the built-in suite over every combination (--prefixcache-matrix)"
   local -a names=()
