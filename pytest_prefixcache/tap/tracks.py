@@ -38,7 +38,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
-from . import TapReader, TapRecord
+from . import TapReader, TapRecord, TapRow
 from .rows import Found, Track, answer
 
 __all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
@@ -294,5 +294,85 @@ class TapLedger:
             return True
 
     def records(self) -> list[TapRecord]:
+        """The latest records read (at most ``_RECENT``: for a message, not for attribution,
+        which reads the tracks); :attr:`calls` counts them all."""
         with self.lock:
             return list(self.recent)
+
+    @property
+    def calls(self) -> int:
+        """Forward calls read since the server started (all of them, not only the recent)."""
+        return self._order
+
+    def explain(self, prompt_tokens: int, reply_id: str | Sequence[str] | None = None) -> str:
+        """Why :meth:`find` gives no track to a ``prompt_tokens`` long reply, from the tracks
+        (every call read, not a window of records): the request the server admitted the reply
+        under and its rows, or the tracks whose rows end at the prompt length and who holds
+        them; '' when no track has a row ending there (:func:`.missing_reason` tells why)."""
+        with self.lock:
+            self._ingest()
+            tried = (reply_id,) if isinstance(reply_id, str) else tuple(reply_id or ())
+            label = next(
+                (self.reader.admitted[i] for i in tried if i in self.reader.admitted), None
+            )
+            if label is not None:
+                t = self._by_label.get(label)
+                if t is None:
+                    return (
+                        f"the server admitted the reply as {label!r} but no row carried that label"
+                    )
+                if t.claimed:
+                    return f"the track of {label!r} (the reply's admission) was claimed already"
+                rows = ", ".join(_shown(n, r) for n, r in t.rows[:12])
+                more = f" ... ({len(t.rows)} rows)" if len(t.rows) > 12 else ""
+                said = (
+                    f"the reply was admitted as {label!r}, whose rows (input positions: KV "
+                    f"offset before->after, +padding) are {rows}{more}: none unpadded ends at "
+                    f"the prompt length {prompt_tokens}"
+                )
+                return said + _padding_only(t, prompt_tokens)
+            ending = [
+                t
+                for t in self.tracks
+                if any(r.after == prompt_tokens and not r.padded for _, r in t.rows)
+            ]
+            if not ending:
+                return ""
+            claimed = sum(t.claimed for t in ending)
+            return (
+                f"{len(ending)} track(s) have an unpadded row ending at the prompt length "
+                f"{prompt_tokens} ({claimed} claimed by other replies, the rest not this "
+                f"prompt's: other ids, a decode step, or admitted under another reply's id)"
+            )
+
+
+def _padding_only(t: Track, prompt_tokens: int) -> str:
+    """The server's own fault, read from ``t``'s rows, when its prompt's real tokens end at
+    ``prompt_tokens`` inside a right-padded chunk and the last call before its first decode
+    step holds only padding for it: that call's logits are no position of the prompt's, yet
+    the server sampled the first token after it ('' when the rows show no such thing)."""
+    rows = [r for _, r in t.rows]
+    end = next((k for k, r in enumerate(rows) if r.padded and r.real_after == prompt_tokens), None)
+    step = next(
+        (k for k, (n, r) in enumerate(t.rows) if n == 1 and r.before >= prompt_tokens), None
+    )
+    if end is None or step is None or step <= end + 1:
+        return ""
+    pads = rows[end + 1 : step]
+    if not all(
+        r.padded and r.real_after == prompt_tokens and r.before >= r.after - r.pad for r in pads
+    ):
+        return ""
+    last = pads[-1]
+    return (
+        f"; the prompt ended at {prompt_tokens} inside the right-padded chunk "
+        f"{rows[end].before}->{rows[end].after}+{rows[end].pad}, and the call before its first "
+        f"decode step ({last.before}->{last.after}+{last.pad}) holds only padding for it: the "
+        "server sampled the request's first token after a call with no real position of its "
+        "prompt (an engine fault: its logits are padding's, or read out of the call's range)"
+    )
+
+
+def _shown(n: int, r: TapRow) -> str:
+    pad = f"+{r.pad}" if r.pad else ""
+    return f"{n}: {r.before}->{r.after}{pad}"
