@@ -93,8 +93,8 @@ def _admitted(tmp_path: Path, calls: list[tuple[str, list[dict]]]) -> TapLedger:
     return led
 
 
-def _labelled(b: int, a: int, n: int, pad: int = 0) -> dict:
-    return {**row(b, a, [1] * n, 3, pad=pad), "id": "1"}
+def _labelled(b: int, a: int, n: int, pad: int = 0, held: int = 0) -> dict:
+    return {**row(b, a, [1] * n, 3, pad=pad), "id": "1", "pb": held}
 
 
 # The schedule the tap recorded on mlx-vlm 0.6.13 and 0.6.14 (tiny-gemma3, a wave of 4): a
@@ -104,7 +104,7 @@ def _labelled(b: int, a: int, n: int, pad: int = 0) -> dict:
 SHORT_ROW = [
     ("p", [_labelled(345, 353, 8)]),
     ("p", [_labelled(353, 589, 236, pad=228)]),
-    ("p", [_labelled(361, 377, 16, pad=16)]),
+    ("p", [_labelled(361, 377, 16, pad=16, held=228)]),  # as recorded: pb 228
     ("g", [_labelled(361, 362, 1)]),
 ]
 
@@ -114,7 +114,7 @@ def test_a_first_token_sampled_after_padding_only_is_named_the_servers(tmp_path:
     assert led.find(361, None, 2, reply_id="r") is None
     why = led.explain(361, "r")
     assert "inside the right-padded chunk 353->589+228" in why
-    assert "(361->377+16) holds only padding" in why and "an engine fault" in why
+    assert "(361->377+16) fed it only padding" in why and "an engine fault" in why
 
 
 def test_a_row_ending_at_a_chunk_boundary_is_attributed(tmp_path: Path) -> None:

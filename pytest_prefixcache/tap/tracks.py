@@ -347,29 +347,30 @@ class TapLedger:
 
 
 def _padding_only(t: Track, prompt_tokens: int) -> str:
-    """The server's own fault, read from ``t``'s rows, when its prompt's real tokens end at
-    ``prompt_tokens`` inside a right-padded chunk and the last call before its first decode
-    step holds only padding for it: that call's logits are no position of the prompt's, yet
-    the server sampled the first token after it ('' when the rows show no such thing)."""
-    rows = [r for _, r in t.rows]
-    end = next((k for k, r in enumerate(rows) if r.padded and r.real_after == prompt_tokens), None)
+    """The server's own fault, read from ``t``'s rows, when its prompt's tokens end at
+    ``prompt_tokens`` inside a right-padded chunk and every call between that chunk and its
+    first decode step feeds it only padding: those calls' logits are no position of the
+    prompt's, yet the server sampled the first token after them ('' when the rows show no
+    such thing). Raw offsets and padding counts only (``held`` is left out: the tap reads it
+    from the cache, which may already have dropped it)."""
+    end = next(
+        (k for k, (_, r) in enumerate(t.rows) if r.padded and r.after - r.pad == prompt_tokens),
+        None,
+    )
     step = next(
         (k for k, (n, r) in enumerate(t.rows) if n == 1 and r.before >= prompt_tokens), None
     )
     if end is None or step is None or step <= end + 1:
         return ""
-    pads = rows[end + 1 : step]
-    if not all(
-        r.padded and r.real_after == prompt_tokens and r.before >= r.after - r.pad for r in pads
-    ):
+    if not all(r.pad >= n for n, r in t.rows[end + 1 : step]):
         return ""
-    last = pads[-1]
+    chunk, last = t.rows[end][1], t.rows[step - 1][1]
     return (
         f"; the prompt ended at {prompt_tokens} inside the right-padded chunk "
-        f"{rows[end].before}->{rows[end].after}+{rows[end].pad}, and the call before its first "
-        f"decode step ({last.before}->{last.after}+{last.pad}) holds only padding for it: the "
-        "server sampled the request's first token after a call with no real position of its "
-        "prompt (an engine fault: its logits are padding's, or read out of the call's range)"
+        f"{chunk.before}->{chunk.after}+{chunk.pad}, and the call before its first decode step "
+        f"({last.before}->{last.after}+{last.pad}) fed it only padding: the server sampled the "
+        "request's first token after a call with no position of its prompt (an engine fault: "
+        "its logits are padding's, or read out of the call's range)"
     )
 
 
