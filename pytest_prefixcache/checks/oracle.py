@@ -124,6 +124,10 @@ class Match:
         return f"reuse references: {', '.join(parts)}; judged against the {ref}"
 
 
+#: The source index of a server's own warm-up prompt (:meth:`ReuseOracle.add_warmup`).
+WARMUP = -1
+
+
 @dataclass
 class _Prompt:
     index: int
@@ -200,6 +204,12 @@ class ReuseOracle:
             decode_start=decode_start if decode_start is not None and decode_start < cap else None,
             recent=recent,
         )
+
+    def add_warmup(self, prompts: Sequence[Sequence[int]]) -> None:
+        """The prompts a server ran on its own before the stream (its warm-up, seen by the
+        tap): earlier requests of the default namespace, source :data:`WARMUP`, no output."""
+        for ids in prompts:
+            self.add(WARMUP, "", ids, ())
 
     def add(
         self,

@@ -18,7 +18,7 @@ run: when the two runs needed more than the capacity, a miss is the finding :dat
 from __future__ import annotations
 
 from ..types import Outcome, Request
-from .oracle import Match
+from .oracle import WARMUP, Match
 from .problem import Problem
 from .references import CacheDesign
 
@@ -61,6 +61,8 @@ def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
     if match is None or not match.exceeded_by(o.cached_tokens):
         return []
     src = "no earlier request" if match.source is None else f"request {match.source}"
+    if match.source == WARMUP:
+        src = "the server's own warm-up prompt"
     outputs = (
         f" (through an earlier request's output tokens: {match.limit})"
         if match.limit > match.max_reuse

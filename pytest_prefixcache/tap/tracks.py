@@ -63,6 +63,8 @@ class TapLedger:
         self.sent = 0
         self.unanswered = 0
         self.warmup = 0
+        self.warm: list[Track] = []
+        """The tracks of the warm-up of the latest start (emptied by a reset endpoint)."""
         self.excused = 0
         """Prefills a reported mismatch left over (negative: missing ones)."""
         self.reported = 0
@@ -85,7 +87,21 @@ class TapLedger:
         """The server (re)started: what it computed beyond the requests sent is its warm-up."""
         with self.lock:
             self._ingest()
+            old = self.warmup
             self.warmup = max(self.warmup, len(self.tracks) - self.sent)
+            self.warm = self.tracks[len(self.tracks) - (self.warmup - old) :]
+
+    def warmup_prompts(self) -> list[tuple[int, ...]]:
+        """The prompt ids of the prefills the server ran on its own at its latest start (its
+        warm-up, :meth:`started`), read from their rows; one whose ids the tap could not read
+        (embeddings) is left out."""
+        with self.lock:
+            out = []
+            for t in self.warm:
+                prompt = [r for (_, r), kind in zip(t.rows, t.kinds) if kind != "step"]
+                if prompt and all(r.real_ids is not None for r in prompt):
+                    out.append(tuple(i for r in prompt for i in r.real_ids or ()))
+            return out
 
     def refresh(self) -> None:
         """Read the records written since the last read."""
