@@ -38,8 +38,8 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
-from . import TapReader, TapRecord, TapRow
-from .rows import Found, Track, answer
+from . import TapReader, TapRecord
+from .rows import Found, Track, answer, padding_only, shown
 
 __all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
 
@@ -339,14 +339,14 @@ class TapLedger:
                     )
                 if t.claimed:
                     return f"the track of {label!r} (the reply's admission) was claimed already"
-                rows = ", ".join(_shown(n, r) for n, r in t.rows[:12])
+                rows = ", ".join(shown(n, r) for n, r in t.rows[:12])
                 more = f" ... ({len(t.rows)} rows)" if len(t.rows) > 12 else ""
                 said = (
                     f"the reply was admitted as {label!r}, whose rows (input positions: KV "
                     f"offset before->after, +padding) are {rows}{more}: none unpadded ends at "
                     f"the prompt length {prompt_tokens}"
                 )
-                return said + _padding_only(t, prompt_tokens)
+                return said + padding_only(t, prompt_tokens)
             ending = [
                 t
                 for t in self.tracks
@@ -360,36 +360,3 @@ class TapLedger:
                 f"{prompt_tokens} ({claimed} claimed by other replies, the rest not this "
                 f"prompt's: other ids, a decode step, or admitted under another reply's id)"
             )
-
-
-def _padding_only(t: Track, prompt_tokens: int) -> str:
-    """The server's own fault, read from ``t``'s rows, when its prompt's tokens end at
-    ``prompt_tokens`` inside a right-padded chunk and every call between that chunk and its
-    first decode step feeds it only padding: those calls' logits are no position of the
-    prompt's, yet the server sampled the first token after them ('' when the rows show no
-    such thing). Raw offsets and padding counts only (``held`` is left out: the tap reads it
-    from the cache, which may already have dropped it)."""
-    end = next(
-        (k for k, (_, r) in enumerate(t.rows) if r.padded and r.after - r.pad == prompt_tokens),
-        None,
-    )
-    step = next(
-        (k for k, (n, r) in enumerate(t.rows) if n == 1 and r.before >= prompt_tokens), None
-    )
-    if end is None or step is None or step <= end + 1:
-        return ""
-    if not all(r.pad >= n for n, r in t.rows[end + 1 : step]):
-        return ""
-    chunk, last = t.rows[end][1], t.rows[step - 1][1]
-    return (
-        f"; the prompt ended at {prompt_tokens} inside the right-padded chunk "
-        f"{chunk.before}->{chunk.after}+{chunk.pad}, and the call before its first decode step "
-        f"({last.before}->{last.after}+{last.pad}) fed it only padding: the server sampled the "
-        "request's first token after a call with no position of its prompt (an engine fault: "
-        "its logits are padding's, or read out of the call's range)"
-    )
-
-
-def _shown(n: int, r: TapRow) -> str:
-    pad = f"+{r.pad}" if r.pad else ""
-    return f"{n}: {r.before}->{r.after}{pad}"
