@@ -25,6 +25,7 @@ def test_the_warmup_makes_its_shared_prefix_valid_reuse() -> None:
     match = oracle.match("", FIRST, ())
     assert (match.max_reuse, match.source) == (5, WARMUP)
     assert reuse_problems(Outcome(cached_tokens=5), match) == []
+    assert "at the server's own warm-up prompt" in match.references()
     # more than the warm-up shares is still an over-claim, and says where the 5 came from
     (problem,) = reuse_problems(Outcome(cached_tokens=6), match)
     assert "the server's own warm-up prompt" in " ".join((problem.headline, *problem.details))

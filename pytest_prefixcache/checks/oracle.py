@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 
 from .references import CacheDesign, block_reuse, boundaries, last_boundary, reference_name
 
-__all__ = ["Match", "ReuseOracle", "over_bound", "position_keys", "shared_prefix"]
+__all__ = [
+    "WARMUP",
+    "Match",
+    "ReuseOracle",
+    "over_bound",
+    "position_keys",
+    "shared_prefix",
+    "source_name",
+]
 
 Key = tuple[int, str, int]
 """(token id, image digest or "", offset in the image or -1) for one prompt position."""
@@ -116,7 +124,7 @@ class Match:
         parts = [f"token oracle {self.max_reuse}"]
         if self.snapshot is not None:
             unknown = "" if self.starts_known else " (message boundaries unknown)"
-            src = "" if self.boundary_source is None else f" at request {self.boundary_source}"
+            src = "" if self.boundary_source is None else f" at {source_name(self.boundary_source)}"
             parts.append(f"snapshot-aware {self.snapshot}{src}{unknown}")
         if self.block is not None:
             parts.append(f"blocks of {self.design.block_size}: {self.block}")
@@ -126,6 +134,11 @@ class Match:
 
 #: The source index of a server's own warm-up prompt (:meth:`ReuseOracle.add_warmup`).
 WARMUP = -1
+
+
+def source_name(source: int) -> str:
+    """An earlier prompt by its source index, for a message: ``request N`` or the warm-up."""
+    return "the server's own warm-up prompt" if source == WARMUP else f"request {source}"
 
 
 @dataclass
