@@ -31,7 +31,15 @@ from dataclasses import dataclass, field
 
 from .references import CacheDesign, block_reuse, boundaries, last_boundary, reference_name
 
-__all__ = ["Match", "ReuseOracle", "over_bound", "position_keys", "shared_prefix"]
+__all__ = [
+    "WARMUP",
+    "Match",
+    "ReuseOracle",
+    "over_bound",
+    "position_keys",
+    "shared_prefix",
+    "source_name",
+]
 
 Key = tuple[int, str, int]
 """(token id, image digest or "", offset in the image or -1) for one prompt position."""
@@ -116,12 +124,21 @@ class Match:
         parts = [f"token oracle {self.max_reuse}"]
         if self.snapshot is not None:
             unknown = "" if self.starts_known else " (message boundaries unknown)"
-            src = "" if self.boundary_source is None else f" at request {self.boundary_source}"
+            src = "" if self.boundary_source is None else f" at {source_name(self.boundary_source)}"
             parts.append(f"snapshot-aware {self.snapshot}{src}{unknown}")
         if self.block is not None:
             parts.append(f"blocks of {self.design.block_size}: {self.block}")
         ref = reference_name(self.design.reference, self.design.block_size)
         return f"reuse references: {', '.join(parts)}; judged against the {ref}"
+
+
+#: The source index of a server's own warm-up prompt (:meth:`ReuseOracle.add_warmup`).
+WARMUP = -1
+
+
+def source_name(source: int) -> str:
+    """An earlier prompt by its source index, for a message: ``request N`` or the warm-up."""
+    return "the server's own warm-up prompt" if source == WARMUP else f"request {source}"
 
 
 @dataclass
@@ -216,6 +233,12 @@ class ReuseOracle:
                     if n > best:
                         best, where = n, other
         return best, where
+
+    def add_warmup(self, prompts: Sequence[Sequence[int]]) -> None:
+        """The prompts a server ran on its own before the stream (its warm-up, seen by the
+        tap): earlier requests of the default namespace, source :data:`WARMUP`, no output."""
+        for ids in prompts:
+            self.add(WARMUP, "", ids, ())
 
     def add(
         self,

@@ -18,7 +18,7 @@ run: when the two runs needed more than the capacity, a miss is the finding :dat
 from __future__ import annotations
 
 from ..types import Outcome, Request
-from .oracle import Match
+from .oracle import Match, source_name
 from .problem import Problem
 from .references import CacheDesign
 
@@ -60,7 +60,7 @@ def reuse_problems(o: Outcome, match: Match | None) -> list[Problem]:
     test the report's over-claim count uses too)."""
     if match is None or not match.exceeded_by(o.cached_tokens):
         return []
-    src = "no earlier request" if match.source is None else f"request {match.source}"
+    src = "no earlier request" if match.source is None else source_name(match.source)
     outputs = (
         f" (through an earlier request's output tokens: {match.limit})"
         if match.limit > match.max_reuse

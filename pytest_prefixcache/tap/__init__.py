@@ -217,10 +217,14 @@ def decode_steps(records: Sequence[TapRecord], index: int, count: int) -> list[T
 
 
 def missing_reason(
-    records: Sequence[TapRecord], prompt_tokens: int, installed: Sequence[str] | None
+    records: Sequence[TapRecord],
+    prompt_tokens: int,
+    installed: Sequence[str] | None,
+    calls: int | None = None,
 ) -> str:
     """Why no record ends at ``prompt_tokens``: no call recorded (and which classes were
-    wrapped), no KV offset readable, or the offsets that were seen instead."""
+    wrapped), no KV offset readable, or the offsets that were seen instead. ``records`` may be
+    the latest of ``calls`` records (a window kept for this message): the count says so."""
     hint = f"set ${TARGETS_ENV}=module:Class to the server's language-model class"
     if not records:
         if installed is None:
@@ -234,15 +238,24 @@ def missing_reason(
             f"{wrapped}); {hint}"
         )
     classes = sorted({r.cls for r in records})
+    total = len(records) if calls is None else max(calls, len(records))
+    count = f"{total} call(s)" + (
+        f" (the latest {len(records)} shown)" if total > len(records) else ""
+    )
     if all(r.offset < 0 for r in records):
         return (
-            f"the tap recorded {len(records)} call(s) of {', '.join(classes)} but could read no "
+            f"the tap recorded {count} of {', '.join(classes)} but could read no "
             "KV offset: none of the model's layer caches has an 'offset' attribute"
         )
     seen = sorted({r.offset for r in records if r.offset >= 0})
-    shown = ", ".join(map(str, seen[-8:])) + (" ..." if len(seen) > 8 else "")
+    shown = ("... " if len(seen) > 8 else "") + ", ".join(map(str, seen[-8:]))
+    if prompt_tokens in seen:  # a call's largest row ends there, no row the reply can have
+        return (
+            f"the tap recorded {count} of {', '.join(classes)}, some ending at the prompt "
+            f"length {prompt_tokens}, but no track of the ledger answers the reply there"
+        )
     return (
-        f"the tap recorded {len(records)} call(s) of {', '.join(classes)} with KV offsets "
+        f"the tap recorded {count} of {', '.join(classes)} with KV offsets "
         f"{shown}, none equal to the prompt length {prompt_tokens} the server reported "
         "(a second model in the process, or a server that counts prompt tokens differently "
         f"from its cache); {hint} if the wrong class is tapped"

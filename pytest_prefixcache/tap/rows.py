@@ -10,7 +10,7 @@ import numpy as np
 
 from . import TapRow
 
-__all__ = ["Found", "Track", "answer"]
+__all__ = ["Found", "Track", "answer", "padding_only", "shown"]
 
 
 @dataclass(eq=False)
@@ -146,3 +146,37 @@ def answer(t: Track, prompt_tokens: int, ids: Sequence[int] | None, steps: int) 
         else:
             break
     return Found(t, tuple(out), start, t.index, checked)
+
+
+def padding_only(t: Track, prompt_tokens: int) -> str:
+    """The server's own fault, read from ``t``'s rows (for :meth:`.TapLedger.explain`), when
+    its prompt's tokens end at ``prompt_tokens`` inside a right-padded chunk and every call
+    between that chunk and its first decode step feeds it only padding: those calls' logits
+    are no position of the prompt's, yet the server sampled the first token after them (''
+    when the rows show no such thing). Raw offsets and padding counts only (``held`` is left
+    out: the tap reads it from the cache, which may already have dropped it)."""
+    end = next(
+        (k for k, (_, r) in enumerate(t.rows) if r.padded and r.after - r.pad == prompt_tokens),
+        None,
+    )
+    step = next(
+        (k for k, (n, r) in enumerate(t.rows) if n == 1 and r.before >= prompt_tokens), None
+    )
+    if end is None or step is None or step <= end + 1:
+        return ""
+    if not all(r.pad >= n for n, r in t.rows[end + 1 : step]):
+        return ""
+    chunk, last = t.rows[end][1], t.rows[step - 1][1]
+    return (
+        f"; the prompt ended at {prompt_tokens} inside the right-padded chunk "
+        f"{chunk.before}->{chunk.after}+{chunk.pad}, and the call before its first decode step "
+        f"({last.before}->{last.after}+{last.pad}) fed it only padding: the server sampled the "
+        "request's first token after a call with no position of its prompt (an engine fault: "
+        "its logits are padding's, or read out of the call's range)"
+    )
+
+
+def shown(n: int, r: TapRow) -> str:
+    """A row of a call of ``n`` input positions, for a message: ``n: before->after+pad``."""
+    pad = f"+{r.pad}" if r.pad else ""
+    return f"{n}: {r.before}->{r.after}{pad}"

@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from . import TapReader, TapRecord
-from .rows import Found, Track, answer
+from .rows import Found, Track, answer, padding_only, shown
 
 __all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
 
@@ -63,6 +63,8 @@ class TapLedger:
         self.sent = 0
         self.unanswered = 0
         self.warmup = 0
+        self.warm: list[Track] = []
+        """The tracks of the warm-up of the latest start (emptied by a reset endpoint)."""
         self.excused = 0
         """Prefills a reported mismatch left over (negative: missing ones)."""
         self.reported = 0
@@ -85,7 +87,21 @@ class TapLedger:
         """The server (re)started: what it computed beyond the requests sent is its warm-up."""
         with self.lock:
             self._ingest()
+            old = self.warmup
             self.warmup = max(self.warmup, len(self.tracks) - self.sent)
+            self.warm = self.tracks[len(self.tracks) - (self.warmup - old) :]
+
+    def warmup_prompts(self) -> list[tuple[int, ...]]:
+        """The prompt ids of the prefills the server ran on its own at its latest start (its
+        warm-up, :meth:`started`), read from their rows; one whose ids the tap could not read
+        (embeddings) is left out."""
+        with self.lock:
+            out = []
+            for t in self.warm:
+                prompt = [r for (_, r), kind in zip(t.rows, t.kinds) if kind != "step"]
+                if prompt and all(r.real_ids is not None for r in prompt):
+                    out.append(tuple(i for r in prompt for i in r.real_ids or ()))
+            return out
 
     def refresh(self) -> None:
         """Read the records written since the last read."""
@@ -294,5 +310,53 @@ class TapLedger:
             return True
 
     def records(self) -> list[TapRecord]:
+        """The latest records read (at most ``_RECENT``: for a message, not for attribution,
+        which reads the tracks); :attr:`calls` counts them all."""
         with self.lock:
             return list(self.recent)
+
+    @property
+    def calls(self) -> int:
+        """Forward calls read since the server started (all of them, not only the recent)."""
+        return self._order
+
+    def explain(self, prompt_tokens: int, reply_id: str | Sequence[str] | None = None) -> str:
+        """Why :meth:`find` gives no track to a ``prompt_tokens`` long reply, from the tracks
+        (every call read, not a window of records): the request the server admitted the reply
+        under and its rows, or the tracks whose rows end at the prompt length and who holds
+        them; '' when no track has a row ending there (:func:`.missing_reason` tells why)."""
+        with self.lock:
+            self._ingest()
+            tried = (reply_id,) if isinstance(reply_id, str) else tuple(reply_id or ())
+            label = next(
+                (self.reader.admitted[i] for i in tried if i in self.reader.admitted), None
+            )
+            if label is not None:
+                t = self._by_label.get(label)
+                if t is None:
+                    return (
+                        f"the server admitted the reply as {label!r} but no row carried that label"
+                    )
+                if t.claimed:
+                    return f"the track of {label!r} (the reply's admission) was claimed already"
+                rows = ", ".join(shown(n, r) for n, r in t.rows[:12])
+                more = f" ... ({len(t.rows)} rows)" if len(t.rows) > 12 else ""
+                said = (
+                    f"the reply was admitted as {label!r}, whose rows (input positions: KV "
+                    f"offset before->after, +padding) are {rows}{more}: none unpadded ends at "
+                    f"the prompt length {prompt_tokens}"
+                )
+                return said + padding_only(t, prompt_tokens)
+            ending = [
+                t
+                for t in self.tracks
+                if any(r.after == prompt_tokens and not r.padded for _, r in t.rows)
+            ]
+            if not ending:
+                return ""
+            claimed = sum(t.claimed for t in ending)
+            return (
+                f"{len(ending)} track(s) have an unpadded row ending at the prompt length "
+                f"{prompt_tokens} ({claimed} claimed by other replies, the rest not this "
+                f"prompt's: other ids, a decode step, or admitted under another reply's id)"
+            )

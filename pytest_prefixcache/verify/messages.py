@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..checks.oracle import Match
+from ..checks.oracle import Match, source_name
 from ..checks.problem import Problem
 from ..checks.protocol import span_at
 from ..types import Image, Outcome, Request
@@ -91,7 +91,7 @@ def format_failure(problem: Problem, ctx: Context, others: Sequence[Problem] = (
         reuse = f"  cached_tokens={o.cached_tokens} of prompt_tokens={o.prompt_tokens}"
         if ctx.match is not None:
             src = (
-                f", shared with request {ctx.match.source}"
+                f", shared with {source_name(ctx.match.source)}"
                 if ctx.match.source is not None
                 else f" (no earlier request in namespace {ctx.stream[ctx.index or 0].namespace!r}"
                 " shares a prefix)"

@@ -181,6 +181,9 @@ class Verifier(ShortRepr):
         self._call("engine.reset()", self.engine.reset, Context(tuple(self.stream)))
         self.stream.clear()
         self.oracle.reset()
+        warmup = optional_method(self.engine, "warmup_prompts")  # the server's own, by the tap
+        if warmup is not None:
+            self.oracle.add_warmup(warmup())
         self._rendered.clear()
         self._replies.clear()
         self._efficiency.reset()

@@ -198,6 +198,13 @@ class OpenAIEngine(RequestPath):
             ledger.started()
         return proc
 
+    def warmup_prompts(self) -> list[tuple[int, ...]]:
+        """The prompts the cached server ran on its own at its latest start (its warm-up,
+        read by the tap), unless a reset endpoint emptied its cache since: earlier requests
+        for the token oracle (rapid-mlx 0.12 sends 'Hi' through its prefix cache at start)."""
+        ledger = self._readers.get(id(self.server))
+        return [] if ledger is None else ledger.warmup_prompts()
+
     def request_count_problems(self) -> list[str]:
         """With the tap: every server started here whose model ran fewer prefills than the
         requests it answered (a reply served without the model, one computation answering two
@@ -302,6 +309,9 @@ class OpenAIEngine(RequestPath):
             )
         except EngineError as exc:
             raise EngineError(f"{exc}{proc.log_note() if proc else ''}") from None
+        ledger = self._readers.get(id(proc)) if done and proc is not None else None
+        if ledger is not None:  # an endpoint emptied the cache: the warm-up's KV with it
+            ledger.warm = []
         if not done:
             assert proc is not None
             self.restarts_for_cold += proc is self.cold_server

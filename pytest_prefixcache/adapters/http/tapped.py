@@ -125,7 +125,9 @@ def apply_tap(
             break
         time.sleep(0.02)
     if found is None:
-        why = missing_reason(ledger.records(), out.prompt_tokens, ledger.installed)
+        why = ledger.explain(out.prompt_tokens, reply_id) or missing_reason(
+            ledger.records(), out.prompt_tokens, ledger.installed, ledger.calls
+        )
         raise EngineError(f"no tap record ends at the prompt length {out.prompt_tokens}: {why}")
     steps = found.steps
     reused = found.reused
