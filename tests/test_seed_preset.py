@@ -4,6 +4,7 @@ the declared claim sources per engine path, and the reset that tolerates vllm-ml
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -119,11 +120,12 @@ def test_from_env_passes_concurrency_and_the_tap_switch(monkeypatch: pytest.Monk
     from pytest_prefixcache.adapters import seed
 
     seen: dict[str, object] = {}
-    monkeypatch.setattr(seed, "seed_server", lambda *a, **k: seen.update(k) or "engine")
+    engine = types.SimpleNamespace()  # from_env sets the batch_invariant trait on it
+    monkeypatch.setattr(seed, "seed_server", lambda *a, **k: seen.update(k) or engine)
     monkeypatch.setenv("SEED_ENGINE", "rapid-mlx")
     monkeypatch.setenv("PREFIXCACHE_CONCURRENCY", "4")
     monkeypatch.setenv("SEED_TAP", "0")
-    assert seed.from_env() == "engine"
+    assert seed.from_env() is engine and engine.batch_invariant is False
     assert seen["concurrency"] == 4 and seen["tap"] is False
 
 
