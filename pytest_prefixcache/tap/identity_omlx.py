@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._labels import Writer, local, patch_plan
-from .identity_vllm import _exchange
+from .identity_vllm import _admitting
 from .identity_vllm import _http as _header
 
 __all__ = ["FAMILY", "OMLX_MODULES", "SCHEDULER", "label", "omlx_hooks"]
@@ -96,22 +96,8 @@ def _state(state: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _adding(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        """``async EngineCore.add_request(...) -> request id``, in the exchange's task."""
-
-        async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            client = _exchange.get()
-            request_id = await original(self, *args, **kwargs)
-            try:
-                if client is not None and isinstance(request_id, str):
-                    sink.admit(label(request_id), client, SCHEDULER)
-            except Exception:
-                pass
-            return request_id
-
-        return run
-
-    return make
+    """``async EngineCore.add_request(...) -> request id``: its label admitted with the header."""
+    return _admitting(lambda request_id, client: sink.admit(label(request_id), client, SCHEDULER))
 
 
 def omlx_hooks(sink: Writer) -> list[str]:

@@ -102,16 +102,19 @@ def _http(original: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _adding(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        """``async add_request(...) -> request id``, run in the exchange's task."""
+def _admitting(
+    admit: Callable[[str, str], None],
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A hook for an engine's ``async add_request(...) -> request id``, run in the exchange's
+    task: ``admit(request id, the header's value)`` once it returns (oMLX's too)."""
 
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
         async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
             client = _exchange.get()
             request_id = await original(self, *args, **kwargs)
             try:
                 if client is not None and isinstance(request_id, str):
-                    _tie(sink, request_id, client=client)
+                    admit(request_id, client)
             except Exception:
                 pass
             return request_id
@@ -119,6 +122,11 @@ def _adding(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return run
 
     return make
+
+
+def _adding(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """vllm-mlx's admission: the client's side of :func:`_tie`."""
+    return _admitting(lambda request_id, client: _tie(sink, request_id, client=client))
 
 
 def _scheduled(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
