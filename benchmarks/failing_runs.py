@@ -18,16 +18,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import resource
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite_run import suite_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ["-m", "pytest", "-p", "no:cacheprovider", "--prefixcache-verify", "--pyargs",
@@ -46,23 +43,8 @@ def run(name: str, budget: str) -> dict[str, Any]:
     args = [] if name == "pass" else [f"--prefixcache-engine=reference_engine.mutants:{name}"]
     if budget != "default":
         args.append(f"--prefixcache-shrink-budget={budget}")
-    work = Path(tempfile.mkdtemp(prefix=f"failing-{name}-"))
-    try:
-        report = work / "report.json"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(work)}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        load = os.getloadavg()[0]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, *SUITE, *args, f"--prefixcache-report={report}"],
-            cwd=work, env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        wall = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if not report.exists():
-            raise SystemExit(f"{name}: no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-        rep = json.loads(report.read_text())
+    with suite_run(f"failing-{name}", [*SUITE, *args]) as done:
+        proc, rep = done.proc, done.report
         durations = {
             m.group(2).split("::")[-1]: float(m.group(1))
             for m in re.finditer(r"([\d.]+)s call\s+(\S+)", proc.stdout)
@@ -78,21 +60,17 @@ def run(name: str, budget: str) -> dict[str, Any]:
             "budget": budget,
             "exit": proc.returncode,
             "verdict": rep.get("verdict"),
-            "wall_s": round(wall, 1),
-            "cpu_s": round(
-                (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1
-            ),
+            "wall_s": done.wall_s,
+            "cpu_s": done.cpu_s,
             "requests": rep.get("requests"),
             "streams": rep.get("streams"),
             "shrink_examples": rep.get("shrink_examples"),
             "shrink_skipped": rep.get("shrink_skipped"),
             "failures": failures,
             "durations": durations,
-            "load_before": round(load, 1),
-            "load_after": round(os.getloadavg()[0], 1),
+            "load_before": done.load_before,
+            "load_after": done.load_after,
         }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

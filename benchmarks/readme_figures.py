@@ -23,16 +23,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import re
-import resource
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from suite_run import suite_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "readme_figures.json"
@@ -91,50 +88,31 @@ def run(name: str) -> dict[str, Any]:
     args, env_of = RUNS[name]
     if name == "server":
         args = _server_args()
-    work = Path(tempfile.mkdtemp(prefix=f"readme-{name}-"))
-    try:
-        report = work / "report.json"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(work), **env_of()}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        load = os.getloadavg()[0]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, *SUITE, *args, f"--prefixcache-report={report}",
-             "--prefixcache-database=none"],
-            cwd=work, env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        wall = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        if not report.exists():
-            raise SystemExit(f"{name}: no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}")
-        rep = json.loads(report.read_text())
-        tail = [ln for ln in proc.stdout.splitlines() if re.match(r"=+ .*(passed|failed)", ln)]
-        from pytest_prefixcache.package_data import FIXTURES
+    argv = [*SUITE, *args, "--prefixcache-database=none"]
+    with suite_run(f"readme-{name}", argv, env_of()) as done:
+        proc, rep = done.proc, done.report
+    tail = [ln for ln in proc.stdout.splitlines() if re.match(r"=+ .*(passed|failed)", ln)]
+    from pytest_prefixcache.package_data import FIXTURES
 
-        out = proc.stdout.replace(str(FIXTURES), ".../fixtures")
-        return {
-            "command": " ".join(["pytest", *SUITE[4:], *args]),
-            "exit": proc.returncode,
-            "verdict": rep.get("verdict"),
-            "wall_s": round(wall, 1),
-            "cpu_s": round(
-                (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), 1
-            ),
-            "requests": rep.get("requests"),
-            "streams": rep.get("streams"),
-            "cache_hits": rep.get("cache_hits"),
-            "audited": (rep.get("coverage", {}).get("cold baseline", {}) or {}).get("applied"),
-            "failures": len(rep.get("failures", [])),
-            "failures_by_check": rep.get("failures_by_check", {}),
-            "pytest_line": tail[-1].strip("= ") if tail else "",
-            "transcript": _transcript(out) if name == "server" else "",
-            "load_before": round(load, 1),
-            "load_after": round(os.getloadavg()[0], 1),
-            "date": datetime.date.today().isoformat(),
-        }
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    out = proc.stdout.replace(str(FIXTURES), ".../fixtures")
+    return {
+        "command": " ".join(["pytest", *SUITE[4:], *args]),
+        "exit": proc.returncode,
+        "verdict": rep.get("verdict"),
+        "wall_s": done.wall_s,
+        "cpu_s": done.cpu_s,
+        "requests": rep.get("requests"),
+        "streams": rep.get("streams"),
+        "cache_hits": rep.get("cache_hits"),
+        "audited": (rep.get("coverage", {}).get("cold baseline", {}) or {}).get("applied"),
+        "failures": len(rep.get("failures", [])),
+        "failures_by_check": rep.get("failures_by_check", {}),
+        "pytest_line": tail[-1].strip("= ") if tail else "",
+        "transcript": _transcript(out) if name == "server" else "",
+        "load_before": done.load_before,
+        "load_after": done.load_after,
+        "date": datetime.date.today().isoformat(),
+    }
 
 
 def _transcript(out: str) -> str:
