@@ -23,6 +23,7 @@ __all__ = [
     "patch",
     "patch_plan",
     "row_label",
+    "scoped",
     "serial",
     "serials",
     "take_padding",
@@ -61,6 +62,28 @@ def row_label(generator: int, uid: int) -> str:
     return f"{os.getpid()}:{generator}:{uid}"
 
 
+def scoped(name: str, value_of: Callable[..., Any]) -> Make:
+    """Wraps a method so that, while it runs on this thread, ``local.NAME`` holds
+    ``value_of(*its arguments)`` (None when that raises: nothing raises into the server), and
+    afterwards what it held before."""
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            before = getattr(local, name, None)
+            try:
+                setattr(local, name, value_of(*args, **kwargs))
+            except Exception:
+                setattr(local, name, None)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                setattr(local, name, before)
+
+        return run
+
+    return make
+
+
 def padded_prefill(where: Callable[..., Any]) -> Make:
     """Wraps a batch method whose forward calls prefill right-padded rows: ``where`` (given
     the method's arguments) says, before each run, how many columns of the padded prompt ran
@@ -70,22 +93,11 @@ def padded_prefill(where: Callable[..., Any]) -> Make:
     padding in that chunk (mlx-vlm 0.7's mixed warm/cold prefill keeps that chunk's logits
     as the row's first token's)."""
 
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            before = getattr(local, "columns", None)
-            try:
-                said = where(self, *args, **kwargs)
-                local.columns = None if said is None else [int(said[0]), [int(e) for e in said[1]]]
-            except Exception:  # never raise into the server
-                local.columns = None
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                local.columns = before
+    def columns(*args: Any, **kwargs: Any) -> list[Any] | None:
+        said = where(*args, **kwargs)
+        return None if said is None else [int(said[0]), [int(e) for e in said[1]]]
 
-        return run
-
-    return make
+    return scoped("columns", columns)
 
 
 def take_padding(n: int, batch: int) -> list[tuple[int, int]] | None:

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._labels import PAD_MARK, current_labels, padded_prefill, patch_plan
+from ._labels import PAD_MARK, current_labels, padded_prefill, patch_plan, scoped
 from ._labels import Writer as _Writer
 from ._labels import local as _local
 from ._labels import row_label as _row_label
@@ -47,19 +47,11 @@ _pending_lock = threading.Lock()
 def _labelled(original: Callable[..., Any]) -> Callable[..., Any]:
     """A batch method that runs the model on ``self.uids``' rows: labels them meanwhile."""
 
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = getattr(_local, "labels", None)
-        try:
-            gen = getattr(_local, "generator", 0)
-            _local.labels = [_row_label(gen, u) for u in self.uids]
-        except Exception:  # never raise into the server
-            _local.labels = None
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            _local.labels = before
+    def labels(self: Any, *args: Any, **kwargs: Any) -> list[str]:
+        gen = getattr(_local, "generator", 0)
+        return [_row_label(gen, u) for u in self.uids]
 
-    return run
+    return scoped("labels", labels)(original)
 
 
 def _in_generator(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ._labels import Writer, local, patch_plan
+from ._labels import Writer, patch_plan, scoped
 from .identity_vllm import _admitting
 from .identity_vllm import _http as _header
 
@@ -47,44 +47,25 @@ def label(request_id: str) -> str:
 def _stepping(original: Callable[..., Any]) -> Callable[..., Any]:
     """``Scheduler.step()``: the BatchGenerator's uids are named after their requests."""
 
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = getattr(local, "names", None)
-        try:
-            table = self.uid_to_request_id
+    def names_of(self: Any, *args: Any, **kwargs: Any) -> Callable[[int], str | None]:
+        table = self.uid_to_request_id
 
-            def names(uid: int) -> str | None:
-                rid = table.get(uid)
-                return label(rid) if isinstance(rid, str) else None
+        def names(uid: int) -> str | None:
+            rid = table.get(uid)
+            return label(rid) if isinstance(rid, str) else None
 
-            local.names = names
-        except Exception:  # never raise into the server
-            local.names = None
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            local.names = before
+        return names
 
-    return run
+    return scoped("names", names_of)(original)
 
 
 def _alone(request_of: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        """A scheduler method whose forward calls prefill one request alone (one row)."""
+    """A scheduler method whose forward calls prefill one request alone (one row)."""
 
-        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-            before = getattr(local, "labels", None)
-            try:
-                local.labels = [label(request_of(*args, **kwargs).request_id)]
-            except Exception:
-                local.labels = None
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                local.labels = before
+    def labels(self: Any, *args: Any, **kwargs: Any) -> list[str]:
+        return [label(request_of(*args, **kwargs).request_id)]
 
-        return run
-
-    return make
+    return scoped("labels", labels)
 
 
 def _request(request: Any, *args: Any, **kwargs: Any) -> Any:

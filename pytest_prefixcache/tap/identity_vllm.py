@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._labels import MARK, Writer, local, patch_plan, serial
+from ._labels import MARK, Writer, local, patch_plan, scoped, serial
 
 __all__ = ["REQUEST_HEADER", "VLLM_MLX_MODULES", "vllm_mlx_hooks"]
 
@@ -210,19 +210,11 @@ def _prompts(original: Callable[..., Any]) -> Callable[..., Any]:
 def _decoding(original: Callable[..., Any]) -> Callable[..., Any]:
     """``MLLMBatchGenerator._step(input_tokens, ...)``: ``active_batch``'s rows in order."""
 
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = getattr(local, "labels", None)
-        try:
-            gen = serial(self)
-            local.labels = [f"{os.getpid()}:{gen}:{u}" for u in self.active_batch.uids]
-        except Exception:
-            local.labels = None
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            local.labels = before
+    def labels(self: Any, *args: Any, **kwargs: Any) -> list[str]:
+        gen = serial(self)
+        return [f"{os.getpid()}:{gen}:{u}" for u in self.active_batch.uids]
 
-    return run
+    return scoped("labels", labels)(original)
 
 
 def _kwargs(original: Callable[..., Any]) -> Callable[..., Any]:
