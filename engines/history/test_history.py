@@ -296,6 +296,12 @@ def test_the_page_is_not_stale() -> None:
     )
 
 
+def models_of(bug: Bug) -> str:
+    """The folder of an entry's model in its command: engines/vllm's tiny HF models for vLLM,
+    else this repository's fixtures."""
+    return "models" if bug.runner == "vllm" else "fixtures"
+
+
 def check_results(bugs: list[Bug], results: dict[str, dict[str, Any]]) -> list[str]:
     """Problems of the results against the catalogue: a result of no entry, or of other
     versions than the entry's (a result left behind by an edit of the catalogue)."""
@@ -307,7 +313,7 @@ def check_results(bugs: list[Bug], results: dict[str, dict[str, Any]]) -> list[s
             problems.append(f"results/{name}.json: no entry of that name")
         elif (r["buggy"]["version"], r["fixed"]["version"]) != (bug.buggy, bug.fixed):
             problems.append(f"results/{name}.json: versions differ from the entry's")
-        elif f"fixtures/{bug.model} " not in r["buggy"]["command"].replace("=", " ") + " ":
+        elif f"{models_of(bug)}/{bug.model} " not in r["buggy"]["command"].replace("=", " ") + " ":
             problems.append(f"results/{name}.json: not run on the entry's model {bug.model}")
     return problems
 
