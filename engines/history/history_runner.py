@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -88,11 +89,17 @@ def layered(bug: Bug) -> bool:
     return bug.runner in history_seed.SEED_PACKAGES or bug.runner == "vllm"
 
 
-#: A partial verdict whose only unchecked part is the cold baseline's audit, which the layered
-#: runners switch off (``--prefixcache-allow-partial``: a fresh server per audited request, as
-#: engines/seed and engines/vllm run them): a pass, named so.
-AUDIT = "cold baseline"
-PARTIAL_PASS = "PASS (partial: cold baseline not audited)"
+#: What a layered run cannot check and still passes without: the cold baseline's audit, which
+#: the seed and vLLM runners switch off (``--prefixcache-allow-partial``: a fresh server per
+#: audited request, as engines/seed and engines/vllm run them), and the shapes of batch merges,
+#: which only the logit tap sees (torch engines have none). A partial verdict whose every
+#: unchecked row is one of these, with no failure, is a pass (:func:`partial_pass`).
+UNCHECKABLE = ("cold baseline", "shapes")
+
+
+def partial_pass(not_checked: Iterable[str]) -> str:
+    """The verdict of a partial run that left only ``not_checked`` (rows of UNCHECKABLE)."""
+    return f"PASS (partial: not checked: {', '.join(sorted(not_checked))})"
 
 
 def engines_dir() -> Path:
@@ -292,8 +299,9 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
     verdict = str(suite.get("verdict") or ("FAIL" if returncode else "PASS")).upper()
     if failures and not verdict.startswith("FAIL"):
         verdict = "FAIL"
-    if verdict == "PARTIAL" and not failures and set(suite.get("not_checked") or {}) <= {AUDIT}:
-        verdict = PARTIAL_PASS  # the runner switched the audit off (seed engines, vLLM)
+    gaps = set(suite.get("not_checked") or {})
+    if verdict == "PARTIAL" and not failures and gaps <= set(UNCHECKABLE):
+        verdict = partial_pass(gaps)
     return {
         "verdict": verdict,
         "check": first.get("check"),

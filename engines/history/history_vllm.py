@@ -16,7 +16,8 @@ The servers are ``adapters.vllm:vllm_matrix_engine``'s (the tiny HF models engin
 builds into ``$VLLM_DIR/models``; the preset's CPU arguments, a fresh ``cache_salt`` as the
 cold baseline, audit off) started in that venv's interpreter; the verifier runs in this
 project's interpreter. Claims are off: the old versions' Prometheus counters are not the ones
-``adapters.vllm.claim_specs`` names for 0.32.
+``adapters.vllm.claim_specs`` names for 0.32. ``{fixtures}`` in an entry's flags stands for this
+checkout's fixtures/ (``--lora-modules tenant-b={fixtures}/adapters/tiny-llama-lora/peft``).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ MAIN = Path(__file__).resolve().parents[2]
 #: The verifier's temporary directory in a vLLM run: the server's home is made under it, and
 #: vLLM binds a ZMQ socket at ``<home>/tmp/<uuid>``, which must fit in 107 characters
 #: (sockaddr_un): under run.sh's ``.engines/history/tmp`` every server exited at start
-#: ("ipc path ... is longer than 107 characters"). The plugin removes what it made there.
+#: ("ipc path ... is longer than 107 characters"). The plugin removes what it made there; vLLM's
+#: EngineCore process, started without TMPDIR or HOME, leaves an empty /tmp/torchinductor_<user>.
 TMPDIR = "/tmp"
 
 

@@ -17,11 +17,11 @@ sys.path.insert(0, str(HERE))
 import history_vllm  # noqa: E402
 from history_catalogue import Bug, CatalogueError, loads  # noqa: E402
 from history_runner import (  # noqa: E402
-    PARTIAL_PASS,
     command,
     companions,
     mlx_for,
     parse,
+    partial_pass,
     uses_matrix,
 )
 from history_table import outcome  # noqa: E402
@@ -102,16 +102,21 @@ def test_the_catalogue_bounds_the_vllm_runner() -> None:
     assert "isolation" in CHECKS  # the check of the adapter and salt rows
 
 
-def test_a_partial_pass_is_a_pass_only_when_the_audit_alone_was_off() -> None:
+def test_a_partial_pass_is_a_pass_only_when_what_it_left_cannot_be_checked() -> None:
     audit = {"cold baseline": {"the audit's fresh servers are switched off": 5}}
-    assert parse({"verdict": "partial", "not_checked": audit}, "", 0)["verdict"] == PARTIAL_PASS
-    other = {**audit, "equivalence": {"no uncached run": 2}}
+    passed = parse({"verdict": "partial", "not_checked": audit}, "", 0)["verdict"]
+    assert passed == partial_pass(["cold baseline"]) == "PASS (partial: not checked: cold baseline)"
+    merges = {**audit, "shapes": {"no merges": 94}}
+    assert parse({"verdict": "partial", "not_checked": merges}, "", 0)["verdict"] == partial_pass(
+        ["cold baseline", "shapes"]
+    )
+    other = {**audit, "equivalence": {"no uncached run": 2}}  # a check that should have run
     assert parse({"verdict": "partial", "not_checked": other}, "", 0)["verdict"] == "PARTIAL"
     failing = {"verdict": "partial", "not_checked": audit, "failures": [{"check": "isolation"}]}
     assert parse(failing, "", 1)["verdict"] == "FAIL"
     bug = vllm(check="isolation")
     buggy = {"verdict": "FAIL", "check": "isolation"}
-    assert outcome(bug, {"buggy": buggy, "fixed": {"verdict": PARTIAL_PASS}}) == "caught"
+    assert outcome(bug, {"buggy": buggy, "fixed": {"verdict": passed}}) == "caught"
     assert outcome(bug, {"buggy": buggy, "fixed": {"verdict": "PARTIAL"}}).startswith(
         "the fixed version is partial"
     )
