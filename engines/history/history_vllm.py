@@ -47,8 +47,8 @@ MAIN = Path(__file__).resolve().parents[2]
 #: The verifier's temporary directory in a vLLM run: the server's home is made under it, and
 #: vLLM binds a ZMQ socket at ``<home>/tmp/<uuid>``, which must fit in 107 characters
 #: (sockaddr_un): under run.sh's ``.engines/history/tmp`` every server exited at start
-#: ("ipc path ... is longer than 107 characters"). The plugin removes what it made there; vLLM's
-#: EngineCore process, started without TMPDIR or HOME, leaves an empty /tmp/torchinductor_<user>.
+#: ("ipc path ... is longer than 107 characters"). The plugin removes what it made there; torch's
+#: compile cache goes under the server's home (VLLM_ENV's TORCHINDUCTOR_CACHE_DIR).
 TMPDIR = "/tmp"
 
 

@@ -48,6 +48,8 @@ VLLM_ENV = {
     # what vLLM leaves in the temp directory (vllm_dist_* files, ZMQ IPC sockets) goes with
     # the server's private HOME
     "TMPDIR": "{home}/tmp",
+    # torch's compile cache, else /tmp/torchinductor_<user> from vLLM's EngineCore process
+    "TORCHINDUCTOR_CACHE_DIR": "{home}/torchinductor",
 }
 #: vLLM's reset endpoints: prefix (KV blocks), multimodal processor and encoder caches.
 VLLM_RESETS = ("POST /reset_prefix_cache", "POST /reset_mm_cache", "POST /reset_encoder_cache")
