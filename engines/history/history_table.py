@@ -39,8 +39,8 @@ def passes(side: dict[str, Any]) -> bool:
     """PASS, or PARTIAL whose only gaps are :data:`BY_DESIGN` (its ``not_checked``)."""
     if side["verdict"].startswith("PASS"):
         return True
-    gaps = side.get("not_checked")
-    return side["verdict"] == "PARTIAL" and bool(gaps) and set(gaps) <= BY_DESIGN
+    gaps = set(side.get("not_checked") or ())
+    return side["verdict"] == "PARTIAL" and bool(gaps) and gaps <= BY_DESIGN
 
 
 def outcome(bug: Bug, result: dict[str, Any] | None) -> str:

@@ -86,7 +86,7 @@ class FakeShell:
         elif words[1:3] == ["-m", "pip"]:
             self.pip.append(words)
             for spec in words[words.index("--no-deps") + 1 :]:
-                name, _, version = spec.partition("==")
+                name, version = spec.split("==")
                 self.installed[name] = version
         elif words[1] == "-c":
             names = [s.split("'")[1] for s in words[2].split("m.version(")[1:]]
