@@ -5,6 +5,8 @@ by. Any other count is still checked against the render."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pytest_prefixcache.adapters.http.prompt_ids import PromptIds, prompt_count
@@ -38,3 +40,18 @@ def test_any_other_count_is_still_judged() -> None:
     assert prompt_count(3, (5, 6, 7, 8)) == 3  # never overwritten
     assert prompt_count(None, (5, 6, 7, 8)) is None  # no usage at all: the tap says so
     assert prompt_count(0, ()) == 0 and prompt_count(0, None) == 0  # nothing to count with
+
+
+def test_a_reply_that_says_the_request_failed_is_a_fault_not_a_count_of_0() -> None:
+    from pytest_prefixcache.adapters.http.replies import parse_reply
+
+    def reply_ending(why: str) -> dict[str, Any]:
+        return {
+            "choices": [{"index": 0, "message": {"content": None}, "finish_reason": why}],
+            "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        }
+
+    # vllm-mlx 0.2.9 when its MLLM batch generator raised on the request
+    with pytest.raises(EngineError, match=r"finish_reason 'error' .*inside the server"):
+        parse_reply(reply_ending("error"))
+    assert parse_reply(reply_ending("length")).prompt_tokens == 0  # negative control

@@ -46,11 +46,20 @@ RESETS = {
     # Scheduler.clear_prefix_cache, read in the 0.2.8 and 0.2.9 wheels)
     ("vllm-mlx", "0.2"): "DELETE /v1/cache/prefix, DELETE /v1/cache",
 }
+#: vllm-mlx's first release with --enable-metrics (commit 9266654, #314; 0.2.8's CLI refuses it)
+METRICS_FROM = (0, 2, 9)
 #: The series whose simple engine (no ``--continuous-batching``) keeps a system-prompt KV
 #: snapshot that no endpoint drops: SimpleEngine._system_kv_snapshot of the MLLM text route,
 #: left by clear_runtime_caches (0.3.0) and by DELETE /v1/cache (0.2.8, 0.2.9: it clears only
 #: mlx-vlm's caches); 0.4.0's clear_runtime_caches clears its LRU of them (read in the wheels).
 SIMPLE_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
+#: The series whose --mllm batched engine restarts: mlx-vlm 0.7.10's qwen2_vl LanguageModel
+#: keeps the last request's position ids, and the text prefill of 0.2.9's and 0.3.0's
+#: MLLMBatchGenerator after a cache miss runs on them ("[broadcast_shapes] Shapes (1,4,185,16)
+#: and (1,1,15,16)", finish_reason 'error'; 0.2.8 does not: seen on servers of each); a restart
+#: before every uncached run and every stream makes each miss a server's first request. And
+#: 0.2.9's DELETE /v1/cache/prefix is where that showed first (0.2.8 has no such endpoint).
+MLLM_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
 #: What the layered environments run on that the wheel's METADATA does not allow.
 RUNS_ON = {"rapid-mlx": "mlx 0.32.4 (its wheels of 0.12 pin mlx<0.32)"}
 #: The MLX a series runs on where the seed's 0.32.4 does not (installed in the venv, over the
@@ -77,14 +86,20 @@ def seed_dir() -> Path:
     return main / ".engines" / "seed"
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:3])
+
+
 def _series(bug: Bug, version: str) -> tuple[str, str]:
     return bug.runner, ".".join(version.split(".")[:2])
 
 
 def resets_of(bug: Bug, version: str) -> str:
     """The cache resets of ``bug``'s engine at ``version`` ("" when they are the adapter's)."""
-    series = _series(bug, version)
-    if series in SIMPLE_RESTARTS and "--continuous-batching" not in bug.flags.split():
+    series, words = _series(bug, version), bug.flags.split()
+    if series in SIMPLE_RESTARTS and "--continuous-batching" not in words:
+        return "restart"
+    if series in MLLM_RESTARTS and "--mllm" in words:
         return "restart"
     return RESETS.get(series, "")
 
@@ -147,6 +162,8 @@ def matrix_text(bug: Bug, version: str, python: Path) -> str:
         args["cli"] = cli_of(bug, version)
     if resets_of(bug, version):
         args["resets"] = resets_of(bug, version)
+    if bug.runner == "vllm-mlx" and _release(version) < METRICS_FROM:
+        args["metrics"] = False
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
     text += f'engine = "pytest_prefixcache.adapters.seed:seed_server"\nargs = {{ {pairs} }}\n'

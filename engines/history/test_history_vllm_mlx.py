@@ -35,13 +35,13 @@ def vllm(flags: str = "", buggy: str = "0.3.0", fixed: str = "0.4.0") -> Any:
     return replace(bug, flags=flags, concurrency=1)
 
 
-def test_the_simple_engine_of_0_2_and_0_3_restarts_and_0_2_batched_clears_its_prefix_store() -> (
-    None
-):
+def test_the_resets_of_old_vllm_mlx_series() -> None:
     assert history_seed.resets_of(vllm("--mllm"), "0.3.0") == "restart"
     assert history_seed.resets_of(vllm(""), "0.2.9") == "restart"
     batched = vllm("--continuous-batching --use-paged-cache")
     assert history_seed.resets_of(batched, "0.2.9") == "DELETE /v1/cache/prefix, DELETE /v1/cache"
+    assert history_seed.resets_of(vllm("--mllm --continuous-batching"), "0.2.9") == "restart"
+    assert history_seed.resets_of(vllm("--mllm --continuous-batching"), "0.3.0") == "restart"
     # negative controls: the adapter's own resets where they empty the caches
     assert history_seed.resets_of(batched, "0.3.0") == ""
     assert history_seed.resets_of(vllm("--mllm"), "0.4.0") == ""
@@ -188,3 +188,18 @@ def test_parse_keeps_what_a_partial_verdict_left_unchecked() -> None:
     suite = {"verdict": "partial", "failures": [], "not_checked": {"cold baseline": {"x": 2}}}
     assert parse(suite, "", 0)["not_checked"] == ["cold baseline"]
     assert parse({"verdict": "pass", "failures": []}, "", 0)["not_checked"] == []
+
+
+def test_vllm_mlx_before_0_2_9_starts_without_enable_metrics(tmp_path: Path) -> None:
+    from pytest_prefixcache.adapters.seed import claim_specs, commands
+
+    for version, metrics in (("0.2.8", False), ("0.2.9", None)):
+        text = history_seed.matrix_text(vllm(buggy="0.2.8", fixed="0.2.9"), version, PYTHON)
+        (tmp_path / "matrix.toml").write_text(text)
+        (target,) = read_matrix(tmp_path / "matrix.toml")
+        assert target.args.get("metrics") == metrics
+    model = ROOT / "fixtures" / "tiny-llama"
+    cached, cold = commands("vllm-mlx", [], "python", model, metrics=False)
+    assert "--enable-metrics" not in cached + cold
+    assert "--enable-metrics" in commands("vllm-mlx", [], "python", model)[0]  # the default
+    assert any("metric" in spec for spec in claim_specs("vllm-mlx", []))  # what it then drops
