@@ -53,13 +53,14 @@ METRICS_FROM = (0, 2, 9)
 #: left by clear_runtime_caches (0.3.0) and by DELETE /v1/cache (0.2.8, 0.2.9: it clears only
 #: mlx-vlm's caches); 0.4.0's clear_runtime_caches clears its LRU of them (read in the wheels).
 SIMPLE_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
-#: The series whose --mllm batched engine restarts: mlx-vlm 0.7.10's qwen2_vl LanguageModel
-#: keeps the last request's position ids, and the text prefill of 0.2.9's and 0.3.0's
-#: MLLMBatchGenerator after a cache miss runs on them ("[broadcast_shapes] Shapes (1,4,185,16)
-#: and (1,1,15,16)", finish_reason 'error'; 0.2.8 does not: seen on servers of each); a restart
-#: before every uncached run and every stream makes each miss a server's first request. And
-#: 0.2.9's DELETE /v1/cache/prefix is where that showed first (0.2.8 has no such endpoint).
-MLLM_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
+#: The series and models whose --mllm batched engine restarts: mlx-vlm 0.7.10's qwen2_vl
+#: LanguageModel keeps the last request's position ids, and the text prefill of 0.2.9's and
+#: 0.3.0's MLLMBatchGenerator after a cache miss runs on them ("[broadcast_shapes] Shapes
+#: (1,4,185,16) and (1,1,15,16)", finish_reason 'error'; 0.2.8 does not: seen on servers of
+#: each); a restart before every uncached run and every stream makes each miss a server's
+#: first request. Not Qwen3.5, whose attention vllm-mlx patches itself (patches/qwen3_5_mllm.py:
+#: the stale ids there are the f589fd5 entry's bug, which a restart would hide).
+MLLM_RESTARTS = {("vllm-mlx", "0.2", "tiny-qwen2-vl"), ("vllm-mlx", "0.3", "tiny-qwen2-vl")}
 #: What the layered environments run on that the wheel's METADATA does not allow.
 RUNS_ON = {"rapid-mlx": "mlx 0.32.4 (its wheels of 0.12 pin mlx<0.32)"}
 #: The MLX a series runs on where the seed's 0.32.4 does not (installed in the venv, over the
@@ -99,7 +100,7 @@ def resets_of(bug: Bug, version: str) -> str:
     series, words = _series(bug, version), bug.flags.split()
     if series in SIMPLE_RESTARTS and "--continuous-batching" not in words:
         return "restart"
-    if series in MLLM_RESTARTS and "--mllm" in words:
+    if (*series, bug.model) in MLLM_RESTARTS and "--mllm" in words:
         return "restart"
     return RESETS.get(series, "")
 
