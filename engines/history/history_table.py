@@ -62,6 +62,10 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
         return f"the fixed version is {fixed['verdict'].lower()}" + (
             f": {bug.fixed_fails}" if bug.fixed_fails else ""
         )
+    if fixed.get("cache_hits") == 0:  # nothing reused: the fix was never exercised
+        return "the fixed version's pass is vacuous: it reused nothing (0 cache hits)" + (
+            f": {bug.fixed_fails}" if bug.fixed_fails else ""
+        )
     if buggy.get("check") != bug.check:
         return f"caught by another check (expected {bug.check})"
     if bug.replays.startswith("0 of"):

@@ -186,6 +186,15 @@ def test_a_fixed_side_partial_only_by_the_seed_runs_design_passes() -> None:
     assert outcome(bug, _result({"verdict": "PARTIAL"})) == "the fixed version is partial"
 
 
+def test_a_fixed_side_that_reused_nothing_proves_nothing() -> None:
+    from history_table import outcome
+
+    bug = vllm(buggy="0.2.9", fixed="0.3.0")
+    idle = {"verdict": "PASS", "cache_hits": 0}
+    assert outcome(bug, _result(idle)).startswith("the fixed version's pass is vacuous")
+    assert outcome(bug, _result({"verdict": "PASS", "cache_hits": 1})) == "caught"  # control
+
+
 def test_parse_keeps_what_a_partial_verdict_left_unchecked() -> None:
     from history_runner import parse
 
