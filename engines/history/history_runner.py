@@ -120,8 +120,10 @@ def companions(bug: Bug, side: str) -> dict[str, str]:
     """The packages a side runs on besides its own, by the series of its version: the MLX
     (:data:`MLX` for mlx-lm, :data:`MLX_VLM` for mlx-vlm, with the mlx-lm of its time)."""
     version = version_of(bug, side)
+    if bug.runner in history_seed.SEED_PACKAGES:
+        return history_seed.companions(bug, version)  # else the seed environment's
     if layered(bug):
-        return {}  # the seed environment's (history_seed.py) or engines/vllm's
+        return {}  # engines/vllm's
     series = ".".join(version.split(".")[:2])
     table: dict[str, Any] = MLX_VLM if bug.runner == "mlx-vlm" else MLX
     if series not in table:
@@ -314,6 +316,7 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "cache_hits": suite.get("cache_hits"),
         "failures_by_check": suite.get("failures_by_check") or {},
         "engine_error": suite.get("engine_error"),
+        "not_checked": sorted(suite.get("not_checked") or {}),  # a PARTIAL verdict's gaps
     }
 
 

@@ -7,7 +7,8 @@ mlx-lm, mlx-vlm: about 6.5 GB, engines/seed/run.sh). :func:`install` makes
 default the main checkout's ``.engines/seed``; a ``.pth`` line adds its site-packages after the
 venv's own, so the old wheel shadows the seed's version and everything else is the seed's).
 The seed environments hold mlx 0.32.4, mlx-lm 0.31.3 and mlx-vlm 0.7.10 (vllm-mlx) or 0.7.2
-(rapid-mlx): what vllm-mlx from 0.3.0 on requires (mlx-lm>=0.31.0 in its METADATA), and what
+(rapid-mlx): what vllm-mlx from 0.2.8 on requires (mlx-lm>=0.31.0, mlx-vlm>=0.4.3 in the
+METADATA of 0.2.8, 0.2.9 and 0.3.0; 0.4.0: mlx-lm>=0.31.3, mlx-vlm>=0.6.2), and what
 rapid-mlx 0.9 and 0.12 require (mlx-lm>=0.31.3) except 0.12's pin mlx<0.32 (:data:`RUNS_ON`).
 
 The servers are ``adapters.seed.seed_server``'s (under the logit tap, a cache-less cold
@@ -37,9 +38,39 @@ CLI = {("rapid-mlx", "0.9"): "vllm_mlx.cli:main", ("rapid-mlx", "0.12"): "vllm_m
 #: cache: rapid-mlx 0.12's POST /v1/cache/clear empties only the simple engine's prompt cache
 #: and its DELETE /v1/cache only mlx-vlm's (routes/health.py, read in the 0.12.11 wheel; the
 #: same clear_cache in 0.9.8's), so a restart stands in (``"restart"``).
-RESETS = {("rapid-mlx", "0.9"): "restart", ("rapid-mlx", "0.12"): "restart"}
+RESETS = {
+    ("rapid-mlx", "0.9"): "restart",
+    ("rapid-mlx", "0.12"): "restart",
+    # vllm-mlx 0.2's DELETE /v1/cache clears only mlx-vlm's caches; DELETE /v1/cache/prefix
+    # empties the batched engine's prefix store (server.py clear_prefix_cache ->
+    # Scheduler.clear_prefix_cache, read in the 0.2.8 and 0.2.9 wheels)
+    ("vllm-mlx", "0.2"): "DELETE /v1/cache/prefix, DELETE /v1/cache",
+}
+#: vllm-mlx's first release with --enable-metrics (commit 9266654, #314; 0.2.8's CLI refuses it)
+METRICS_FROM = (0, 2, 9)
+#: The series whose simple engine (no ``--continuous-batching``) keeps a system-prompt KV
+#: snapshot that no endpoint drops: SimpleEngine._system_kv_snapshot of the MLLM text route,
+#: left by clear_runtime_caches (0.3.0) and by DELETE /v1/cache (0.2.8, 0.2.9: it clears only
+#: mlx-vlm's caches); 0.4.0's clear_runtime_caches clears its LRU of them (read in the wheels).
+SIMPLE_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
+#: The series and models whose --mllm batched engine restarts: mlx-vlm 0.7.10's qwen2_vl
+#: LanguageModel keeps the last request's position ids, and the text prefill of 0.2.9's and
+#: 0.3.0's MLLMBatchGenerator after a cache miss runs on them ("[broadcast_shapes] Shapes
+#: (1,4,185,16) and (1,1,15,16)", finish_reason 'error'; 0.2.8 does not: seen on servers of
+#: each); a restart before every uncached run and every stream makes each miss a server's
+#: first request. Not Qwen3.5, whose attention vllm-mlx patches itself (patches/qwen3_5_mllm.py:
+#: the stale ids there are the f589fd5 entry's bug, which a restart would hide).
+MLLM_RESTARTS = {("vllm-mlx", "0.2", "tiny-qwen2-vl"), ("vllm-mlx", "0.3", "tiny-qwen2-vl")}
 #: What the layered environments run on that the wheel's METADATA does not allow.
 RUNS_ON = {"rapid-mlx": "mlx 0.32.4 (its wheels of 0.12 pin mlx<0.32)"}
+#: The MLX a series runs on where the seed's 0.32.4 does not (installed in the venv, over the
+#: seed's): vllm-mlx 0.2 steps its batched engine on a worker thread, and MLX 0.32's streams
+#: are per thread: its first cache hit died with "There is no Stream(cpu, 0) in current
+#: thread" (0.2.9, --continuous-batching); 0.3.0 catches that error, switches to stepping on
+#: the model thread and reschedules the request with its prefix store cleared ("Detected MLX
+#: stream/thread mismatch on worker step"), so its first hit is lost. MLX 0.31.2 (what mlx-lm
+#: 0.31's history runs use; mlx-lm 0.31.3 requires mlx>=0.31.2) serves both.
+MLX = {("vllm-mlx", "0.2"): "0.31.2", ("vllm-mlx", "0.3"): "0.31.2"}
 MAIN = Path(__file__).resolve().parents[2]
 
 
@@ -56,8 +87,28 @@ def seed_dir() -> Path:
     return main / ".engines" / "seed"
 
 
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:3])
+
+
 def _series(bug: Bug, version: str) -> tuple[str, str]:
     return bug.runner, ".".join(version.split(".")[:2])
+
+
+def resets_of(bug: Bug, version: str) -> str:
+    """The cache resets of ``bug``'s engine at ``version`` ("" when they are the adapter's)."""
+    series, words = _series(bug, version), bug.flags.split()
+    if series in SIMPLE_RESTARTS and "--continuous-batching" not in words:
+        return "restart"
+    if (*series, bug.model) in MLLM_RESTARTS and "--mllm" in words:
+        return "restart"
+    return RESETS.get(series, "")
+
+
+def companions(bug: Bug, version: str) -> dict[str, str]:
+    """The packages installed beside the wheel (:data:`MLX`; none: the seed's)."""
+    mlx = MLX.get(_series(bug, version))
+    return {"mlx": mlx, "mlx-cpu": mlx} if mlx else {}
 
 
 def cli_of(bug: Bug, version: str) -> str:
@@ -77,20 +128,29 @@ def install(bug: Bug, version: str, venv: Path) -> Path:
             f"{bug.runner}; SEED_DIR names where)"
         )
     python = venv / "bin" / "python"
-    probe = f"import importlib.metadata as m; print(m.version({package!r}))"
+    wanted = {package: version, **companions(bug, version)}
+    wanted.pop("mlx-cpu", None)  # its version is mlx's; importlib names it apart
+    probe = (
+        "import importlib.metadata as m; print("
+        + ", ".join(f"m.version({name!r})" for name in wanted)
+        + ")"
+    )
+    expected = " ".join(wanted.values())
     if python.is_file():
         done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-        if done.returncode == 0 and done.stdout.strip() == version:
+        if done.returncode == 0 and done.stdout.strip() == expected:
             return python
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    (site / "zz-seed.pth").write_text(f"{sites[0]}\n")
+    if not python.is_file():
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((venv / "lib").glob("python3*/site-packages"))
+        (site / "zz-seed.pth").write_text(f"{sites[0]}\n")
     pip = [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps"]
     env = {**os.environ, "PIP_CACHE_DIR": str(venv.parent / "pip-cache")}
-    subprocess.run([*pip, f"{package}=={version}"], check=True, env=env)
+    others = [f"{name}=={v}" for name, v in companions(bug, version).items()]
+    subprocess.run([*pip, f"{package}=={version}", *others], check=True, env=env)
     done = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
-    if done.stdout.strip() != version:
-        raise RuntimeError(f"{venv}: {package}=={version} did not install")
+    if done.stdout.strip() != expected:
+        raise RuntimeError(f"{venv}: {package}=={version} {' '.join(others)} did not install")
     return python
 
 
@@ -101,8 +161,10 @@ def matrix_text(bug: Bug, version: str, python: Path) -> str:
         args["concurrency"] = bug.concurrency
     if cli_of(bug, version):
         args["cli"] = cli_of(bug, version)
-    if _series(bug, version) in RESETS:
-        args["resets"] = RESETS[_series(bug, version)]
+    if resets_of(bug, version):
+        args["resets"] = resets_of(bug, version)
+    if bug.runner == "vllm-mlx" and _release(version) < METRICS_FROM:
+        args["metrics"] = False
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
     text += f'engine = "pytest_prefixcache.adapters.seed:seed_server"\nargs = {{ {pairs} }}\n'

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from history_catalogue import OURS, Bug
+from history_runner import UNCHECKABLE
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
@@ -28,6 +29,15 @@ HEADER = (
 def load_results(results: Path) -> dict[str, dict[str, Any]]:
     """results/NAME.json by NAME."""
     return {p.stem: json.loads(p.read_text()) for p in sorted(results.glob("*.json"))}
+
+
+def passes(side: dict[str, Any]) -> bool:
+    """PASS, or PARTIAL whose only gaps (its ``not_checked``) are what a layered run cannot
+    check (history_runner.UNCHECKABLE: results written before parse() read them so)."""
+    if side["verdict"].startswith("PASS"):
+        return True
+    gaps = set(side.get("not_checked") or ())
+    return side["verdict"] == "PARTIAL" and bool(gaps) and gaps <= set(UNCHECKABLE)
 
 
 def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
@@ -45,8 +55,12 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
         if bug.fixed_fails:
             return f"the fixed version fails ({fixed.get('check')}): {bug.fixed_fails}"
         return f"false alarm? the fixed version fails ({fixed.get('check')})"
-    if not fixed["verdict"].startswith("PASS"):  # INCONCLUSIVE: no clean fixed side
+    if not passes(fixed):  # INCONCLUSIVE: no clean fixed side
         return f"the fixed version is {fixed['verdict'].lower()}" + (
+            f": {bug.fixed_fails}" if bug.fixed_fails else ""
+        )
+    if fixed.get("cache_hits") == 0:  # nothing reused: the fix was never exercised
+        return "the fixed version's pass is vacuous: it reused nothing (0 cache hits)" + (
             f": {bug.fixed_fails}" if bug.fixed_fails else ""
         )
     if buggy.get("check") != bug.check:

@@ -84,8 +84,9 @@ def test_the_catalogue_bounds_the_seed_runners() -> None:
     seed = GOOD.replace('engine = "mlx-lm"', 'engine = "vllm-mlx"')
     seed = seed.replace('runner = "mlx-lm"', 'runner = "vllm-mlx"')
     assert loads(CHECKS, seed.replace('"0.31.0"', '"0.4.1"').replace('"0.31.1"', '"0.5.0"'))
-    with pytest.raises(CatalogueError, match=r"vllm-mlx runs versions from 0\.3\.0"):
-        loads(CHECKS, seed.replace('"0.31.0"', '"0.2.9"').replace('"0.31.1"', '"0.3.0"'))
+    assert loads(CHECKS, seed.replace('"0.31.0"', '"0.2.8"').replace('"0.31.1"', '"0.2.9"'))
+    with pytest.raises(CatalogueError, match=r"vllm-mlx runs versions from 0\.2\.8"):
+        loads(CHECKS, seed.replace('"0.31.0"', '"0.2.7"').replace('"0.31.1"', '"0.2.8"'))
     fork = GOOD.replace('runner = "mlx-lm"', 'runner = "rapid-mlx"')
     with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.9\.0"):
         loads(CHECKS, fork.replace('"0.31.0"', '"0.8.19"').replace('"0.31.1"', '"0.9.1"'))

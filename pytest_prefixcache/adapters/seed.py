@@ -115,10 +115,12 @@ def commands(
     model: Path | None = None,
     tap: bool = True,
     cli: str | None = None,
+    metrics: bool = True,
 ) -> tuple[list[str], list[str]]:
     """The cached and the cold server's command lines (the tap launcher, with ``{port}``; with
     ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`); ``cli``: the
-    CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`)."""
+    CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`);
+    ``metrics=False``: no ``--enable-metrics`` (vllm-mlx before 0.2.9 has no such flag)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
@@ -135,7 +137,7 @@ def commands(
             skip = CACHE_ONLY[word]
         else:
             cold.append(word)
-    if engine == "vllm-mlx":  # its /metrics answers 404 unless asked for
+    if engine == "vllm-mlx" and metrics:  # its /metrics answers 404 unless asked for
         argv.append("--enable-metrics")
     return [*argv, *words], [*argv, *cold, "--disable-prefix-cache"]
 
@@ -191,6 +193,7 @@ def seed_server(
     tap: bool = True,
     cli: str | None = None,
     resets: str | None = None,
+    metrics: bool = True,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -217,7 +220,8 @@ def seed_server(
     neither). ``cli``: the CLI function when it is not the engine's own (rapid-mlx 0.12 ships
     its CLI as ``vllm_mlx.cli:main``: engines/history runs such versions); ``resets``: the
     cache resets when not the engine's (``"restart"``: a restart empties the cache, where the
-    endpoints do not, as in rapid-mlx 0.12)."""
+    endpoints do not, as in rapid-mlx 0.12); ``metrics=False``: vllm-mlx without
+    ``--enable-metrics`` (before 0.2.9; its Prometheus counter is then no claim source)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -225,7 +229,8 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
-    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli)
+    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli, metrics=metrics)
+    specs = [spec for spec in claim_specs(engine, flags) if metrics or "metric" not in spec]
     logs = value("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
@@ -256,7 +261,7 @@ def seed_server(
         # sliding-window models (server.py: "Hybrid model: running full request warmup"):
         # its boundary snapshot after the first token was reused by the first stream
         warm_start=engine == "rapid-mlx",
-        claims=ClaimWatch(sources_from_specs(claim_specs(engine, flags)), decode_steps=decode_steps)
+        claims=ClaimWatch(sources_from_specs(specs), decode_steps=decode_steps)
         if claims and tap
         else None,
         concurrency=concurrency,

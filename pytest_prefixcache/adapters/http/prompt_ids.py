@@ -19,11 +19,19 @@ from .render import placeholder_runs
 from .replies import Reply
 from .server import http_json
 
-__all__ = ["PromptIds", "Source", "Spans", "first_difference"]
+__all__ = ["PromptIds", "Source", "Spans", "first_difference", "prompt_count"]
 
 Spans = tuple[tuple[int, int, str], ...]
 Source = Literal["reply", "tokenize"]
 Render = Callable[[Request], tuple[list[int], Spans]]
+
+
+def prompt_count(reported: int | None, ids: tuple[int, ...] | None) -> int | None:
+    """``usage.prompt_tokens``, or the prompt's length where a server answers 0 for a prompt
+    that has tokens: a 0 counts nothing (vllm-mlx's MLLM text route, 0.2.9 to 0.5.0, sets it
+    only when its system-prompt cache branch runs), and the tap's record must still end at
+    the length this returns, its input ids the prompt's."""
+    return len(ids) if reported == 0 and ids else reported
 
 
 def first_difference(a: list[int], b: list[int]) -> str:
@@ -108,7 +116,7 @@ class PromptIds:
                     "the local render of the request disagrees with the server's prompt token "
                     f"ids: {first_difference(rendered, server)}"
                 )
-            if server is None and n is not None and len(rendered) != n:
+            if server is None and n and len(rendered) != n:  # 0: no count (prompt_count)
                 raise EngineError(
                     f"the local render has {len(rendered)} prompt tokens but the server's "
                     f"usage.prompt_tokens={n}: the render does not match this server (its "

@@ -195,6 +195,11 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
     """Read a reply; a reply without the expected shape raises EngineError."""
     try:
         choice = reply["choices"][0]
+        if choice.get("finish_reason") == "error":  # vllm-mlx: a failed request, in band
+            raise EngineError(
+                "the server answered finish_reason 'error' (no completion; usage "
+                f"{reply.get('usage')}): the request failed inside the server, see its log"
+            )
         logprobs = choice.get("logprobs")
         content = (logprobs or {}).get("content") or []
         steps: list[dict[int, float]] = []

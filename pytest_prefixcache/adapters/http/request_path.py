@@ -18,6 +18,7 @@ from ...types import Outcome, Request
 from .chat import chat_body
 from .claims import Pending
 from .engine_settings import EngineSettings
+from .prompt_ids import prompt_count
 from .prompt_logprobs import read_prompt_logprobs
 from .replies import Reply, logprob_problems, parse_reply, with_extension
 from .server import ServerProcess, connection_problem, http_json
@@ -153,7 +154,8 @@ class RequestPath(EngineSettings):
             except EngineError as exc:
                 self.render_mismatches.append(str(exc))
                 raise
-            out = dataclasses.replace(out, token_ids=ids, image_spans=spans)
+            count = prompt_count(out.prompt_tokens, ids)
+            out = dataclasses.replace(out, token_ids=ids, image_spans=spans, prompt_tokens=count)
         return out
 
     def _tapped(
