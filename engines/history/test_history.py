@@ -39,7 +39,7 @@ from history_runner import (  # noqa: E402
     parse,
     stream_size,
 )
-from history_table import DOC, load_results, outcome, render  # noqa: E402
+from history_table import DOC, load_results, outcome, render, row  # noqa: E402
 
 from pytest_prefixcache.session.matrix_file import read_matrix  # noqa: E402
 from pytest_prefixcache.session.progress import Progress  # noqa: E402
@@ -189,6 +189,13 @@ def test_an_mlx_vlm_entry_without_the_tap_serves_mlx_vlm_server_itself(tmp_path:
     tapped = mlx_vlm_server(ROOT / "fixtures" / "tiny-gemma3", **target.args)
     assert tapped.readout.tap and "pytest_prefixcache.tap" in tapped.server.cmd  # type: ignore[union-attr]
     assert "mlx_vlm.server.cli:main" in tapped.server.cmd  # type: ignore[union-attr]
+
+
+def test_a_row_names_how_its_run_reaches_the_bug() -> None:
+    plain = row(stub_bug(), None)
+    assert "mlx-lm (tiny-llama, waves of 8) |" in plain and "scenario" not in plain
+    shaped = row(stub_bug(corpus="next_turn_while_decoding.json", tap=False), None)
+    assert "mlx-lm (tiny-llama, waves of 8, no tap, scenario next_turn_while_decoding) |" in shaped
 
 
 def test_each_series_runs_on_its_own_mlx() -> None:
