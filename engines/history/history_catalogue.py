@@ -82,7 +82,9 @@ VERSION = re.compile(r"^\d+(\.\d+){1,3}([.-]?(post|dev|rc)\d+)?$")
 #: A regression row of this repository names commits instead of versions.
 COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
 OURS = "pytest-prefixcache"
-REFERENCE = re.compile(r"^([\w.-]+/[\w.-]+|this repository)(#\d+| [0-9a-f]{7,40})$")
+#: owner/repo#N, owner/repo COMMIT, or owner/repo vX.Y.Z: a release whose own diff is the only
+#: record (its commits are in no mirror this lab can read, and no pull request was found).
+REFERENCE = re.compile(r"^([\w.-]+/[\w.-]+|this repository)(#\d+| [0-9a-f]{7,40}| v\d+(\.\d+)+)$")
 REQUIRED = {
     "name": str,
     "engine": str,
@@ -170,7 +172,8 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
             raise CatalogueError(f"{where}.{key}: {raw[key]!r} does not look like a version")
     if not REFERENCE.match(raw["reference"]):
         raise CatalogueError(
-            f"{where}.reference: {raw['reference']!r} is not owner/repo#N or owner/repo COMMIT"
+            f"{where}.reference: {raw['reference']!r} is not owner/repo#N, owner/repo COMMIT "
+            "or owner/repo vX.Y.Z"
         )
     if raw["class"] not in classes:
         raise CatalogueError(

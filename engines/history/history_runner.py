@@ -219,7 +219,7 @@ def matrix_text(bug: Bug, side: str = "buggy") -> str:
     """A one-combination matrix file for an entry with server flags, without the tap or with
     another cold server (the seed engines: history_seed.matrix_text)."""
     args = [f"concurrency = {bug.concurrency}"] if bug.runner == "mlx-lm" else []
-    args += [] if bug.tap else ["tap = false"]  # the mlx_vlm preset takes neither
+    args += [] if bug.tap else ["tap = false"]  # both presets take it
     if cold_module(bug, side):  # 0.30: no --prompt-cache-size, and its batch loop dies on
         # any logprobs count (server.py _generate: NameError 'gen'); the tap has the logits
         args += [

@@ -81,6 +81,8 @@ def row(bug: Bug, result: dict[str, Any] | None) -> str:
         reach.append(f"waves of {bug.concurrency}")
     if not bug.tap:
         reach.append("no tap")
+    if bug.corpus:  # the request shape the run adds (engines/history/corpus/)
+        reach.append(f"scenario {bug.corpus.removesuffix('.json')}")
     where = f"{bug.engine}" + (f" ({', '.join(reach)})" if reach else "")
     title = f"{bug.reference}: {bug.description} (class {bug.bug_class})"
     if result is None:

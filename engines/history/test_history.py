@@ -39,7 +39,7 @@ from history_runner import (  # noqa: E402
     parse,
     stream_size,
 )
-from history_table import DOC, load_results, outcome, render  # noqa: E402
+from history_table import DOC, load_results, outcome, render, row  # noqa: E402
 
 from pytest_prefixcache.session.matrix_file import read_matrix  # noqa: E402
 from pytest_prefixcache.session.progress import Progress  # noqa: E402
@@ -106,6 +106,27 @@ def test_a_bad_entry_is_refused_naming_it_and_the_field(old: str, new: str, says
     assert "x-1-thing" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("reference", "loads_"),
+    [
+        ("Blaizzy/mlx-vlm v0.7.1", True),  # a release whose diff is the only record
+        ("ml-explore/mlx-lm v0.32.0", True),
+        ("ml-explore/mlx-lm 23af8570", True),
+        ("ml-explore/mlx-lm v0.32", True),
+        ("ml-explore/mlx-lm 0.32.0", False),  # neither a commit nor a tag: the v is needed
+        ("ml-explore/mlx-lm vlatest", False),
+        ("ml-explore/mlx-lm v0.32.0 and more", False),
+    ],
+)
+def test_a_reference_is_an_issue_a_commit_or_a_release_tag(reference: str, loads_: bool) -> None:
+    text = GOOD.replace('reference = "ml-explore/mlx-lm#1"', f'reference = "{reference}"')
+    if loads_:
+        assert loads(CHECKS, text)[0].reference == reference
+    else:
+        with pytest.raises(CatalogueError, match="is not owner/repo#N"):
+            loads(CHECKS, text)
+
+
 def test_a_name_given_twice_and_a_regression_row_without_its_guard_are_refused() -> None:
     with pytest.raises(CatalogueError, match="given twice"):
         loads(CHECKS, GOOD + GOOD)
@@ -150,6 +171,31 @@ def test_an_entry_with_flags_runs_a_one_combination_matrix(tmp_path: Path) -> No
         w.startswith("--prefixcache-matrix")
         for w in command(untapped, "buggy", Path("p"), tmp_path).argv
     )
+
+
+def test_an_mlx_vlm_entry_without_the_tap_serves_mlx_vlm_server_itself(tmp_path: Path) -> None:
+    from pytest_prefixcache.adapters.presets import mlx_vlm_server
+
+    vlm = stub_bug(runner="mlx-vlm", model="tiny-gemma3", images=False, concurrency=4)
+    (tmp_path / "matrix.toml").write_text(matrix_text(replace(vlm, tap=False)))
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    assert target.args == {"tap": False, "images": False}  # no concurrency: the env's
+    untapped = mlx_vlm_server(ROOT / "fixtures" / "tiny-gemma3", **target.args)
+    cmd = untapped.server.cmd  # type: ignore[union-attr]
+    assert cmd[1:3] == ["-m", "mlx_vlm.server"] and "pytest_prefixcache.tap" not in cmd
+    assert not untapped.readout.tap and "--top-logprobs-k" in cmd
+    (tmp_path / "matrix.toml").write_text(matrix_text(vlm))  # the control: the tap by default
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    tapped = mlx_vlm_server(ROOT / "fixtures" / "tiny-gemma3", **target.args)
+    assert tapped.readout.tap and "pytest_prefixcache.tap" in tapped.server.cmd  # type: ignore[union-attr]
+    assert "mlx_vlm.server.cli:main" in tapped.server.cmd  # type: ignore[union-attr]
+
+
+def test_a_row_names_how_its_run_reaches_the_bug() -> None:
+    plain = row(stub_bug(), None)
+    assert "mlx-lm (tiny-llama, waves of 8) |" in plain and "scenario" not in plain
+    shaped = row(stub_bug(corpus="next_turn_while_decoding.json", tap=False), None)
+    assert "mlx-lm (tiny-llama, waves of 8, no tap, scenario next_turn_while_decoding) |" in shaped
 
 
 def test_each_series_runs_on_its_own_mlx() -> None:

@@ -24,6 +24,7 @@ def mlx_vlm_server(
     concurrency: int | None = None,
     flags: Sequence[str] = (),
     images: bool = True,
+    tap: bool = True,
 ) -> OpenAIEngine:
     """``mlx_vlm.server`` with APC (disk tier off) on ``model_dir`` (a vision-language model;
     default: ``PREFIXCACHE_MODEL``, else the tiny Qwen2-VL) under the logit tap; cold = a
@@ -32,10 +33,14 @@ def mlx_vlm_server(
     flags a matrix combination passes (``--prefill-step-size 32``), each a command-line
     string; ``images=False``: text requests only (its image requests reuse nothing).
     ``concurrency``: requests sent at once (default: ``PREFIXCACHE_CONCURRENCY``, else 1; its
-    continuous batching serves them in one BatchGenerator)."""
+    continuous batching serves them in one BatchGenerator). ``tap=False``: ``python -m
+    mlx_vlm.server``, no tap: the logits are then the API's ``top_logprobs`` (20) and the
+    reuse its ``cached_tokens``, with no batch row tied to its request (the public record
+    runs versions on which the tap's attribution guesses: engines/history/bugs.toml)."""
     model = engine_model(model_dir, default="tiny-qwen2-vl", vision=True, who="mlx_vlm.server")
     cmd = (
-        f"{TAP} mlx_vlm.server.cli:main --model {shlex.quote(str(model))} --host 127.0.0.1 "
+        f"{TAP + ' mlx_vlm.server.cli:main' if tap else '{python} -m mlx_vlm.server'} "
+        f"--model {shlex.quote(str(model))} --host 127.0.0.1 "
         "--port {port} --top-logprobs-k 20" + quoted_flags(flags)
     )
     engine = OpenAIEngine(
@@ -44,7 +49,7 @@ def mlx_vlm_server(
         namespace_header="x-apc-tenant",
         model=str(model),
         top_logprobs=20,
-        tap=True,
+        tap=tap,
         supports_images=images,
         vocab=model,
         env={"APC_ENABLED": "1", "APC_DISK_ENABLED": "0"},
