@@ -18,16 +18,19 @@ Read in llama.cpp's server source (``tools/server/server-context.cpp``, ``server
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 
 from ..errors import EngineError
 from .environment import START_TIMEOUT
 from .flags import flag_value, split_flags
 from .http.claims import ApiField, ClaimWatch, MetricDelta
-from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
+from .llama_slots import LlamaServerEngine, lora_scales_of
 
 __all__ = ["ATOL", "CACHE_ONLY", "SPECULATION", "cold_command", "exact_kv", "llama_server", "slots"]
 
@@ -48,6 +51,7 @@ CACHE_ONLY = {
     "--slot-prompt-similarity": 1,
     "--cache-idle-slots": 0,
     "--no-cache-idle-slots": 0,
+    "--slot-save-path": 1,
 }
 #: Speculative decoding's flags (a draft model and its settings), with their number of values:
 #: the cold server drops them too, so the baseline is the same request decoded without
@@ -131,7 +135,10 @@ def llama_server(
     audit: bool = True,
     claims: bool = False,
     concurrency: int | None = None,
-) -> OpenAIEngine:
+    slot_save: bool = False,
+    restart_flags: Mapping[str, Sequence[str]] | None = None,
+    adapters: Mapping[str, Sequence[float]] | None = None,
+) -> LlamaServerEngine:
     """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL), with
     ``flags`` added (a matrix combination: ``-np 2``, ``--cache-reuse 8``, ``-fa on``, ...;
     ``extra_args`` is the same, kept for older callers).
@@ -152,6 +159,15 @@ def llama_server(
     sent at once (the waves property). ``claims``: read ``cached_tokens``, ``timings.cache_n``
     and the ``llamacpp:prompt_tokens_cached_total`` counter (``--metrics`` is added) around
     every request and compare them with each other (there is no tap); not with concurrency.
+
+    ``slot_save``: the cached server gets ``--slot-save-path`` (a private directory) and the
+    engine persists: the restart streams (``--prefixcache-restarts``) save every slot, restart
+    it and restore them (:class:`.llama_slots.LlamaServerEngine`). ``restart_flags``: what a
+    restart may change and the flags that change it on both servers (``{"weights": ("-m",
+    "other.gguf"), "kv_dtype": ("-ctk", "f16", "-ctv", "f16"), "adapter": ("--lora",
+    "a.gguf")}``). ``adapters``: ``Request.adapter`` names, each the scale of every
+    ``--lora`` in ``flags`` (in order), sent as the request's ``lora`` field; a request
+    without an adapter sends none (the server's own scales).
     """
     words = [*split_flags(extra_args), *split_flags(flags)]
     cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
@@ -166,6 +182,14 @@ def llama_server(
     if claims:
         cmd.append("--metrics")
     cmd += words
+    if restart_flags and not slot_save:
+        raise EngineError("restart_flags without slot_save: nothing outlives a restart")
+    loras = sum(w in ("--lora", "--lora-scaled") for w in words)
+    scales = lora_scales_of(adapters or {}, loras)
+    slot_dir = None
+    if slot_save:
+        slot_dir = tempfile.mkdtemp(prefix="prefixcache-llama-slots-")
+        cmd += ["--slot-save-path", slot_dir + os.sep]
     if concurrency is None:
         concurrency = slots(words) if flag_value(words, _NP) is not None else 1
     if claims and concurrency > 1:
@@ -185,23 +209,34 @@ def llama_server(
     if render_dir is not None:
         render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
     rule = "off" if exact_kv(cmd) else "on"
-    engine = OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cold_command(cmd),
-        top_logprobs=20,
-        prompt_ids="tokenize",
-        render=render,
-        supports_images=mmproj is not None,
-        start_timeout=start_timeout,
-        atol=ATOL[rule] if atol is None else atol,
-        audit=audit,
-        claims=watch,
-        concurrency=concurrency,
-    )
+    try:
+        engine = LlamaServerEngine(
+            cmd,
+            cold="server",
+            cold_cmd=cold_command(cmd),
+            top_logprobs=20,
+            prompt_ids="tokenize",
+            render=render,
+            supports_images=mmproj is not None,
+            start_timeout=start_timeout,
+            atol=ATOL[rule] if atol is None else atol,
+            audit=audit,
+            claims=watch,
+            concurrency=concurrency,
+        )
+    except BaseException:
+        if slot_dir is not None:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
     # server-context.cpp: each sampled token joins the slot's prompt.tokens and is decoded in
     # the slot, so the next turn that carries the reply reuses its KV (prompt + output)
     engine.caches_output = True
+    engine.slot_dir = slot_dir
+    engine.persists = slot_dir is not None
+    engine.restart_flags = {k: tuple(split_flags(v)) for k, v in (restart_flags or {}).items()}
+    engine.lora_scales = scales
+    if scales:
+        engine.cache = dataclasses.replace(engine.cache, adapters=tuple(scales))
     if atol is None:
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (
