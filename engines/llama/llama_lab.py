@@ -10,7 +10,9 @@ reference_engine/fixtures/gguf_models.py wrote. Importable with engines/llama an
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -87,8 +89,9 @@ def engine(
     draft-simple``: without a type the draft model loads and is never used); the cold server
     decodes without it. ``lora``: a LoRA GGUF of the models directory (``--lora``), on both
     servers. ``restarts``: slot files across restarts (``--slot-save-path``), the changes of
-    :func:`restart_flags` (tiny-llama only; ``changes``: only those, ``[]`` none). ``adapters``: per-request LoRA scales
-    (:data:`ADAPTERS`) over tiny-llama-lora.gguf, loaded unapplied on both servers."""
+    :func:`restart_flags` (tiny-llama only; ``changes``: only those, ``[]`` none).
+    ``adapters``: per-request LoRA scales (:data:`ADAPTERS`) over tiny-llama-lora.gguf,
+    loaded unapplied on both servers."""
     models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
     gguf, mmproj = MODELS[model]
     flags = list(flags)
@@ -112,12 +115,20 @@ def engine(
         restart_flags=_changes(restart_flags(models), changes) if restarts else None,
         adapters=ADAPTERS if adapters else None,
     )
+    if restarts and os.environ.get("LLAMA_SLOT_LOG"):  # what the restarts restored, at exit
+        atexit.register(_log_slots, e, os.environ["LLAMA_SLOT_LOG"], list(flags))
     e.readout = dataclasses.replace(e.readout, top_logprobs=top_logprobs, check_labels=False)
     e.extra_body.update(ASCII)
     # the grammar's token is what the server generated and what a closed-loop prompt carries
     # back: the oracle counts the reply's KV through those ids, not the raw argmax
     e.sampled_tokens = True
     return e
+
+
+def _log_slots(e: OpenAIEngine, path: str, flags: list[str]) -> None:
+    counts = getattr(e, "slot_counts", None)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"flags": flags, **(counts or {})}) + "\n")
 
 
 def _changes(
