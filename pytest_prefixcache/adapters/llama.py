@@ -12,8 +12,8 @@ Read in llama.cpp's server source (``tools/server/server-context.cpp``, ``server
 - ``-np N`` serves N requests at once (slots; ``-1``, the default, is 4 slots with a unified
   KV buffer); a cache-less server is ``--no-cache-prompt --cache-ram 0``;
 - cached and cold runs are not bit-identical: flash attention on (``-fa on``/``auto``, the
-  default) or a KV cache other than f32 differs by ~2e-3 here (:data:`ATOL` ``"on"``); with
-  ``-fa off`` and an f32 KV cache by ~1e-6 (:data:`ATOL` ``"off"``).
+  default) or a KV cache other than f32 differs (the rule per model family and why:
+  :mod:`.llama_tolerance`); ``-fa off`` with an f32 KV cache by ~1e-6 on Llama.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ from collections.abc import Mapping, Sequence
 from ..errors import EngineError
 from .environment import START_TIMEOUT
 from .flags import flag_value, split_flags
+from .gguf_header import gguf_architecture
 from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.render import TextRenderer, VlmRenderer
 from .llama_slots import LlamaServerEngine, lora_scales_of
+from .llama_tolerance import LLAMA_ATOL, llama_atol
 
 __all__ = ["ATOL", "CACHE_ONLY", "SPECULATION", "cold_command", "exact_kv", "llama_server", "slots"]
 
-#: The tolerance rule (atol on every decode step's logprobs, greedy tokens equal), by whether
-#: the server computes attention exactly enough to be judged tightly: ``"off"`` (``-fa off``,
-#: f32 KV: worst 1.4e-6 measured) or ``"on"`` (flash attention or an f16/quantized KV cache:
-#: worst 3.4e-3 measured). Figures and commands: engines/llama/NOTES.md.
-ATOL = {"off": 1e-4, "on": 2e-2}
+#: The tolerance rule of a family without its own (atol on every decode step's logprobs,
+#: greedy tokens equal), by whether the server computes attention exactly enough to be judged
+#: tightly: ``"off"`` (``-fa off``, f32 KV) or ``"on"`` (flash attention or an f16/quantized
+#: KV cache). Per family: :data:`.llama_tolerance.LLAMA_ATOL`.
+ATOL = {"off": LLAMA_ATOL["*", "off"], "on": LLAMA_ATOL["*", "on"]}
 #: Flags that only configure the prompt cache, with their number of values: the cold server
 #: (which keeps no cache) drops them.
 CACHE_ONLY = {
@@ -209,6 +211,8 @@ def llama_server(
     if render_dir is not None:
         render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
     rule = "off" if exact_kv(cmd) else "on"
+    family = _family(model)
+    rule_atol = llama_atol(family, rule)
     try:
         engine = LlamaServerEngine(
             cmd,
@@ -219,7 +223,7 @@ def llama_server(
             render=render,
             supports_images=mmproj is not None,
             start_timeout=start_timeout,
-            atol=ATOL[rule] if atol is None else atol,
+            atol=rule_atol if atol is None else atol,
             audit=audit,
             claims=watch,
             concurrency=concurrency,
@@ -240,7 +244,17 @@ def llama_server(
     if atol is None:
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (
-            f"llama-server, {what}: cached and cold runs are not bit-identical; atol "
-            f"{ATOL[rule]:g} on every step's logprobs, greedy tokens equal (engines/llama/NOTES.md)"
+            f"llama-server, {family or 'any family'}, {what}: cached and cold runs are not "
+            f"bit-identical; atol {rule_atol:g} on every step's logprobs, greedy tokens equal "
+            "(adapters/llama_tolerance.py, engines/llama/NOTES.md)"
         )
     return engine
+
+
+def _family(model: str | os.PathLike[str]) -> str:
+    """The GGUF's architecture, or "" when its header cannot be read here (a model the
+    server finds elsewhere; the server reports a bad file itself)."""
+    try:
+        return gguf_architecture(model)
+    except EngineError:
+        return ""
