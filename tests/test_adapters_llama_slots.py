@@ -191,6 +191,11 @@ def test_a_request_s_adapter_is_its_lora_field(monkeypatch: pytest.MonkeyPatch) 
         engine.close()
     with pytest.raises(EngineError, match=r"one scale per --lora \(1\)"):
         preset(flags=["--lora a.gguf"], adapters={"x": (1.0, 1.0)})
+    explicit = preset(flags=["--lora a.gguf"], adapters=ADAPTERS, base_scales=(0.0,))
+    try:  # the base's own scales sent as such, not left to the server
+        assert explicit.request_body(TEXT) == {"lora": [{"id": 0, "scale": 0.0}]}
+    finally:
+        explicit.close()
 
 
 def test_adapters_share_nothing_and_the_negative_control_fails(

@@ -77,6 +77,7 @@ def engine(
     restarts: bool = False,
     changes: Sequence[str] | None = None,
     adapters: bool = False,
+    explicit_base: bool = False,
 ) -> OpenAIEngine:
     """:func:`llama_server` on the lab's ``model`` (``text``: tiny-llama.gguf; ``vl``:
     tiny-qwen2-vl.gguf and its mmproj; ``gemma3-text``: tiny-gemma3-text.gguf) with a matrix
@@ -91,7 +92,8 @@ def engine(
     servers. ``restarts``: slot files across restarts (``--slot-save-path``), the changes of
     :func:`restart_flags` (tiny-llama only; ``changes``: only those, ``[]`` none).
     ``adapters``: per-request LoRA scales (:data:`ADAPTERS`) over tiny-llama-lora.gguf,
-    loaded unapplied on both servers."""
+    loaded unapplied on both servers; ``explicit_base``: a request without an adapter sends
+    scale 0 instead of no ``lora`` field."""
     models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
     gguf, mmproj = MODELS[model]
     flags = list(flags)
@@ -114,6 +116,7 @@ def engine(
         slot_save=restarts,
         restart_flags=_changes(restart_flags(models), changes) if restarts else None,
         adapters=ADAPTERS if adapters else None,
+        base_scales=(0.0,) if adapters and explicit_base else None,
     )
     if restarts and os.environ.get("LLAMA_SLOT_LOG"):  # what the restarts restored, at exit
         atexit.register(_log_slots, e, os.environ["LLAMA_SLOT_LOG"], list(flags))

