@@ -43,9 +43,12 @@ GRAMMAR = "root ::= [ -~]*"  # byte tokens get no logprobs entry (engines/llama/
 OUT = Path(__file__).resolve().parent / "results" / "llama_kv_quant_tolerance.json"
 
 
-def start(binary: str, model: Path, kv: str, cold: bool, full: bool) -> ServerProcess:
+def start(
+    binary: str, model: Path, kv: str, cold: bool, full: bool, extra: Sequence[str] = ()
+) -> ServerProcess:
     cmd = [*shlex.split(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "{port}"]
-    cmd += ["-fa", "on", "-ctk", kv, "-ctv", kv, "-np", "1", *(["--swa-full"] if full else [])]
+    cmd += ["-ctk", kv, "-ctv", kv, "-np", "1", *(["--swa-full"] if full else [])]
+    cmd += [*extra] if "-fa" in extra else ["-fa", "on", *extra]
     cmd += ["--no-cache-prompt", "--cache-ram", "0"] if cold else []
     return ServerProcess(cmd, start_timeout=120).start()
 
@@ -59,49 +62,59 @@ def generate(server: ServerProcess, ids: Sequence[int], n: int) -> list[int]:
     return [int(p["id"]) for p in reply["completion_probabilities"]]
 
 
-def last(server: ServerProcess, ids: Sequence[int]) -> tuple[np.ndarray, int]:
+def last(server: ServerProcess, ids: Sequence[int], vocab: int = VOCAB) -> tuple[np.ndarray, int]:
     """The first generated step's logprobs over the vocabulary, and the tokens reused."""
-    body = {"prompt": list(ids), "n_predict": 1, "temperature": 0, "n_probs": VOCAB}
+    body = {"prompt": list(ids), "n_predict": 1, "temperature": 0, "n_probs": vocab}
     status, reply = http_json("POST", f"{server.url}/completion", {**body, "grammar": GRAMMAR})
     if status != 200:
         raise RuntimeError(f"/completion answered {status}: {reply}")
-    out = np.full(VOCAB, np.nan)
+    out = np.full(vocab, np.nan)
     for entry in reply["completion_probabilities"][0]["top_logprobs"]:
         out[entry["id"]] = entry["logprob"]
     return out, int(reply["timings"]["cache_n"])
 
 
 def measure(
-    binary: str, model: Path, kv: str, trials: int, seed: int, full: bool
+    binary: str,
+    model: Path,
+    kv: str,
+    trials: int,
+    seed: int,
+    full: bool,
+    extra: Sequence[str] = (),
+    vocab: int = VOCAB,
 ) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    warm, cold = start(binary, model, kv, False, full), start(binary, model, kv, True, full)
+    warm = start(binary, model, kv, False, full, extra)
+    cold = start(binary, model, kv, True, full, extra)
     worst, smallest, changed, reused, decoded = 0.0, float("inf"), 0, [], 0.0
     try:
         for _ in range(trials):
             n = int(rng.integers(40, 401))
-            ids = rng.integers(10, VOCAB, size=n).tolist()
+            ids = rng.integers(10, vocab, size=n).tolist()
             k = int(rng.integers(2, n - 2))
             stale = list(ids)
             at = n - int(rng.integers(8, 41))
-            stale[at] = 10 + (stale[at] - 10 + 1) % (VOCAB - 10)
-            last(warm, ids[:k])
-            w, n_reused = last(warm, ids)
-            c, _ = last(cold, ids)
-            s, _ = last(cold, stale)
+            stale[at] = 10 + (stale[at] - 10 + 1) % (vocab - 10)
+            last(warm, ids[:k], vocab)
+            w, n_reused = last(warm, ids, vocab)
+            c, _ = last(cold, ids, vocab)
+            s, _ = last(cold, stale, vocab)
             reused.append(n_reused)
             worst = max(worst, float(np.nanmax(np.abs(w - c))))
             smallest = min(smallest, float(np.nanmax(np.abs(s - c))))
             changed += int(np.nanargmax(w) != np.nanargmax(c))
             # a next turn that carries the reply back: its KV was computed while decoding
             turn = [*ids[:k], *generate(warm, ids[:k], 8), *ids[k:]]
-            w, _ = last(warm, turn)
-            c, _ = last(cold, turn)
+            w, _ = last(warm, turn, vocab)
+            c, _ = last(cold, turn, vocab)
             decoded = max(decoded, float(np.nanmax(np.abs(w - c))))
     finally:
         warm.stop()
         cold.stop()
     return {
+        "model": model.name,
+        "flags": " ".join(extra),
         "kv": kv,
         "swa": "full" if full else "window",
         "worst_cold_vs_warm": worst,
@@ -121,18 +134,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--window", action="store_true", help="also without --swa-full (context checkpoints)"
     )
+    parser.add_argument(
+        "--flags",
+        default="",
+        help="flags of both servers (-ub 32: prefill in micro-batches of 32; -fa off: "
+        "f16/f32 only; default -fa on)",
+    )
+    parser.add_argument("--model", default="tiny-gemma3-text.gguf", help="a GGUF in LLAMA_MODELS")
+    parser.add_argument("--vocab", type=int, default=VOCAB, help="the model's vocabulary size")
     args = parser.parse_args(argv)
     binary = os.environ.get("LLAMA_BINARY", "llama-server")
-    model = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models")) / "tiny-gemma3-text.gguf"
+    model = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models")) / args.model
+    extra = shlex.split(args.flags)
     if not model.is_file():
         print(f"no {model}: run engines/llama/run.sh models (LLAMA_MODELS)", file=sys.stderr)
         return 2
     fulls = (True, False) if args.window else (True,)
     kvs = args.kv.split(",")
-    rows = [measure(binary, model, kv, args.trials, args.seed, f) for f in fulls for kv in kvs]
+    rows = [
+        measure(binary, model, kv, args.trials, args.seed, f, extra, args.vocab)
+        for f in fulls
+        for kv in kvs
+    ]
     for r in rows:
         print(
-            f"{r['swa']:6} {r['kv']:5} worst cold vs warm {r['worst_cold_vs_warm']:.3g}  "
+            f"{r['model']} {r['flags']!r} {r['swa']:6} {r['kv']:5} worst cold vs warm "
+            f"{r['worst_cold_vs_warm']:.3g}  "
             f"argmax changed {r['argmax_changed']}/{args.trials}  smallest one-token bug "
             f"{r['smallest_one_token_bug']:.3g}  reused min {min(r['reused'])}  worst on a "
             f"decoded reply {r['worst_decoded_reply']:.3g}"

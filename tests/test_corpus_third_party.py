@@ -57,8 +57,15 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
     options = VerifyOptions(failures_dir=tmp_path)
+    # a stream's adapters (llama-server's per-request LoRA scales) are the fixture's adapter
+    names = sorted({r.adapter for r in stream if r.adapter is not None})
+    adapters = {name: "fixture" for name in names} or None
     # a fresh engine per audited request: the baseline audit runs too
-    verifier = Verifier(Engine(model), options=options, audit=Audit(lambda: Engine(model)))
+    verifier = Verifier(
+        Engine(model, adapters=adapters),
+        options=options,
+        audit=Audit(lambda: Engine(model, adapters=adapters)),
+    )
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
@@ -75,5 +82,9 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
         ), "no request of this stream is subject to the positive control"
     elif check == "render stability":  # the expectation that failed is in the file
         assert meta.get("expect_same_prompt") or meta.get("expect_extends"), meta
+    elif check == "stale identity":  # a restart with something changed came before it
+        assert meta.get("restarts") and any(c for _, c in meta["restarts"]), meta
+    elif check == "isolation":  # requests of two identities share a prefix in it
+        assert len({r.scope for r in stream}) > 1, "the stream has one identity"
     else:  # the engine's answer (fault, equivalence) or its claims (claims) were wrong there
         assert check in ("fault", "equivalence", "claims", "shapes"), check

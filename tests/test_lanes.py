@@ -129,6 +129,9 @@ WALL_TIME_CHECKS = {"min speedup"}
 ADAPTER_TESTS = {
     "http": "tests/test_adapters_openai.py",
     "llama": "tests/test_adapters_llama_stub.py",
+    "llama_slots": "tests/test_adapters_llama_slots.py",
+    "llama_tolerance": "tests/test_llama_tolerance.py",
+    "gguf_header": "tests/test_gguf_header.py",
     "mlx_lm": "tests/test_adapters_mlx_lm.py",
     "mlx_vlm_apc": "tests/test_adapters_mlx_vlm_apc.py",
     "omlx": "tests/test_adapters_omlx_stub.py",

@@ -198,6 +198,17 @@ def test_the_timing_audit_runs_across_adapters_with_its_control() -> None:
     pairs = identity_pairs(True, ("lora",))
     assert pairs == {"namespaces": NAMESPACES, "adapter 'lora'": (("A", None), ("A", "lora"))}
     assert identity_pairs(False, ()) == {}
+    # an engine with adapters and no namespaces (llama-server) is sent none at all
+    assert identity_pairs(False, ("lora",)) == {"adapter 'lora'": (("", None), ("", "lora"))}
+    sent: list[str] = []
+    blind = _Timed(adapter_blind=False)
+
+    def no_namespaces(r: Request) -> tuple[Outcome, float]:
+        sent.append(r.namespace)
+        return blind(r)
+
+    audit(no_namespaces, samples=3, across=identity_pairs(False, ("lora",))["adapter 'lora'"])
+    assert set(sent) == {""}
     across = pairs["adapter 'lora'"]
     for blind, verdict in ((False, "pass"), (True, "leak")):
         engine = _Timed(adapter_blind=blind)

@@ -10,7 +10,9 @@ reference_engine/fixtures/gguf_models.py wrote. Importable with engines/llama an
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import json
 import os
 import shlex
 from collections.abc import Sequence
@@ -39,6 +41,26 @@ MODELS = {
 }
 #: tiny-llama's draft model (tiny-llama's tokenizer, fewer layers): ``-md``
 DRAFT = "tiny-llama-draft.gguf"
+#: tiny-llama's LoRA (the fixtures' PEFT adapter through convert_lora_to_gguf.py)
+LORA = "tiny-llama-lora.gguf"
+#: tiny-llama with its norms scaled (engines/llama/tuned_gguf.py): another fine-tune of the
+#: same shapes, the restart move's weights change
+TUNED = "tiny-llama-tuned.gguf"
+#: Per-request adapters (``adapters=True``): the LoRA loaded unapplied
+#: (``--lora-init-without-apply``: a request without a ``lora`` field is the base model), and
+#: two identities over it, each a scale of that one adapter.
+ADAPTERS = {"lora": (1.0,), "half": (0.5,)}
+
+
+def restart_flags(models: Path) -> dict[str, tuple[str, ...]]:
+    """What a restart may change on tiny-llama, each a change llama.cpp's slot file cannot
+    see in the tokens: the weights (:data:`TUNED`: the same shapes, another fine-tune), the
+    KV type (f32 to f16), an adapter (``--lora``, scale 1)."""
+    return {
+        "weights": ("-m", str(models / TUNED)),
+        "kv_dtype": ("-ctk", "f16", "-ctv", "f16"),
+        "adapter": ("--lora", str(models / LORA)),
+    }
 
 
 def engine(
@@ -52,6 +74,10 @@ def engine(
     top_logprobs: int = 20,
     draft: bool = False,
     lora: str = "",
+    restarts: bool = False,
+    changes: Sequence[str] | None = None,
+    adapters: bool = False,
+    explicit_base: bool = False,
 ) -> OpenAIEngine:
     """:func:`llama_server` on the lab's ``model`` (``text``: tiny-llama.gguf; ``vl``:
     tiny-qwen2-vl.gguf and its mmproj; ``gemma3-text``: tiny-gemma3-text.gguf) with a matrix
@@ -63,7 +89,11 @@ def engine(
     ``draft``: speculative decoding with tiny-llama-draft.gguf (``-md``, ``--spec-type
     draft-simple``: without a type the draft model loads and is never used); the cold server
     decodes without it. ``lora``: a LoRA GGUF of the models directory (``--lora``), on both
-    servers."""
+    servers. ``restarts``: slot files across restarts (``--slot-save-path``), the changes of
+    :func:`restart_flags` (tiny-llama only; ``changes``: only those, ``[]`` none).
+    ``adapters``: per-request LoRA scales (:data:`ADAPTERS`) over tiny-llama-lora.gguf,
+    loaded unapplied on both servers; ``explicit_base``: a request without an adapter sends
+    scale 0 instead of no ``lora`` field."""
     models = Path(os.environ.get("LLAMA_MODELS", ".engines/llama/models"))
     gguf, mmproj = MODELS[model]
     flags = list(flags)
@@ -71,6 +101,8 @@ def engine(
         flags += ["-md", shlex.quote(str(models / DRAFT)), "--spec-type", "draft-simple"]
     if lora:
         flags += ["--lora", shlex.quote(str(models / lora))]
+    if adapters:
+        flags += ["--lora", shlex.quote(str(models / LORA)), "--lora-init-without-apply"]
     e = llama_server(
         models / gguf,
         models / mmproj if mmproj else None,
@@ -81,13 +113,37 @@ def engine(
         audit=audit,
         claims=claims and (concurrency or 1) <= 1 and not _parallel(flags),
         concurrency=concurrency,
+        slot_save=restarts,
+        restart_flags=_changes(restart_flags(models), changes) if restarts else None,
+        adapters=ADAPTERS if adapters else None,
+        base_scales=(0.0,) if adapters and explicit_base else None,
     )
+    if restarts and os.environ.get("LLAMA_SLOT_LOG"):  # what the restarts restored, at exit
+        atexit.register(_log_slots, e, os.environ["LLAMA_SLOT_LOG"], list(flags))
     e.readout = dataclasses.replace(e.readout, top_logprobs=top_logprobs, check_labels=False)
     e.extra_body.update(ASCII)
     # the grammar's token is what the server generated and what a closed-loop prompt carries
     # back: the oracle counts the reply's KV through those ids, not the raw argmax
     e.sampled_tokens = True
     return e
+
+
+def _log_slots(e: OpenAIEngine, path: str, flags: list[str]) -> None:
+    counts = getattr(e, "slot_counts", None)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"flags": flags, **(counts or {})}) + "\n")
+
+
+def _changes(
+    flags: dict[str, tuple[str, ...]], names: Sequence[str] | None
+) -> dict[str, tuple[str, ...]]:
+    """``flags`` limited to ``names`` (None: all of them); an unknown name raises."""
+    if names is None:
+        return flags
+    unknown = sorted(set(names) - set(flags))
+    if unknown:
+        raise ValueError(f"changes={list(names)!r}: unknown {unknown}; known: {sorted(flags)}")
+    return {name: flags[name] for name in names}
 
 
 def _parallel(flags: Sequence[str]) -> bool:

@@ -152,6 +152,9 @@ models() {
     --base "$ROOT/fixtures/tiny-llama" --outtype f32 --outfile "$MODELS/tiny-llama-lora.gguf" \
     "$ROOT/fixtures/adapters/tiny-llama-lora/peft" >"$MODELS/lora.log" 2>&1 \
     || { tail -n 20 "$MODELS/lora.log" >&2; exit 1; }
+  # tiny-llama with its norms scaled: the restart move's weights change (same shapes)
+  "$CONVERT/bin/python" "$ROOT/engines/llama/tuned_gguf.py" --gguf-py "$HERE/pkg/llama.cpp/gguf-py" \
+    "$MODELS/tiny-llama.gguf" "$MODELS/tiny-llama-tuned.gguf"
 }
 
 # llama_env: the environment of engines/llama/test_llama_server.py for the mode $1

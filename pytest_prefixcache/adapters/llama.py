@@ -12,30 +12,35 @@ Read in llama.cpp's server source (``tools/server/server-context.cpp``, ``server
 - ``-np N`` serves N requests at once (slots; ``-1``, the default, is 4 slots with a unified
   KV buffer); a cache-less server is ``--no-cache-prompt --cache-ram 0``;
 - cached and cold runs are not bit-identical: flash attention on (``-fa on``/``auto``, the
-  default) or a KV cache other than f32 differs by ~2e-3 here (:data:`ATOL` ``"on"``); with
-  ``-fa off`` and an f32 KV cache by ~1e-6 (:data:`ATOL` ``"off"``).
+  default) or a KV cache other than f32 differs (the rule per model family and why:
+  :mod:`.llama_tolerance`); ``-fa off`` with an f32 KV cache by ~1e-6 on Llama.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 
 from ..errors import EngineError
 from .environment import START_TIMEOUT
 from .flags import flag_value, split_flags
+from .gguf_header import gguf_architecture
 from .http.claims import ApiField, ClaimWatch, MetricDelta
-from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
+from .llama_slots import LlamaServerEngine, lora_scales_of
+from .llama_tolerance import LLAMA_ATOL, llama_atol
 
 __all__ = ["ATOL", "CACHE_ONLY", "SPECULATION", "cold_command", "exact_kv", "llama_server", "slots"]
 
-#: The tolerance rule (atol on every decode step's logprobs, greedy tokens equal), by whether
-#: the server computes attention exactly enough to be judged tightly: ``"off"`` (``-fa off``,
-#: f32 KV: worst 1.4e-6 measured) or ``"on"`` (flash attention or an f16/quantized KV cache:
-#: worst 3.4e-3 measured). Figures and commands: engines/llama/NOTES.md.
-ATOL = {"off": 1e-4, "on": 2e-2}
+#: The tolerance rule of a family without its own (atol on every decode step's logprobs,
+#: greedy tokens equal), by whether the server computes attention exactly enough to be judged
+#: tightly: ``"off"`` (``-fa off``, f32 KV) or ``"on"`` (flash attention or an f16/quantized
+#: KV cache). Per family: :data:`.llama_tolerance.LLAMA_ATOL`.
+ATOL = {"off": LLAMA_ATOL["*", "off"], "on": LLAMA_ATOL["*", "on"]}
 #: Flags that only configure the prompt cache, with their number of values: the cold server
 #: (which keeps no cache) drops them.
 CACHE_ONLY = {
@@ -48,6 +53,7 @@ CACHE_ONLY = {
     "--slot-prompt-similarity": 1,
     "--cache-idle-slots": 0,
     "--no-cache-idle-slots": 0,
+    "--slot-save-path": 1,
 }
 #: Speculative decoding's flags (a draft model and its settings), with their number of values:
 #: the cold server drops them too, so the baseline is the same request decoded without
@@ -131,7 +137,11 @@ def llama_server(
     audit: bool = True,
     claims: bool = False,
     concurrency: int | None = None,
-) -> OpenAIEngine:
+    slot_save: bool = False,
+    restart_flags: Mapping[str, Sequence[str]] | None = None,
+    adapters: Mapping[str, Sequence[float]] | None = None,
+    base_scales: Sequence[float] | None = None,
+) -> LlamaServerEngine:
     """llama.cpp's ``llama-server`` on a GGUF (with ``mmproj``: images, Qwen2-VL), with
     ``flags`` added (a matrix combination: ``-np 2``, ``--cache-reuse 8``, ``-fa on``, ...;
     ``extra_args`` is the same, kept for older callers).
@@ -152,6 +162,15 @@ def llama_server(
     sent at once (the waves property). ``claims``: read ``cached_tokens``, ``timings.cache_n``
     and the ``llamacpp:prompt_tokens_cached_total`` counter (``--metrics`` is added) around
     every request and compare them with each other (there is no tap); not with concurrency.
+
+    ``slot_save``: the cached server gets ``--slot-save-path`` (a private directory) and the
+    engine persists: the restart streams (``--prefixcache-restarts``) save every slot, restart
+    it and restore them (:class:`.llama_slots.LlamaServerEngine`). ``restart_flags``: what a
+    restart may change and the flags that change it on both servers (``{"weights": ("-m",
+    "other.gguf"), "kv_dtype": ("-ctk", "f16", "-ctv", "f16"), "adapter": ("--lora",
+    "a.gguf")}``). ``adapters``: ``Request.adapter`` names, each the scale of every
+    ``--lora`` in ``flags`` (in order), sent as the request's ``lora`` field; a request
+    without an adapter sends none (the server's own scales), or ``base_scales`` when given.
     """
     words = [*split_flags(extra_args), *split_flags(flags)]
     cmd = [*shlex.split(binary), "-m", os.fspath(model), "--host", "127.0.0.1", "--port", "{port}"]
@@ -166,6 +185,15 @@ def llama_server(
     if claims:
         cmd.append("--metrics")
     cmd += words
+    if restart_flags and not slot_save:
+        raise EngineError("restart_flags without slot_save: nothing outlives a restart")
+    loras = sum(w in ("--lora", "--lora-scaled") for w in words)
+    scales = lora_scales_of(adapters or {}, loras)
+    base = None if base_scales is None else lora_scales_of({"base": base_scales}, loras)["base"]
+    slot_dir = None
+    if slot_save:
+        slot_dir = tempfile.mkdtemp(prefix="prefixcache-llama-slots-")
+        cmd += ["--slot-save-path", slot_dir + os.sep]
     if concurrency is None:
         concurrency = slots(words) if flag_value(words, _NP) is not None else 1
     if claims and concurrency > 1:
@@ -185,27 +213,52 @@ def llama_server(
     if render_dir is not None:
         render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
     rule = "off" if exact_kv(cmd) else "on"
-    engine = OpenAIEngine(
-        cmd,
-        cold="server",
-        cold_cmd=cold_command(cmd),
-        top_logprobs=20,
-        prompt_ids="tokenize",
-        render=render,
-        supports_images=mmproj is not None,
-        start_timeout=start_timeout,
-        atol=ATOL[rule] if atol is None else atol,
-        audit=audit,
-        claims=watch,
-        concurrency=concurrency,
-    )
+    family = _family(model)
+    rule_atol = llama_atol(family, rule)
+    try:
+        engine = LlamaServerEngine(
+            cmd,
+            cold="server",
+            cold_cmd=cold_command(cmd),
+            top_logprobs=20,
+            prompt_ids="tokenize",
+            render=render,
+            supports_images=mmproj is not None,
+            start_timeout=start_timeout,
+            atol=rule_atol if atol is None else atol,
+            audit=audit,
+            claims=watch,
+            concurrency=concurrency,
+        )
+    except BaseException:
+        if slot_dir is not None:
+            shutil.rmtree(slot_dir, ignore_errors=True)
+        raise
     # server-context.cpp: each sampled token joins the slot's prompt.tokens and is decoded in
     # the slot, so the next turn that carries the reply reuses its KV (prompt + output)
     engine.caches_output = True
+    engine.slot_dir = slot_dir
+    engine.n_slots = slots(words)
+    engine.persists = slot_dir is not None
+    engine.restart_flags = {k: tuple(split_flags(v)) for k, v in (restart_flags or {}).items()}
+    engine.lora_scales = scales
+    engine.base_scales = base
+    if scales:
+        engine.cache = dataclasses.replace(engine.cache, adapters=tuple(scales))
     if atol is None:
         what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
         engine.tolerance_rule = (
-            f"llama-server, {what}: cached and cold runs are not bit-identical; atol "
-            f"{ATOL[rule]:g} on every step's logprobs, greedy tokens equal (engines/llama/NOTES.md)"
+            f"llama-server, {family or 'any family'}, {what}: cached and cold runs are not "
+            f"bit-identical; atol {rule_atol:g} on every step's logprobs, greedy tokens equal "
+            "(adapters/llama_tolerance.py, engines/llama/NOTES.md)"
         )
     return engine
+
+
+def _family(model: str | os.PathLike[str]) -> str:
+    """The GGUF's architecture, or "" when its header cannot be read here (a model the
+    server finds elsewhere; the server reports a bad file itself)."""
+    try:
+        return gguf_architecture(model)
+    except EngineError:
+        return ""

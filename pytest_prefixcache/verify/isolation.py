@@ -65,10 +65,12 @@ def identity_pairs(
     namespaces: bool, adapters: tuple[str, ...]
 ) -> dict[str, tuple[Identity, Identity]]:
     """The (victim, other) identities the audit runs across, by label: two namespaces (when the
-    engine takes them) and, for each adapter, the base model against it in one namespace."""
+    engine takes them) and, for each adapter, the base model against it in one namespace (the
+    default one, "", when the engine takes none: llama-server's adapters)."""
     pairs = {"namespaces": NAMESPACES} if namespaces else {}
+    space = "A" if namespaces else ""
     for name in adapters:
-        pairs[f"adapter {name!r}"] = (("A", None), ("A", name))
+        pairs[f"adapter {name!r}"] = ((space, None), (space, name))
     return pairs
 
 
@@ -109,7 +111,8 @@ def audit(
         reset()
     victim, other_id = across
     for i in range(_WARMUP):
-        run(_request(_prompt(rng, words), (f"warmup-{i}", victim[1])))
+        # a namespace of its own where the victim has one (none sent where it has none)
+        run(_request(_prompt(rng, words), (f"warmup-{i}" if victim[0] else "", victim[1])))
     candidate: list[float] = []
     fresh: list[float] = []
     hit: list[float] = []

@@ -50,6 +50,11 @@ class RequestPath(EngineSettings):
 
         def _reset_or_restart(self, server: Server | None) -> None: ...
 
+    def request_body(self, request: Request) -> dict[str, Any]:
+        """Fields of this request's body a subclass adds (they win over every other field):
+        llama-server's per-request LoRA scales (:mod:`..llama_slots`). Default: none."""
+        return {}
+
     def run(self, request: Request, *, use_cache: bool) -> Outcome:
         if request.images and not self.supports_images:
             raise EngineError("this server adapter is configured without image support")
@@ -206,6 +211,7 @@ class RequestPath(EngineSettings):
                 **({"return_token_ids": True} if read.prompt_ids == "reply" else {}),
                 **({"prompt_logprobs": read.prompt_logprobs} if read.prompt_logprobs else {}),
                 **self.extra_body,
+                **self.request_body(request),
             },
         )
         if exchange is not None:
