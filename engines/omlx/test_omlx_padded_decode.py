@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 from adapter_support import SYSTEM, req, user
 
+from pytest_prefixcache import EquivalenceFailure
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.omlx import default_python, omlx_server
 from pytest_prefixcache.output.streams import load_stream, waves_from
@@ -59,7 +60,7 @@ PADDED_DECODE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=PADDED_DECODE)
+@pytest.mark.xfail(strict=True, reason=PADDED_DECODE, raises=AssertionError)
 def test_omlx_batched_decode_equals_each_row_alone() -> None:
     image = next(SAVED.glob("img-*.png"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -67,10 +68,13 @@ def test_omlx_batched_decode_equals_each_row_alone() -> None:
         [default_python(), str(SCRIPT), str(MODEL), str(image)],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-2000:]
+    if out.returncode != 0:  # not the finding (raises=AssertionError): an error
+        pytest.fail(out.stderr[-2000:])
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert (result["mlx_vlm"], result["prompt_tokens"]) == ("0.6.3", [32, 75]), result
-    assert result["no_padding"] == [0.0], result  # the comparison itself is exact unpadded
+    if (result["mlx_vlm"], result["prompt_tokens"]) != ("0.6.3", [32, 75]):
+        pytest.fail(f"not the environment or the probe this finding names: {result}")
+    if result["no_padding"] != [0.0]:  # the comparison itself is exact unpadded
+        pytest.fail(f"the unpadded control differs: {result}")
     assert result["server"] == [0.0, 0.0], f"batched vs alone |diff| per row: {result['server']}"
 
 
@@ -90,7 +94,9 @@ def _replay(engine: OpenAIEngine, waves: Any, tmp_path: Path) -> None:
         verifier.run_waves(waves)
 
 
-@pytest.mark.xfail(strict=True, reason=PADDED_DECODE)
+# only the equivalence failure is the finding: a 503 from oMLX's memory gate on a busy machine
+# (seen once: "Server memory is at capacity") is an error, not an expected failure
+@pytest.mark.xfail(strict=True, reason=PADDED_DECODE, raises=EquivalenceFailure)
 def test_the_saved_wave_answers_as_each_request_alone(
     invariant_server: OpenAIEngine, tmp_path: Path
 ) -> None:
