@@ -101,7 +101,7 @@ class EngineTraits:
 TRAIT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(EngineTraits))
 _DEFAULTS = EngineTraits()
 #: the optional methods the plugin calls when present: not traits, never misspellings of one
-_METHODS = ("cache_usage", "close", "fresh_instance", "restart", "run", "reset")
+_METHODS = ("cache_usage", "close", "fresh_instance", "kv_computed", "restart", "run", "reset")
 #: What a declared trait's value is (anything else an engine holds is not a trait's misspelling).
 _PLAIN = (bool, int, float, str, tuple, list, type(None))
 _KINDS: dict[str, tuple[type, ...]] = {

@@ -352,7 +352,10 @@ class Engine(Protocol):
     ``entries`` and ``max_bytes`` (the memory-budget check), ``close()``, and
     ``fresh_instance()`` (a fresh engine for the baseline audit, cheaper than the factory), and
     ``restart(changed: str | None)`` (with the traits ``persists`` and ``restart_changes``: the
-    restart streams of ``--prefixcache-restarts``, :mod:`pytest_prefixcache.verify.restarts`).
+    restart streams of ``--prefixcache-restarts``, :mod:`pytest_prefixcache.verify.restarts`),
+    and ``kv_computed(outcome) -> int | None`` (the KV positions an observer of the model saw
+    computed for the request a cached Outcome answered: the decode-KV probe's evidence,
+    :mod:`pytest_prefixcache.verify.decode_kv`).
 
     Concurrent service is opt-in: ``max_concurrency: int`` above 1 declares that ``run`` may be
     called from up to that many threads at once and that the engine batches or interleaves

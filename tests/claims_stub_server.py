@@ -17,7 +17,10 @@ on every request), ``shift-logprobs`` (``logprobs.content[i]`` holds step i+1's 
 the model (oMLX's memory gate), ``replay-repeat`` answers an exact repeat from the logits it
 stored, without a forward call (a request that runs no prefill), ``double-prefill`` prefills
 every prompt a second time, whole, after answering it (an entry stored by computing it
-again). Run as ``python tests/claims_stub_server.py --port P [--no-cache] [--fault F]``.
+again). ``no-last-kv`` decodes without feeding its last generated token back (no step ahead:
+the reference engine's decode) and keeps the KV it computed, all but that token (the
+decode-KV probe's control, tests/test_decode_kv.py).
+Run as ``python tests/claims_stub_server.py --port P [--no-cache] [--fault F]``.
 """
 
 from __future__ import annotations
@@ -79,14 +82,15 @@ class Stub:
                 reused = max(reused, k)
         n = max(1, int(body.get("max_tokens") or 1))
         seq, dists = list(prompt), []
-        for step in range(n + 1):  # one step ahead, as mlx-lm computes
+        ahead = 0 if self.fault == "no-last-kv" else 1
+        for step in range(n + ahead):  # one step ahead, as mlx-lm computes
             lp = logprobs_after(seq)
             self.tap(len(prompt) - reused if step == 0 else 1, len(seq), lp)
             dists.append(lp)
             seq.append(int(np.argmax(lp)))
         generated = seq[len(prompt) : len(prompt) + n]
         if self.cache:
-            self.seen.append(prompt + generated)
+            self.seen.append(prompt + generated[: len(generated) - 1 + ahead])
         if self.fault == "double-prefill":
             self.tap(len(prompt), len(prompt), logprobs_after(prompt))
         shown = dists[1 : n + 1] if self.fault == "shift-logprobs" else dists[:n]

@@ -206,3 +206,60 @@ def test_the_oracle_learns_the_tokens_a_wave_request_decoded() -> None:
     bare = ReuseOracle(design=CacheDesign(last_kv=True))
     bare.add(0, "", [1, 2, 3, 4], [], None)
     assert bare.match("", [1, 2, 3, 4, 5, 9], []).limit == 4
+
+
+# -- the probe from the tap's rows (issue #32: vllm-mlx, rapid-mlx, mlx_vlm.server) -----------
+def _tapped_stub(fault: str) -> object:
+    """tests/claims_stub_server.py under the tap: its replies' text is not its tokens (the next
+    turn never carries the reply's ids, as tiny-llama's byte tokens on the seed engines), so
+    only the model's rows can answer; ``no-last-kv`` never feeds its last token back."""
+    import sys
+
+    from pytest_prefixcache.adapters.http.openai import OpenAIEngine
+
+    cmd = [sys.executable, str(Path(__file__).with_name("claims_stub_server.py"))]
+    cmd += ["--port", "{port}"]
+    return OpenAIEngine(
+        [*cmd, "--fault", fault],
+        cold="server",
+        cold_cmd=[*cmd, "--no-cache"],
+        supports_images=False,
+        tap=True,
+        start_timeout=60,
+    )
+
+
+@pytest.mark.parametrize("fault", ["", "no-last-kv"])
+def test_the_tap_answers_where_the_next_turn_cannot(fault: str) -> None:
+    """The stub's next turn does not carry its reply's ids: the claims alone say unknown (the
+    negative control, the probe before the tap's rows). Its rows answer: one step ahead of
+    the reply (mlx-lm's decode) is computed, no step ahead is not."""
+    engine = _tapped_stub(fault)
+    try:
+        answer = last_kv_of(engine, direct)
+        assert answer.computed is (fault == "")
+        assert answer.how.startswith("the tap: the model's rows for a ")
+        assert ("the last generated token fed back" in answer.how) is (fault == "")
+        engine.kv_computed = None  # type: ignore[attr-defined,assignment]  # no rows to read
+        blind = last_kv_of(engine, direct)
+        assert blind.computed is None and "probe inconclusive" in blind.how
+    finally:
+        engine.close()  # type: ignore[attr-defined]
+
+
+def test_rows_that_miss_a_step_or_are_not_a_count_answer_nothing() -> None:
+    from pytest_prefixcache.errors import EngineError
+    from pytest_prefixcache.verify.decode_kv import _from_rows
+
+    first = Outcome(tokens=(5, 6), prompt_tokens=10)
+    why: list[str] = []
+    assert _from_rows(first, 12, why) == LastKv(
+        True,
+        "the tap: the model's rows for a 10-token prompt and 2 generated token(s) end at KV "
+        "offset 12, the last generated token fed back",
+    )
+    assert _from_rows(first, 11, why).computed is False  # type: ignore[union-attr]
+    assert _from_rows(first, 10, why) is None and "the tap missed decode steps" in why[-1]
+    assert _from_rows(first, None, why) is None  # no observer: the next turn's reuse decides
+    with pytest.raises(EngineError, match="kv_computed returned '12'"):
+        _from_rows(first, "12", why)

@@ -188,6 +188,54 @@ def test_mllm_rows_are_labelled_per_request_at_prefill_and_by_the_batch_at_decod
     assert sink.admitted == []  # no exchange tied them: nothing admitted
 
 
+def test_a_batch_that_keeps_the_prefilled_list_leaves_no_label_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vllm-mlx 0.6.0's ``_process_prompts`` keeps the list it was given as the batch's
+    ``requests`` and the decode loop iterates it at every step. Seen on a lone chunked
+    ``--mllm`` request after another one (the decode-KV probe): the next request's chunked
+    prefill was labelled as the earlier request's, and its reply found no row ending at its
+    prompt length (60). A chunk after ``_language_model_kwargs(request)`` is that request's
+    (the control: the same calls before the decode loop's iteration were labelled right)."""
+    seen: list[list[str] | None] = []
+
+    class Req:
+        def __init__(self, uid: int) -> None:
+            self.request_id, self.uid = f"r{uid}", uid
+
+    class Gen:
+        def insert(self, requests: list[Req]) -> list[int]:
+            return [r.uid for r in requests]
+
+        def _process_prompts(self, requests: list[Req]) -> list[Req]:
+            for _r in requests:
+                seen.append(identity.current_labels())
+            return requests  # MLLMBatch(requests=requests)
+
+        @staticmethod
+        def _language_model_kwargs(request: Req, start: int = 0, end: int = 0) -> dict:
+            return {}
+
+    install(
+        monkeypatch,
+        vllm_mlx__mllm_batch_generator=module(
+            "vllm_mlx.mllm_batch_generator", MLLMBatchGenerator=Gen
+        ),
+    )
+    gen = Gen()
+    first, second = Req(0), Req(1)
+    gen.insert([first])
+    gen.insert([second])
+    g = gen._prefixcache_serial  # type: ignore[attr-defined]
+    kept = gen._process_prompts([first])
+    for _r in kept:  # the decode loop's responses, after the prefill returned
+        pass
+    Gen._language_model_kwargs(second, 0, 32)  # the first chunk of the next request
+    seen.append(identity.current_labels())
+    seen.append(identity.current_labels())  # the next call outside any hook is no one's
+    assert seen == [[f"{PID}:{g}:0"], [f"{PID}:{g}:1"], None]
+
+
 def test_no_hooks_for_a_fastapi_server_that_is_not_vllm_mlx(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

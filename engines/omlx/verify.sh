@@ -52,7 +52,7 @@ mkdir -p "$RUN/tap"
 if [ "${OMLX_CHECKS:-1}" != 0 ]; then
   echo "== flyto-mlx $version: targeted checks (engines/omlx/test_omlx_engine.py)"
   (cd "$RUN" && nice -n 10 "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsxX \
-    "$ROOT/engines/omlx/test_omlx_engine.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
+    "$ROOT/engines/omlx/test_omlx_engine.py" "$ROOT/engines/omlx/test_omlx_padded_decode.py" --junitxml="$RUN/checks.xml" | tail -n 8) || true
 fi
 # one pytest run per combination (--prefixcache-matrix with one --prefixcache-config): each
 # writes its own report as soon as it ends, so a long run keeps what it has done

@@ -174,12 +174,20 @@ def _inserting(sink: Writer) -> Callable[[Callable[..., Any]], Callable[..., Any
 
 
 class _Each(list):  # type: ignore[type-arg]
-    """The requests of ``_process_prompts``: iterating them labels the forward calls that
-    follow with the request just handed out (its prefill runs alone, one row)."""
+    """The requests of ``_process_prompts``: while it runs, iterating them labels the forward
+    calls that follow with the request just handed out (its prefill runs alone, one row).
+    vllm-mlx 0.6.0 keeps this very list as the batch's ``requests`` (``MLLMBatch(requests=
+    requests)``) and iterates it again at every decode step (``_batch_rope_deltas``, the
+    responses): once ``_process_prompts`` returned (``done``), an iteration labels nothing,
+    or its last request's label would stay on the thread and name the next forward call
+    outside any hook, a chunked prefill's (whose ``_language_model_kwargs`` label it hid)."""
+
+    done = False
 
     def __iter__(self) -> Iterator[Any]:
         for req in list.__iter__(self):
-            local.labels = _own(req)
+            if not self.done:
+                local.labels = _own(req)
             yield req
 
 
@@ -201,6 +209,8 @@ def _prompts(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, each, *args, **kwargs)
         finally:
             local.labels = before
+            if isinstance(each, _Each):
+                each.done = True
             if each is not requests:
                 requests[:] = list.__iter__(each)  # its removals are the caller's
 

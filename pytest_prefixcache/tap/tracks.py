@@ -309,6 +309,17 @@ class TapLedger:
             found.track.claimed = True
             return True
 
+    def kv_end(self, served: int) -> int | None:
+        """The KV offset after the latest row of the request the server took ``served``-th
+        (its track, as a reply's ``Outcome.served`` names it), read now: how many positions
+        its model computed for that request, the prompt and every generated token fed back
+        (rows written after the reply count); None when there is no such track."""
+        with self.lock:
+            self._ingest()
+            if not 0 <= served < len(self.tracks):
+                return None
+            return self.tracks[served].last.real_after
+
     def records(self) -> list[TapRecord]:
         """The latest records read (at most ``_RECENT``: for a message, not for attribution,
         which reads the tracks); :attr:`calls` counts them all."""

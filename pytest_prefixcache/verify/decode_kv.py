@@ -9,13 +9,17 @@ last token back. The answer is the engine's, not assumed:
 - **declared**: an in-process engine whose decode loop is known says so with ``last_token_kv``
   (True or False);
 - **probed**: otherwise, before the first stream, the engine is sent a prompt with
-  ``max_new_tokens=1``, then the same conversation continued by its reply and a new user turn,
-  and the reuse it reports on the second (its ``cached_tokens``: the API's claim, or the tap's
-  count under the logit tap) says how far the first decode's KV went: the prompt + the
-  generated token (computed), or the prompt + all but it (not). The cache is reset after.
-  A probe that cannot tell (no token ids, no reuse figure, a reply the chat template
-  re-tokenises differently, a cache that kept none of the reply) tries the next prompt, and
-  after the last says ``unknown`` with the reason;
+  ``max_new_tokens=2``, then the same conversation continued by its reply and a new user turn.
+  Where an observer of the model saw the first request's forward calls (the logit tap: the
+  engine's optional method ``kv_computed``, asked after the second request so that a row
+  written after the reply counts), its rows say it: they end at the prompt + every generated
+  token when the decode fed the last one back (computed), one short when it did not. Else
+  the reuse the engine reports on the second (its ``cached_tokens``) says how far the first
+  decode's KV went: the prompt + the generated token (computed), or the prompt + all but it
+  (not). The cache is reset after. A probe that cannot tell (no rows and no token ids, no
+  reuse figure, a reply the chat template re-tokenises differently, a cache that kept none of
+  the reply or reuses whole blocks only) tries the next prompt, and after the last says
+  ``unknown`` with the reason;
 - **unknown**: the bound counts the last token (the generous side: no false failure), and the
   report says it was not measured.
 
@@ -32,7 +36,7 @@ import numpy as np
 
 from ..checks import shared_prefix
 from ..errors import EngineError, PrefixCacheError
-from ..traits import traits_of
+from ..traits import optional_method, traits_of
 from ..types import Engine, Message, Outcome, Request
 
 __all__ = ["PROBE_PROMPTS", "LastKv", "decoded_tokens", "last_kv_of", "probe_last_kv"]
@@ -96,8 +100,15 @@ def last_kv_of(engine: Engine, call: Call) -> LastKv:
         return LastKv(None, f"probe failed: {exc}")
 
 
+#: Tokens the probe's requests ask for: two, so that the first request's rows end with a decode
+#: step whether or not the last token is fed back. With one, a decode that never feeds it
+#: leaves the prompt's prefill as its last row, and the next turn's prefill, resumed right
+#: there, reads as that prefill's next chunk to a tap that cannot label rows (one track).
+PROBE_TOKENS = 2
+
+
 def _request(messages: Sequence[Message]) -> Request:
-    return Request(tuple(messages), max_new_tokens=1)
+    return Request(tuple(messages), max_new_tokens=PROBE_TOKENS)
 
 
 def probe_last_kv(engine: Engine, call: Call, prompts: Sequence[str] = PROBE_PROMPTS) -> LastKv:
@@ -105,6 +116,7 @@ def probe_last_kv(engine: Engine, call: Call, prompts: Sequence[str] = PROBE_PRO
     after the last."""
     run = engine.run
     reset = engine.reset
+    rows_of = optional_method(engine, "kv_computed")
     why: list[str] = []
     try:
         for text in prompts:
@@ -114,7 +126,12 @@ def probe_last_kv(engine: Engine, call: Call, prompts: Sequence[str] = PROBE_PRO
                 "run(decode-KV probe, use_cache=True)",
                 functools.partial(run, first_req, use_cache=True),
             )
-            answer = _judge(first, _second(run, call, first_req, first), why)
+            second = _second(run, call, first_req, first)
+            answer = None
+            if rows_of is not None and isinstance(first, Outcome):
+                end = call("engine.kv_computed(decode-KV probe)", functools.partial(rows_of, first))
+                answer = _from_rows(first, end, why)
+            answer = answer or _judge(first, second, why)
             if answer is not None:
                 return answer
     finally:
@@ -135,6 +152,29 @@ def _second(run: Callable[..., Outcome], call: Call, first_req: Request, first: 
     return call(
         "run(decode-KV probe's next turn, use_cache=True)", lambda: run(req, use_cache=True)
     )
+
+
+def _from_rows(first: Outcome, end: object, why: list[str]) -> LastKv | None:
+    """The answer the model's rows for ``first`` give (``end``: the KV offset after its last
+    row, from ``kv_computed``), or None (the reason appended to ``why``)."""
+    if end is None:
+        return None  # no observer saw it: the next turn's reuse may tell
+    if not isinstance(end, int) or isinstance(end, bool):
+        raise EngineError(f"kv_computed returned {end!r}, not an int or None")
+    n = first.prompt_tokens if first.prompt_tokens is not None else len(first.token_ids or ())
+    g = len(decoded_tokens(first))
+    if not n or not g:
+        why.append("the reply has no prompt length or no generated token")
+        return None
+    seen = (
+        f"the model's rows for a {n}-token prompt and {g} generated token(s) end at KV offset {end}"
+    )
+    if end >= n + g:
+        return LastKv(True, f"the tap: {seen}, the last generated token fed back")
+    if end == n + g - 1:
+        return LastKv(False, f"the tap: {seen}, the last generated token never fed back")
+    why.append(f"{seen}: the tap missed decode steps")
+    return None
 
 
 def _judge(first: object, second: object, why: list[str]) -> LastKv | None:

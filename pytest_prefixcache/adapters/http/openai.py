@@ -31,6 +31,7 @@ from typing import Any
 
 from ...errors import EngineError
 from ...tap.tracks import TapLedger
+from ...types import Outcome
 from .baselines import check_baseline
 from .config import Baseline, CacheControl, Command, Process, Readout, grouped
 from .fresh import Forks, FreshServers
@@ -204,6 +205,16 @@ class OpenAIEngine(RequestPath):
         for the token oracle (rapid-mlx 0.12 sends 'Hi' through its prefix cache at start)."""
         ledger = self._readers.get(id(self.server))
         return [] if ledger is None else ledger.warmup_prompts()
+
+    def kv_computed(self, out: Outcome) -> int | None:
+        """How many KV positions the cached server's model computed for the request ``out``
+        answered (a ``use_cache=True`` Outcome of this engine): its rows in the tap's records,
+        read now, so that a row written after the reply counts (the decode-KV probe asks
+        after the next request). None without the tap."""
+        ledger = self._readers.get(id(self.server))
+        if ledger is None or out.served is None:
+            return None
+        return ledger.kv_end(out.served)
 
     def request_count_problems(self) -> list[str]:
         """With the tap: every server started here whose model ran fewer prefills than the
