@@ -20,13 +20,16 @@ adapter's own determinism and the reuse bound's reading of vLLM's block referenc
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lab.records import step_diff
 from lab.scenarios import TEXT
 
 from pytest_prefixcache import Request
+from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 from pytest_prefixcache.adapters.vllm_identity import FIXTURE_ADAPTER
 from pytest_prefixcache.output.streams import load_stream
@@ -81,6 +84,27 @@ def test_a_new_salt_reuses_nothing_from_the_connector(tmp_path: Path) -> None:
     assert other.cached_tokens == 0, f"a new salt reused {other.cached_tokens} tokens"
 
 
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[bool, OpenAIEngine]]:
+    """One vLLM per setting (with the connector's store, or without it), started when first
+    asked for: both saved streams carry the one adapter ``tiny-lora``."""
+    model = Path(os.environ.get("VLLM_MODELS", ".engines/vllm/models")) / "tiny-llama-hf"
+    python = os.environ.get("VLLM_PYTHON", "python")
+    started: dict[bool, OpenAIEngine] = {}
+
+    class Lazy(dict[bool, OpenAIEngine]):
+        def __missing__(self, connector: bool) -> OpenAIEngine:
+            kw: dict[str, Any] = {"kv_store": True} if connector else {"cold": "reset"}
+            lora = {"tiny-lora": FIXTURE_ADAPTER}
+            e = vllm_server(model, python=python, lora_modules=lora, audit=False, **kw)
+            started[connector] = self[connector] = e
+            return e
+
+    yield Lazy()
+    for e in started.values():
+        e.close()
+
+
 @pytest.mark.parametrize(
     ("case", "connector"),
     [
@@ -96,20 +120,16 @@ def test_a_new_salt_reuses_nothing_from_the_connector(tmp_path: Path) -> None:
         ("salt-after-restart", False),
     ],
 )
-def test_saved_stream(case: str, connector: bool, tmp_path: Path) -> None:
+def test_saved_stream(
+    servers: dict[bool, OpenAIEngine], case: str, connector: bool, tmp_path: Path
+) -> None:
     """The saved stream (its restarts put back) passes the plugin's checks; without the
     connector it must (the control), with it it does not (the finding)."""
     stream, meta = load_stream(SAVED[case])
-    model = Path(os.environ.get("VLLM_MODELS", ".engines/vllm/models")) / "tiny-llama-hf"
-    python = os.environ.get("VLLM_PYTHON", "python")
-    lora = {r.adapter: FIXTURE_ADAPTER for r in stream if r.adapter is not None}
-    kw = {"kv_store": True} if connector else {"cold": "reset"}
-    with vllm_server(model, python=python, lora_modules=lora, audit=False, **kw) as e:  # type: ignore[arg-type]
-        verifier = Verifier(e, options=VerifyOptions(failures_dir=tmp_path))
-        items = restarts_from(stream, meta)
-        if items is None:
-            verifier.run(stream)
-        elif connector:
-            run_restart_stream(verifier, items)
-        else:  # no store: a restart empties the cache, which the stream without it also does
-            verifier.run(stream)
+    assert {r.adapter for r in stream} <= {None, "tiny-lora"}
+    verifier = Verifier(servers[connector], options=VerifyOptions(failures_dir=tmp_path))
+    items = restarts_from(stream, meta)
+    if items is not None and connector:
+        run_restart_stream(verifier, items)
+    else:  # no store: a restart would empty the cache, and the bound would expect it kept
+        verifier.run(stream)
