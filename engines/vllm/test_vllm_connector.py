@@ -32,6 +32,7 @@ from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
 from pytest_prefixcache.adapters.vllm_identity import FIXTURE_ADAPTER
+from pytest_prefixcache.checks.timing import IsolationFailure
 from pytest_prefixcache.output.streams import load_stream
 from pytest_prefixcache.verify.restarts import restarts_from, run_restart_stream
 from pytest_prefixcache.verify.verifier import Verifier, VerifyOptions
@@ -109,12 +110,18 @@ def servers() -> Iterator[dict[bool, OpenAIEngine]]:
     ("case", "connector"),
     [
         pytest.param(
-            "adapter", True, marks=pytest.mark.xfail(reason=KEYED_WITHOUT_ADAPTER, strict=True)
+            "adapter",
+            True,
+            marks=pytest.mark.xfail(
+                reason=KEYED_WITHOUT_ADAPTER, raises=IsolationFailure, strict=True
+            ),
         ),
         pytest.param(
             "salt-after-restart",
             True,
-            marks=pytest.mark.xfail(reason=SALT_AFTER_RESTART, strict=True),
+            marks=pytest.mark.xfail(
+                reason=SALT_AFTER_RESTART, raises=IsolationFailure, strict=True
+            ),
         ),
         ("adapter", False),
         ("salt-after-restart", False),
