@@ -31,6 +31,7 @@ from lab.scenarios import TEXT
 from pytest_prefixcache import Request
 from pytest_prefixcache.adapters.http.openai import OpenAIEngine
 from pytest_prefixcache.adapters.presets import vllm_server
+from pytest_prefixcache.adapters.vllm import START_TIMEOUT
 from pytest_prefixcache.adapters.vllm_identity import FIXTURE_ADAPTER
 from pytest_prefixcache.checks.timing import IsolationFailure
 from pytest_prefixcache.output.streams import load_stream
@@ -134,7 +135,9 @@ def test_saved_stream(
     connector it must (the control), with it it does not (the finding)."""
     stream, meta = load_stream(SAVED[case])
     assert {r.adapter for r in stream} <= {None, "tiny-lora"}
-    verifier = Verifier(servers[connector], options=VerifyOptions(failures_dir=tmp_path))
+    # a restart takes minutes here: the verifier's per-call timeout is the preset's
+    options = VerifyOptions(failures_dir=tmp_path, timeout=START_TIMEOUT)
+    verifier = Verifier(servers[connector], options=options)
     items = restarts_from(stream, meta)
     if items is not None and connector:
         run_restart_stream(verifier, items)
