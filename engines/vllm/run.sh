@@ -122,6 +122,8 @@ install() {
 models() {
   [ -x "$VENV/bin/python" ] || { echo "no venv: run '$0 install'" >&2; exit 2; }
   nice -n 10 "$VENV/bin/python" "$ROOT/engines/lab/build_hf_models.py" --out "$MODELS"
+  # the hybrid (GatedDeltaNet + attention), for engines/vllm/test_vllm_hybrid.py
+  nice -n 10 "$VENV/bin/python" "$ROOT/engines/lab/build_hf_models.py" --out "$MODELS" --hybrid
 }
 
 # the command line of vLLM's interpreter for a mode (niced: the machine is shared)
