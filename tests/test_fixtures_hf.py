@@ -44,6 +44,15 @@ def test_qwen2_vl_rope_sections_and_vision_heads_fit_a_head_of_32() -> None:
     assert vision["hidden_size"] == config["hidden_size"]  # the merger's output
 
 
+def test_the_hybrid_has_attention_heads_of_32_and_plain_rope() -> None:
+    config = hf_models.hf_qwen3_5_config(IDS)
+    assert config["head_dim"] == hf_models.HEAD_DIM and config["model_type"] == "qwen3_5_text"
+    gdn = (config["linear_key_head_dim"], config["linear_value_head_dim"])
+    assert gdn == (hf_models.GDN_HEAD_DIM,) * 2
+    assert {"linear_attention", "full_attention"} == set(config["layer_types"])
+    assert not [k for k in config["rope_parameters"] if k.startswith("mrope")]
+
+
 def test_special_ids_and_image_rule_are_the_mlx_fixtures_own() -> None:
     """The plugin renders vLLM requests with the MLX fixture (vlm:fixtures/tiny-qwen2-vl):
     same special ids, same image processor, hence the same prompt and image-pad counts."""

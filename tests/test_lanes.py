@@ -138,6 +138,7 @@ ADAPTER_TESTS = {
     "seed": "tests/test_seed_preset.py",
     "sglang": "tests/test_adapters_sglang_stub.py",
     "vllm": "tests/test_adapters_vllm_stub.py",
+    "vllm_identity": "tests/test_adapters_vllm_identity.py",
 }
 #: Modules of the package that are not adapters of their own.
 NOT_ADAPTERS = {

