@@ -2,10 +2,12 @@
 
 Inside :func:`sequential_pieces` a short piece runs the sequential recurrence; everywhere else
 (another engine in the same process, another thread) mlx-vlm's ``gated_delta_chunked`` answers
-bit for bit as it would without the dispatcher; inside it a longer piece runs mlx-vlm's chunked
-scan with chunks of 8 positions instead of 64. The kernels round differently (the negative
-control: a cold and a warm run that chose differently for one piece would not be bit-exact), and
-the engine's cold and warm runs choose alike, so they stay bit-identical.
+bit for bit as it would without the dispatcher; inside it a longer piece runs the engine's own
+scan (``recurrent.scan``: one LAPACK triangular inverse per chunk instead of forward
+substitution; one chunk up to ``ONE_CHUNK_UP_TO`` positions, chunks of ``PIECE_CHUNK`` above).
+The kernels round differently (the negative control: a cold and a warm run that chose
+differently for one piece would not be bit-exact), and the engine's cold and warm runs choose
+alike, so they stay bit-identical.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from pytest_prefixcache.package_data import fixture_model  # noqa: E402
 from reference_engine import Engine  # noqa: E402
 from reference_engine.model import load_model  # noqa: E402
 from reference_engine.recurrent import (  # noqa: E402
+    ONE_CHUNK_UP_TO,
     PIECE_CHUNK,
     SEQUENTIAL_UP_TO,
     install,
     original_chunked,
+    scan,
     sequential_pieces,
 )
 
@@ -58,27 +62,34 @@ def test_outside_the_engine_the_dispatcher_is_mlx_vlms_own_kernel() -> None:
     args = piece(8)
     own = outputs(original_chunked()(*args))
     assert same(outputs(gd.gated_delta_chunked(*args)), own)
-    with sequential_pieces(0):
+    with sequential_pieces(0, 0):
         assert same(outputs(gd.gated_delta_chunked(*args)), own)
 
 
-def test_inside_a_short_piece_runs_sequentially_and_a_long_one_in_chunks_of_8() -> None:
+def test_inside_a_short_piece_runs_sequentially_and_a_long_one_through_the_scan() -> None:
     install()
-    short, long = piece(SEQUENTIAL_UP_TO), piece(5 * PIECE_CHUNK, seed=1)
+    short, medium = piece(SEQUENTIAL_UP_TO), piece(ONE_CHUNK_UP_TO - 3, seed=2)
+    long = piece(5 * PIECE_CHUNK + 3, seed=1)
     sequential = outputs(gd.gated_delta_ops(*short))
     chunked = outputs(original_chunked()(*short))
-    in_8 = outputs(original_chunked()(*long, None, PIECE_CHUNK))
-    # the negative controls: the kernels round differently (the sequential recurrence, chunks of
-    # 64, chunks of 8), so a cold and a warm run must choose alike for every piece to stay
-    # bit-exact
+    one_chunk, in_chunks = outputs(scan(*medium)), outputs(scan(*long))
+    # the negative controls: the kernels round differently (the sequential recurrence, a scan in
+    # chunks of 8 as the engine had, one chunk or chunks of PIECE_CHUNK), so a cold and a warm
+    # run must choose alike for every piece to stay bit-exact
     assert not same(sequential, chunked)
-    assert not same(in_8, outputs(original_chunked()(*long)))
-    assert not same(in_8, outputs(gd.gated_delta_ops(*long)))
-    # ... and they compute the same recurrence
-    assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(in_8, gd.gated_delta_ops(*long)))
+    for x, ours in ((medium, one_chunk), (long, in_chunks)):
+        assert not same(ours, outputs(original_chunked()(*x, None, 8)))
+        assert not same(ours, outputs(gd.gated_delta_ops(*x)))
+        # ... and they compute the same recurrence
+        assert all(np.allclose(a, b, atol=1e-4) for a, b in zip(ours, gd.gated_delta_ops(*x)))
+    assert not same(in_chunks, outputs(scan(*long, chunk=len(long[0][0]))))  # one chunk differs
+    assert not same(in_chunks, outputs(original_chunked()(*long)))  # mlx-vlm's chunks of 64
+    # the triangular inverse in one operation rounds as mlx-vlm's forward substitution does
+    assert same(in_chunks, outputs(original_chunked()(*long, None, PIECE_CHUNK)))
     with sequential_pieces():
         assert same(outputs(gd.gated_delta_chunked(*short)), sequential)
-        assert same(outputs(gd.gated_delta_chunked(*long)), in_8)
+        assert same(outputs(gd.gated_delta_chunked(*medium)), one_chunk)
+        assert same(outputs(gd.gated_delta_chunked(*long)), in_chunks)
     with sequential_pieces(0, 0):  # mlx-vlm's own choice
         assert same(outputs(gd.gated_delta_chunked(*long)), outputs(original_chunked()(*long)))
     with pytest.raises(ValueError, match="limit and chunk must be at least 0, got -1 and 8"):
