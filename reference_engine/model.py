@@ -119,7 +119,7 @@ class LoadedModel:
             return None
         try:
             ids = render(
-                Request((Message("user", "x"),)),
+                Request((Message("user", ("x",)),)),
                 processor=self.processor,
                 image_token_id=self.image_token_id,
                 placeholder_count=lambda _image: 0,
