@@ -1,28 +1,35 @@
-"""The gated-delta kernel per prefill piece: sequential for short pieces, a triangular scan above.
+"""The gated-delta kernel of the engine's prefill pieces: one scan, whatever the piece's length.
 
 A hybrid model's cold and warm prefills are cut at the same segment boundaries (``engine.py``),
 so its GatedDeltaNet layers run over pieces of mostly a few tokens. On CPU mlx-vlm's
 ``qwen3_5`` sends every multi-token piece through ``gated_delta_chunked`` with chunks of 64
 positions: a scan padded to 64 positions whose 63-step triangular solve, written as Python
 forward substitution, makes its cost hardly depend on the piece's length. On the tiny fixtures
-a call's cost is its number of MLX operations, not its arithmetic. So the engine runs a piece of
-at most :data:`SEQUENTIAL_UP_TO` positions through the sequential recurrence
-(``gated_delta_ops``: a few operations a position) and a longer one through :func:`scan`: the
-same chunked algorithm with the unit lower-triangular system inverted by one LAPACK call
-(``mx.linalg.tri_inv``) instead of a loop, in one chunk as long as the piece up to
-:data:`ONE_CHUNK_UP_TO` positions (no padding), else in chunks of :data:`PIECE_CHUNK`
+a call's cost is its number of MLX operations, not its arithmetic. So the engine runs every
+piece of two or more positions through :func:`scan`: the same chunked algorithm in chunks of
+:data:`PIECE_CHUNK` positions, the last one padded, with each chunk's unit lower-triangular
+system inverted by one LAPACK call (``mx.linalg.tri_inv``) instead of a loop
 (``benchmarks/gated_delta_pieces.py``).
+
+**One kernel for every length, in chunks from the piece's start.** The rows a piece computes
+are stored in blocks that later prompts reuse, and a later prompt's piece over the same
+positions may end elsewhere (the next boundary is past where the two prompts diverge). A
+position's output must therefore not depend on where its piece ends: with chunks of a fixed
+size counted from the piece's start, it depends only on the positions up to its own chunk's end
+(a padded position is a zero update), whatever follows. A kernel chosen by the piece's length
+(the sequential recurrence for short pieces, as the engine once did) rounds a shared position
+differently in the two prompts, and the second, resumed from the first's blocks, is no longer
+bit-exact against its cold run (``tests/test_recurrent_pieces.py``, with that negative control
+and the saved stream that found it).
 
 :func:`install` replaces the module attribute ``gated_delta_chunked`` of
 ``mlx_vlm.models.qwen3_5.gated_delta`` (the name its ``gated_delta_update`` calls) by a
 dispatcher that behaves exactly as the original unless the calling thread is inside
 :func:`sequential_pieces`: every other user of mlx-vlm in the process (the peers measured side by
 side with the reference engine) keeps mlx-vlm's own choice, bit for bit. Inside it, a piece of at
-most ``limit`` positions runs sequentially, a longer one through :func:`scan` with chunks of
-``chunk`` positions (one chunk up to twice that). The choice depends on the piece's length alone,
-and cold and warm runs cut at the same places, so both take the same choice for every piece and
-the engine stays bit-exact (``tests/test_recurrent_pieces.py``; the implementations differ in
-rounding, which the test shows too).
+most ``limit`` positions runs sequentially (``limit`` 1 in the engine: single positions only,
+which mlx-vlm never sends here), a longer one through :func:`scan` with chunks of ``chunk``
+positions.
 """
 
 from __future__ import annotations
@@ -37,7 +44,6 @@ from typing import Any
 import mlx.core as mx
 
 __all__ = [
-    "ONE_CHUNK_UP_TO",
     "PIECE_CHUNK",
     "SEQUENTIAL_UP_TO",
     "install",
@@ -46,13 +52,11 @@ __all__ = [
     "sequential_pieces",
 ]
 
-#: The longest piece the engine runs through the sequential kernel: the longest length measured
-#: faster than :func:`scan` (benchmarks/results/gated_delta_pieces.json).
-SEQUENTIAL_UP_TO = 6
-#: The chunk of :func:`scan` for longer pieces (mlx-vlm's default: 64)...
-PIECE_CHUNK = 16
-#: ... past this many positions; up to it a piece is one chunk of its own length.
-ONE_CHUNK_UP_TO = 2 * PIECE_CHUNK
+#: The longest piece the engine runs through the sequential kernel: single positions (a choice by
+#: length would make a position's rounding depend on where its piece ends: see the module).
+SEQUENTIAL_UP_TO = 1
+#: The chunk of :func:`scan` (mlx-vlm's default: 64; benchmarks/results/gated_delta_pieces.json).
+PIECE_CHUNK = 8
 
 _MODULE = "mlx_vlm.models.qwen3_5.gated_delta"
 #: (longest sequential piece, chunk of the scan above it); (0, 0): mlx-vlm's own choice.
@@ -127,9 +131,9 @@ def scan(
     ``gated_delta_chunked``: q, k ``[B, T, Hk, Dk]``, v ``[B, T, Hv, Dv]``, g and beta
     ``[B, T, Hv]``, state ``[B, Hv, Dv, Dk]``): mlx-vlm's chunked algorithm, with each chunk's
     unit lower-triangular system inverted by ``mx.linalg.tri_inv`` (one operation) instead of
-    forward substitution (one per row), in one chunk of the piece's own length when it has at
-    most ``2 * chunk`` positions, else in chunks of ``chunk`` (the last one padded). Returns the
-    outputs ``[B, T, Hv, Dv]`` and the final state (float32)."""
+    forward substitution (one per row), in chunks of ``chunk`` positions from the piece's start
+    (the last one padded: a position's output depends on no position past its chunk). Returns
+    the outputs ``[B, T, Hv, Dv]`` and the final state (float32)."""
     B, T, Hk, Dk = q.shape
     Hv, Dv = v.shape[-2:]
     in_dtype = v.dtype
@@ -138,7 +142,7 @@ def scan(
     if mask is not None:  # padding positions: no decay, no update
         g = mx.where(mask[..., None], g, 1.0)
         beta = mx.where(mask[..., None], beta, 0.0)
-    C = T if T <= 2 * chunk else chunk
+    C = chunk
     pad = (C - T % C) % C
     if pad:
         q, k = (mx.concatenate([x, mx.zeros((B, pad, Hv, Dk), x.dtype)], axis=1) for x in (q, k))
