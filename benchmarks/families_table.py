@@ -51,9 +51,9 @@ def markdown(figures: dict[str, Any]) -> str:
 
 
 TARGET_HEAD = (
-    "| family | workload | reference warm | fastest peer warm | reference / fastest peer "
-    "| reference reuse vs snapshot-aware | more than every peer |\n"
-    "| --- | --- | --- | --- | --- | --- | --- |"
+    "| family | workload | passes | reference warm | fastest peer warm "
+    "| reference / fastest peer | reference reuse vs snapshot-aware | more than every peer |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- |"
 )
 
 
@@ -69,8 +69,9 @@ def targets(figures: dict[str, Any]) -> str:
             best = t["best_peer_warm"]
             peer = "-" if best is None else f"{best['engine']}: {best['warm_s']:.2f} s"
             ratio = t["warm_over_best_peer"]
+            passes = fam.get("passes", {}).get(wname, figures.get("repeats", "-"))
             lines.append(
-                f"| {fname} | {wname} | {ours:.2f} s | {peer} "
+                f"| {fname} | {wname} | {passes} | {ours:.2f} s | {peer} "
                 f"| {'-' if ratio is None else f'{ratio:.2f}'} | {pct(t['vs_snapshot'])} "
                 f"| {'yes' if t['more_than_every_peer'] else 'no'} |"
             )
