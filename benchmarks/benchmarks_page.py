@@ -109,6 +109,51 @@ def families_hybrid() -> str:
     )
 
 
+def families_windows() -> str:
+    """The sliding-window and KV-shared families beside every peer that installs here
+    (families_side_by_side.py --family sliding-window --family kv-shared)."""
+    import families_side_by_side
+
+    return families_side_by_side.markdown(_json(f"{WINDOWS}/families_side_by_side.json"))
+
+
+def families_targets() -> str:
+    """The reference engine's warm time over the fastest peer's, per family and workload, from
+    the latest run of each family (families_side_by_side.py's ``target``)."""
+    import families_table
+
+    runs = [
+        _json("families_side_by_side_hybrid/families_side_by_side.json"),
+        _json(f"{WINDOWS}/families_side_by_side.json"),
+        _json(f"{WINDOWS}_growing_chat/families_side_by_side.json"),  # three passes of one
+    ]
+    merged: dict[str, Any] = {}
+    for run in runs:  # a later run's workload replaces an earlier one's
+        for name, fam in run["families"].items():
+            into = merged.setdefault(name, {"workloads": {}, "target": {}, "passes": {}})
+            for w in fam["workloads"]:
+                into["workloads"][w] = fam["workloads"][w]
+                into["target"][w] = fam["target"][w]
+                into["passes"][w] = run["repeats"]
+    return families_table.targets({"families": merged})
+
+
+def families_speed() -> str:
+    """The default verification on tiny-qwen2-vl and tiny-qwen3.5-vl in one session
+    (families_verify.py --models tiny-qwen2-vl,tiny-qwen3.5-vl)."""
+    import families_verify
+
+    runs = (
+        "families/speed/families.json",
+        "families/speed2/families.json",
+        "families/speed_nodb/families.json",
+    )
+    return families_verify.markdown([row for run in runs for row in _json(run)])
+
+
+WINDOWS = "families_side_by_side_windows"
+
+
 def failing_runs() -> str:
     """What a failing run costs, with and without the shrink budget (failing_runs.py)."""
     import failing_runs as runs
@@ -182,6 +227,9 @@ RENDERERS: dict[str, Callable[[], str]] = {
     "verify_cost": verify_cost,
     "families": families,
     "families_hybrid": families_hybrid,
+    "families_windows": families_windows,
+    "families_targets": families_targets,
+    "families_speed": families_speed,
     "failing_runs": failing_runs,
     "prefill": prefill,
     "side_by_side": side_by_side,

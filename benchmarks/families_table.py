@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HEAD", "markdown", "pct"]
+__all__ = ["HEAD", "TARGET_HEAD", "markdown", "pct", "targets"]
 
 
 def pct(x: float | None) -> str:
@@ -47,4 +47,32 @@ def markdown(figures: dict[str, Any]) -> str:
                     f"| {s['cold_s']:.2f} s | {s['warm_s']:.2f} s "
                     f"| {s['cold_over_warm']:.2f}x | {diff} |"
                 )
+    return "\n".join(lines)
+
+
+TARGET_HEAD = (
+    "| family | workload | passes | reference warm | fastest peer warm "
+    "| reference / fastest peer | reference reuse vs snapshot-aware | more than every peer |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def targets(figures: dict[str, Any]) -> str:
+    """The issue's warm-time target per family and workload: the reference engine's warm total
+    against the fastest peer's (``target.warm_over_best_peer`` in the JSON)."""
+    lines = [TARGET_HEAD]
+    for fname, fam in figures["families"].items():
+        for wname, t in fam["target"].items():
+            if t is None:
+                continue
+            ours = fam["workloads"][wname]["reference"]["summary"]["warm_s"]
+            best = t["best_peer_warm"]
+            peer = "-" if best is None else f"{best['engine']}: {best['warm_s']:.2f} s"
+            ratio = t["warm_over_best_peer"]
+            passes = fam.get("passes", {}).get(wname, figures.get("repeats", "-"))
+            lines.append(
+                f"| {fname} | {wname} | {passes} | {ours:.2f} s | {peer} "
+                f"| {'-' if ratio is None else f'{ratio:.2f}'} | {pct(t['vs_snapshot'])} "
+                f"| {'yes' if t['more_than_every_peer'] else 'no'} |"
+            )
     return "\n".join(lines)

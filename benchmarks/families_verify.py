@@ -35,10 +35,17 @@ MODELS = ("tiny-qwen2-vl", "tiny-llama", "tiny-qwen3.5-vl", "tiny-qwen3.5", "tin
 
 
 def command(
-    model: str, seed: int, out: Path, examples: int | None, workers: str | None = None
+    model: str,
+    seed: int,
+    out: Path,
+    examples: int | None,
+    workers: str | None = None,
+    database: str | None = None,
 ) -> list[str]:
     """The user's command for ``model`` (the counting plugin goes after it, past ``--``)."""
     cmd = ["prefixcache", "verify", "--model", model, "--seed", str(seed), "--out", str(out)]
+    if database is not None:  # "none": every model draws the same streams from the seed
+        cmd += ["--database", database]
     if examples is not None:
         cmd += ["--examples", str(examples)]
     if workers is not None:
@@ -87,14 +94,19 @@ def _children_cpu() -> float:
 
 
 def run(
-    model: str, seed: int, out: Path, examples: int | None, workers: str | None = None
+    model: str,
+    seed: int,
+    out: Path,
+    examples: int | None,
+    workers: str | None = None,
+    database: str | None = None,
 ) -> dict[str, Any]:
     here = out / model
     counts = here / "counts.json"
     here.mkdir(parents=True, exist_ok=True)
     for stale in here.glob("counts.json*"):
         stale.unlink()
-    cmd = command(model, seed, here, examples, workers)
+    cmd = command(model, seed, here, examples, workers, database)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PREFIXCACHE_VERIFY_COUNTS": str(counts)}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")])
     exe = [str(Path(sys.executable).with_name("prefixcache")), *cmd[1:]]
@@ -109,7 +121,7 @@ def run(
     row: dict[str, Any] = {"model": model, "exit": proc.returncode, "wall_s": round(wall, 1)}
     row["cpu_s"] = round(cpu, 1)
     row["load_before"], row["load_after"] = round(load, 2), round(os.getloadavg()[0], 2)
-    shown = command(model, seed, Path(os.path.relpath(here, ROOT)), examples, workers)
+    shown = command(model, seed, Path(os.path.relpath(here, ROOT)), examples, workers, database)
     row["command"] = "HF_HUB_OFFLINE=1 .venv/bin/" + shlex.join(shown)
     if (here / "report.json").exists():
         cnt: dict[str, int] = {}
@@ -151,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--examples", type=int)
     p.add_argument("--workers", metavar="N|auto", help="prefixcache verify --workers")
+    p.add_argument("--database", metavar="DIR|URL|none", help="prefixcache verify --database")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/families")
     p.add_argument("--markdown", type=Path, metavar="JSON")
     a = p.parse_args(argv)
@@ -160,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     table = a.out / "families.json"
     rows = json.loads(table.read_text()) if table.exists() else []
     for model in a.models.split(","):
-        row = run(model, a.seed, a.out.resolve(), a.examples, a.workers)
+        row = run(model, a.seed, a.out.resolve(), a.examples, a.workers, a.database)
         rows = [r for r in rows if r["model"] != model] + [row]
         table.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
         print(f"{model}: exit {row['exit']}, {row.get('verdict', 'no report')}, "

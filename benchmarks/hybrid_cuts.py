@@ -6,13 +6,17 @@ The reference engine cuts every prefill of a model with non-trimmable layers, co
 the prompt's boundaries (``reference_engine/snapshots.py``): each cut is a forward call of its
 own, and the chunks must be the same on cold and warm runs for the two to be bit-exact. The
 kinds of boundary: the turn's start (the template's turn-start token), the newline ending the
-turn's header, the position after it (where the content starts), image edges, multiples of
-``GRID``. Four schemes, each a set of those kinds:
+turn's header, the position after it (where the content starts; after a reply header only, or
+after every turn's header), image edges, multiples of ``GRID``. Five schemes, each a set of
+those kinds:
 
-- ``every_kind``: all of them (the engine before this benchmark: three cuts a turn);
-- ``engine``: what ``snapshots.boundaries`` gives now (no header newline: two cuts a turn);
-- ``no_turn_starts``: the header newline and the content start, no turn start (two a turn);
-- ``content_only``: the content start alone (one a turn).
+- ``every_kind``: all of them (the engine of ce23718: three cuts a turn);
+- ``every_content_start``: turn starts and every turn's content start (the engine of a325bfe:
+  two cuts a turn);
+- ``engine``: what ``snapshots.boundaries`` gives now: turn starts and the content start after
+  each reply header (the generation prompt's: one cut a user turn, two a reply);
+- ``no_turn_starts``: the header newline and every content start, no turn start (two a turn);
+- ``content_only``: every content start alone (one a turn).
 
 **Cost** (``limit``): on tiny-qwen3.5-vl, the last prompt of ``family_workloads()``'s
 growing_chat (1,819 tokens, a 13-turn chat with images), the process CPU time of one uncut
@@ -50,7 +54,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-SCHEMES = ("every_kind", "engine", "no_turn_starts", "content_only")
+SCHEMES = ("every_kind", "every_content_start", "engine", "no_turn_starts", "content_only")
 MODEL = "tiny-qwen3.5-vl"
 ENV = "HYBRID_CUTS_SCHEME"
 
@@ -64,8 +68,14 @@ def scheme_boundaries(scheme: str) -> Callable[..., list[int]]:
         raise ValueError(f"scheme {scheme!r} is not one of {', '.join(SCHEMES)}")
 
     def drawn(
-        token_ids: Sequence[int], spans: Any, turn_start_id: int | None, header_end_id: Any = None
+        token_ids: Sequence[int],
+        spans: Any,
+        turn_start_id: int | None,
+        header_end_id: Any = None,
+        **kw: Any,
     ) -> list[int]:
+        if scheme == "engine":
+            return engine(token_ids, spans, turn_start_id, header_end_id, **kw)
         found = set(engine(token_ids, spans, turn_start_id, header_end_id))
         n = len(token_ids)
         starts = [i for i, t in enumerate(token_ids) if t == turn_start_id]

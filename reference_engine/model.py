@@ -23,6 +23,7 @@ import numpy as np
 
 from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
+from pytest_prefixcache.types import Message, Request
 
 from .cpu import kv_cache_class, transpose_linears
 from .families import FULL, RECURRENT, Family, family_for, layer_kinds
@@ -30,6 +31,7 @@ from .fixtures.qwen2_vl import QWEN2_VL_DIR
 from .kv import Window, restore_windows
 from .recurrent import PIECE_CHUNK, SEQUENTIAL_UP_TO, sequential_pieces
 from .recurrent import install as install_piece_kernels
+from .render import render
 
 __all__ = ["LoadedModel", "cache_arrays", "default_model_path", "load_model", "shared_model"]
 
@@ -65,6 +67,8 @@ class LoadedModel:
         self.turn_start_id = self.family.turn_start_id()
         #: The token that ends a turn header (the turn's content starts after it).
         self.header_end_id = self.family.header_end_id()
+        #: The generation prompt's token ids from its turn-start token (a boundary follows it).
+        self.reply_header = self._reply_header()
         self.fingerprint = _fingerprint(path)
         #: Recurrent layers run short prefill pieces through the sequential kernel (the same
         #: choice on cold and warm runs: ``recurrent.py``), where mlx-vlm's module allows it.
@@ -107,6 +111,23 @@ class LoadedModel:
         if rope_index is None:
             raise EngineError(f"{self.model_type} has no M-RoPE position ids")
         return rope_index(token_ids, grids)  # type: ignore[no-any-return]
+
+    def _reply_header(self) -> tuple[int, ...] | None:
+        """The token ids the chat template's generation prompt adds, from its turn-start token
+        (``<|im_start|>assistant\n``), or None (no turn token, no template, no header)."""
+        if self.turn_start_id is None:
+            return None
+        try:
+            ids = render(
+                Request((Message("user", ("x",)),)),
+                processor=self.processor,
+                image_token_id=self.image_token_id,
+                placeholder_count=lambda _image: 0,
+            ).token_ids
+        except Exception:  # a template that cannot render one user turn: the newline rule
+            return None
+        starts = [i for i, t in enumerate(ids) if t == self.turn_start_id]
+        return tuple(ids[starts[-1] :]) if starts and len(ids) - starts[-1] > 1 else None
 
     # -- KV -------------------------------------------------------------------------------
     @property

@@ -51,7 +51,13 @@ class Resume:
         if rendered.boundaries is not None:  # found by ``Engine.render``: once per request
             return list(rendered.boundaries)
         m = self.model
-        return boundaries(rendered.token_ids, rendered.spans, m.turn_start_id, m.header_end_id)
+        return boundaries(
+            rendered.token_ids,
+            rendered.spans,
+            m.turn_start_id,
+            m.header_end_id,
+            reply_header=m.reply_header,
+        )
 
     def snapshot_key(
         self, keys: Sequence[BlockKey], rendered: Rendered, request: Request, position: int

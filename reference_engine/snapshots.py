@@ -9,14 +9,18 @@ the matched prefix whose snapshot it still holds.
 
 Boundaries (:func:`boundaries`) depend only on the prompt's content before them: the start of
 every turn (the template's turn-start token: where conversations diverge, and the snapshot-aware
-reference's message starts), the position after the newline that ends each turn's header (where
-the turn's content starts: a prompt that ends with the generation prompt
-``<|im_start|>assistant\n`` ends exactly there, so the next turn of a growing chat resumes at
-the whole previous prompt; an exact repeat resumes at that header's turn start), both edges of
-every image span, and every multiple of :data:`GRID` positions (long messages): a superset of
-the snapshot-aware reference's boundaries. Each cut costs a forward call of its own; the
-header's newline itself (a cut one token before the content's) is not a boundary: it bought an
-exact repeat two tokens and cost a call per turn (``benchmarks/hybrid_cuts.py``).
+reference's message starts), the position after each **reply header** (the template's
+generation prompt, e.g. ``<|im_start|>assistant\n``: a prompt that ends with it ends exactly
+there, so the next turn of a growing chat resumes at the whole previous prompt; an exact repeat
+resumes at that header's turn start), both edges of every image span, and every multiple of
+:data:`GRID` positions (long messages): a superset of the snapshot-aware reference's boundaries
+(message starts, image edges, earlier prompts' ends). Each cut costs a forward call of its own,
+so the content start of a user or system turn is not a boundary: no earlier prompt ends there
+(a prompt ending with a user turn ends with the generation prompt, one ending with an assistant
+turn at the next turn's start), it only bought the three to six header tokens past a message
+start where two user turns diverge, at one call per turn (``benchmarks/hybrid_cuts.py``). Without
+a reply header (a template that gives none) every turn's content start is one, after the newline
+that ends its header.
 
 The engine cuts every prefill, cold or warm, at exactly these positions
 (``LoadedModel.forward(cuts=...)``, whose last chunk then runs whole, to the prompt's end): a
@@ -61,16 +65,23 @@ def boundaries(
     spans: Sequence[ImageSpan],
     turn_start_id: int | None,
     header_end_id: int | None = None,
+    *,
+    reply_header: Sequence[int] | None = None,
 ) -> list[int]:
-    """The prompt's boundaries in (0, len]: turn starts, the position after the newline
-    ending each turn header, image-span edges, multiples of ``GRID``; sorted. ``len`` is one
-    when the prompt ends with a turn header (the generation prompt)."""
+    """The prompt's boundaries in (0, len]: turn starts, the position after each reply header
+    (``reply_header``: the generation prompt's token ids, from its turn-start token), image-span
+    edges, multiples of ``GRID``; sorted. ``len`` is one when the prompt ends with the
+    generation prompt. Without ``reply_header``, the position after the newline
+    (``header_end_id``) ending every turn header instead."""
     n = len(token_ids)
     found = set(range(GRID, n, GRID))
     if turn_start_id is not None:
         starts = [i for i, t in enumerate(token_ids) if t == turn_start_id]
         found.update(starts)
-        for t in starts if header_end_id is not None else ():
+        if reply_header:
+            h = tuple(reply_header)
+            found.update(t + len(h) for t in starts if tuple(token_ids[t : t + len(h)]) == h)
+        for t in starts if header_end_id is not None and not reply_header else ():
             for j in range(t + 1, min(n, t + MAX_HEADER + 1)):
                 if token_ids[j] == header_end_id:
                     found.add(j + 1)

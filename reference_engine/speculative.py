@@ -116,7 +116,10 @@ def _all_logits(
 ) -> mx.array:
     """Float32 logits of every position of ``tokens`` computed on top of ``cache``."""
     extra = {} if positions is None else {"position_ids": positions}
-    with sequential_pieces(*model.piece_choice):  # the kernels the engine's forward uses
+    # a verification's positions run the recurrence one position at a time, as the greedy
+    # decode's single-position steps do, so that speculating answers bit for bit as greedy
+    limit, chunk = model.piece_choice
+    with sequential_pieces(max(limit, len(tokens)) if chunk else 0, chunk):
         out = model.model.language_model(
             mx.array([list(tokens)]),
             inputs_embeds=model.embed(tokens)[None],

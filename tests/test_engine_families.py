@@ -96,7 +96,13 @@ def test_resume_points_are_boundaries_the_first_prompt_passed(family: LoadedMode
     b = engine.run(new_turn, use_cache=True)
     ids_a, ids_b = a.token_ids or (), b.token_ids or ()
     shared = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
-    marks = boundaries(ids_a, a.image_spans or (), family.turn_start_id, family.header_end_id)
+    marks = boundaries(
+        ids_a,
+        a.image_spans or (),
+        family.turn_start_id,
+        family.header_end_id,
+        reply_header=family.reply_header,
+    )
     assert b.cached_tokens == max(p for p in marks if p <= shared)
     assert b.cached_tokens < shared  # the token oracle would say more: no snapshot there
 

@@ -2,11 +2,12 @@
 
 Every cut is a forward call of its own, so the engine cuts where a snapshot can buy reuse: at
 each turn's start (the snapshot-aware reference's message starts, where two conversations with
-different roles diverge) and where each turn's content starts (the end of a prompt with a
-generation prompt: a growing chat resumes there), not at the header's newline between them
-(``benchmarks/hybrid_cuts.py`` measured what each kind costs and buys). The engine's boundaries
-are a superset of the reference's, so it reuses at least all the reference allows; the negative
-control, the engine without its turn-start cuts, falls short of it where roles diverge.
+different roles diverge) and after each reply header (the end of a prompt with a generation
+prompt: a growing chat resumes there), not at the header's newline nor where a user or system
+turn's content starts (``benchmarks/hybrid_cuts.py`` measured what each kind costs and buys). The
+engine's boundaries are a superset of the reference's, so it reuses at least all the reference
+allows; the negative controls, the engine without its turn-start cuts or without its
+reply-header cuts, fall short of it where roles diverge and where a chat grows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def test_turn_starts_and_content_starts_are_boundaries_the_header_newline_is_not
     assert boundaries(long, [(3, 4, "d")], None, NEWLINE) == [3, 4, GRID, 2 * GRID]
 
 
+def test_with_a_reply_header_only_the_replies_content_starts_are_boundaries() -> None:
+    reply = [TURN, 6, NEWLINE]
+    ids = chat(
+        [5, NEWLINE, 7, 7, 7], [6, NEWLINE, 8, IMAGE, IMAGE, 8], [5, NEWLINE, 7], [6, NEWLINE]
+    )
+    # turn starts 0, 6, 13, 17; the reply turns' content starts 9 and 20 (the prompt's end); the
+    # user turns' content starts 3 and 16 are not boundaries, nor the header newlines
+    assert boundaries(ids, [(10, 12, "d")], TURN, NEWLINE, reply_header=reply) == [
+        6, 9, 10, 12, 13, 17, 20,
+    ]  # fmt: skip
+    # a header that only starts like the reply's is not one
+    assert boundaries(chat([6, 6, NEWLINE, 7]), [], TURN, NEWLINE, reply_header=reply) == []
+
+
 def test_a_header_longer_than_max_header_gets_its_turn_start_only() -> None:
     ids = chat([5] * 12 + [NEWLINE, 7])
     assert boundaries(ids, [], TURN, NEWLINE) == []  # position 0 is never a boundary
@@ -66,10 +81,19 @@ def hybrid() -> LoadedModel:
 def without_turn_starts(monkeypatch: pytest.MonkeyPatch, hybrid: LoadedModel) -> Iterator[None]:
     """The engine with the turn starts taken out of its cuts (the negative control)."""
 
-    def fewer(ids: Sequence[int], spans: Any, turn: Any, end: Any = None) -> list[int]:
-        return [p for p in boundaries(ids, spans, turn, end) if p == len(ids) or ids[p] != turn]
+    def fewer(ids: Sequence[int], spans: Any, turn: Any, end: Any = None, **kw: Any) -> list[int]:
+        found = boundaries(ids, spans, turn, end, **kw)
+        return [p for p in found if p == len(ids) or ids[p] != turn]
 
     monkeypatch.setattr(resume, "boundaries", fewer)
+    yield
+
+
+@pytest.fixture
+def without_reply_cuts(monkeypatch: pytest.MonkeyPatch, hybrid: LoadedModel) -> Iterator[None]:
+    """The engine with its turn starts only: no cut after the reply header (a negative control)."""
+    monkeypatch.setattr(hybrid, "reply_header", None)
+    monkeypatch.setattr(hybrid, "header_end_id", None)
     yield
 
 
@@ -107,4 +131,35 @@ def test_without_turn_start_cuts_the_engine_falls_short_there(
     hybrid: LoadedModel, without_turn_starts: None
 ) -> None:
     reused, reference, worst = diverging_roles(hybrid)
-    assert 0 < reused < reference and worst == 0.0  # still exact, but short of the reference
+    assert reused < reference and worst == 0.0  # still exact, but short of the reference
+
+
+def growing_chat(model: LoadedModel) -> tuple[int, int, int, float]:
+    """A chat grows by a reply and a user turn: the second request's reuse, the first prompt's
+    length (its end: the reference's boundary), the reference and the largest |cached - cold|."""
+    engine = Engine(model)
+    u1 = user("Name three colours of a sunset over the sea.")
+    first = req(SYSTEM, u1)
+    second = req(SYSTEM, u1, assistant("Orange, pink and violet."), user("And of a forest?"))
+    a = engine.run(first, use_cache=True)
+    warm = engine.run(second, use_cache=True)
+    cold = engine.run(second, use_cache=False)
+    ids_a = a.token_ids or ()
+    points = reference_points(len(ids_a), a.image_spans or (), a.message_starts)
+    reference = last_boundary(points, len(ids_a))
+    assert warm.step_logits is not None and cold.step_logits is not None
+    worst = max(float(np.max(np.abs(x - y))) for x, y in zip(warm.step_logits, cold.step_logits))
+    return warm.cached_tokens or 0, len(ids_a), reference, worst
+
+
+def test_a_growing_chat_resumes_at_the_whole_previous_prompt(hybrid: LoadedModel) -> None:
+    assert hybrid.reply_header is not None
+    reused, length, reference, worst = growing_chat(hybrid)
+    assert reused == length == reference and worst == 0.0
+
+
+def test_without_reply_cuts_a_growing_chat_falls_short(
+    hybrid: LoadedModel, without_reply_cuts: None
+) -> None:
+    reused, length, reference, worst = growing_chat(hybrid)
+    assert 0 < reused < reference == length and worst == 0.0  # exact, but short of the reference
