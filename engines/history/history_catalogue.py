@@ -53,12 +53,13 @@ RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "none")
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
 #: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
 #: engines run over the seed environments (history_seed.py): vllm-mlx from 0.3.0 (the first
-#: to require mlx-lm>=0.31), rapid-mlx from 0.9 (mlx-lm>=0.31.3 in 0.9.8).
+#: to require mlx-lm>=0.31), rapid-mlx from 0.6 (mlx-lm>=0.31.0 in 0.6.50 to 0.6.65; 0.6.0
+#: not read).
 RUNS_FROM = {
     "mlx-lm": (0, 30, 0),
     "mlx-vlm": (0, 6, 7),
     "vllm-mlx": (0, 3, 0),
-    "rapid-mlx": (0, 9, 0),
+    "rapid-mlx": (0, 6, 0),
 }
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
