@@ -35,6 +35,7 @@ from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 from .http.resets import RESTART
+from .hub_alias import alias_env, launcher
 from .tolerances import with_measured_rules
 
 __all__ = [
@@ -115,17 +116,22 @@ def commands(
     model: Path | None = None,
     tap: bool = True,
     cli: str | None = None,
+    served_as: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """The cached and the cold server's command lines (the tap launcher, with ``{port}``; with
     ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`); ``cli``: the
-    CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`)."""
+    CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`);
+    ``served_as``: a hub repository id the server is given instead of the model's directory,
+    which :mod:`.hub_alias` lays out first (the environment: ``hub_alias.alias_env``)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
     cli = cli or ENGINES[engine][0]
     launch = ["-m", "pytest_prefixcache.tap", cli] if tap else ["-m", cli.partition(":")[0]]
-    argv = [python, *launch, "serve"]
-    argv += [str(model or model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
+    directory = model or model_dir(flags)
+    start = launcher(python, served_as, directory) if served_as else [python]
+    argv = [*start, *launch, "serve"]
+    argv += [served_as or str(directory), "--host", "127.0.0.1", "--port", "{port}"]
     cold: list[str] = []
     skip = 0
     for word in words:
@@ -191,6 +197,7 @@ def seed_server(
     tap: bool = True,
     cli: str | None = None,
     resets: str | None = None,
+    served_as: str | None = None,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -217,7 +224,9 @@ def seed_server(
     neither). ``cli``: the CLI function when it is not the engine's own (rapid-mlx 0.12 ships
     its CLI as ``vllm_mlx.cli:main``: engines/history runs such versions); ``resets``: the
     cache resets when not the engine's (``"restart"``: a restart empties the cache, where the
-    endpoints do not, as in rapid-mlx 0.12)."""
+    endpoints do not, as in rapid-mlx 0.12); ``served_as``: the hub repository id the servers
+    load the model under (:mod:`.hub_alias`: the fixture's files, offline), for an engine that
+    decides by the model's name (rapid-mlx's alias profiles)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -225,7 +234,7 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
-    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli)
+    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli, served_as=served_as)
     logs = value("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
     root = str(Path(__file__).resolve().parents[2])  # the launcher imports this checkout
@@ -247,7 +256,7 @@ def seed_server(
         tap=tap,
         vocab=model,
         # rapid-mlx leaves rapid-mlx-videos-* directories in the temp directory: in HOME
-        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
+        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp", **(alias_env() if served_as else {})},
         start_timeout=start_timeout,
         timeout=300.0,
         tap_log=tap_log,
