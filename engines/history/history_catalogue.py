@@ -24,7 +24,9 @@ or the tap's), once a run showed it;
 servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed;
 ``corpus``: a scenario of engines/history/corpus/ (a stream file) that the run adds to the
 suite's corpus (``test_corpus``): the request shape a bug needs that neither the built-in
-scenarios nor the generated streams send.
+scenarios nor the generated streams send;
+``served_as``: a hub repository id the seed engines' servers load the fixture under
+(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ OPTIONAL = {
     "fixed_fails": str,
     "replays": str,
     "corpus": str,
+    "served_as": str,
 }
 
 
@@ -140,6 +143,7 @@ class Bug:
     fixed_fails: str = ""
     replays: str = ""
     corpus: str = ""
+    served_as: str = ""
 
     @property
     def runs(self) -> bool:
@@ -189,6 +193,8 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.model: {raw['model']!r} is not one of {MODELS}")
     if raw.get("corpus") and not (CORPUS / raw["corpus"]).is_file():
         raise CatalogueError(f"{where}.corpus: no scenario {raw['corpus']!r} in {CORPUS}")
+    if raw.get("served_as") and raw["runner"] not in ("vllm-mlx", "rapid-mlx"):
+        raise CatalogueError(f"{where}.served_as: only the seed engines' runners take it")
     if raw["concurrency"] < 1:
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}

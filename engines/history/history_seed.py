@@ -108,6 +108,8 @@ def matrix_text(bug: Bug, version: str, python: Path) -> str:
         args["cli"] = cli_of(bug, version)
     if _series(bug, version) in RESETS:
         args["resets"] = RESETS[_series(bug, version)]
+    if bug.served_as:
+        args["served_as"] = bug.served_as
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
     text += f'engine = "pytest_prefixcache.adapters.seed:seed_server"\nargs = {{ {pairs} }}\n'

@@ -100,3 +100,19 @@ def test_the_catalogue_bounds_the_seed_runners() -> None:
     assert loads(CHECKS, fork.replace('"0.31.0"', '"0.6.64"').replace('"0.31.1"', '"0.6.65"'))
     with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.6\.0"):
         loads(CHECKS, fork.replace('"0.31.0"', '"0.5.10"').replace('"0.31.1"', '"0.6.0"'))
+
+
+def test_an_entry_served_under_a_hub_name_passes_it_to_the_seed_server(tmp_path: Path) -> None:
+    bug = rapid(served_as="mlx-community/Tmax-9B-MLX-4bit")
+    (tmp_path / "matrix.toml").write_text(history_seed.matrix_text(bug, "0.10.15", PYTHON))
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    assert target.args["served_as"] == "mlx-community/Tmax-9B-MLX-4bit"
+    plain = history_seed.matrix_text(rapid(), "0.10.15", PYTHON)
+    assert "served_as" not in plain
+    entry = GOOD.replace('runner = "mlx-lm"', 'runner = "rapid-mlx"')
+    entry = entry.replace('"0.31.0"', '"0.10.15"').replace('"0.31.1"', '"0.10.16"')
+    named = entry.replace('runner = "rapid-mlx"', 'runner = "rapid-mlx"\nserved_as = "o/n"')
+    (bug,) = loads(CHECKS, named)
+    assert bug.served_as == "o/n"
+    with pytest.raises(CatalogueError, match="served_as: only the seed engines"):
+        loads(CHECKS, GOOD.replace('runner = "mlx-lm"', 'runner = "mlx-lm"\nserved_as = "o/n"'))
