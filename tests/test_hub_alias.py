@@ -84,3 +84,21 @@ def test_the_seed_servers_are_given_the_name_and_laid_out_first() -> None:
     plain, _ = seed.commands("rapid-mlx", [], "/v/bin/python", LLAMA)
     assert plain[0] == "/v/bin/python" and plain[plain.index("serve") + 1] == str(LLAMA)
     assert alias_env() == {"HF_HUB_CACHE": "{home}/hub", "HF_HUB_OFFLINE": "1"}
+
+
+def test_the_requests_name_the_model_as_the_server_was_given_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[dict[str, object]] = []
+
+    class Stub:  # the engine's arguments, no server started
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            made.append(kwargs)
+
+    monkeypatch.setattr(seed, "OpenAIEngine", Stub)
+    monkeypatch.setattr(seed, "with_measured_rules", lambda e, **_: e)
+    seed.seed_server("rapid-mlx", python=sys.executable, model_dir=LLAMA, served_as=REPO)
+    seed.seed_server("rapid-mlx", python=sys.executable, model_dir=LLAMA)
+    assert made[0]["model"] == REPO  # rapid-mlx answers 404 to any other model name
+    assert made[0]["vocab"] == LLAMA and "HF_HUB_CACHE" in made[0]["env"]  # type: ignore[operator]
+    assert made[1]["model"] == str(LLAMA) and "HF_HUB_CACHE" not in made[1]["env"]  # type: ignore[operator]

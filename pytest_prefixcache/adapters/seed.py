@@ -247,7 +247,7 @@ def seed_server(
         # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
         cold=cold_baseline(engine, flags, concurrency, restarts=resets == RESTART),
         cold_cmd=cold,
-        model=str(model),
+        model=served_as or str(model),  # the name the server was given
         top_logprobs=top_logprobs,
         reset_paths=resets or ENGINES[engine][1],
         reset_tolerated=(MLX_VLM,),
