@@ -128,6 +128,7 @@ WALL_TIME_CHECKS = {"min speedup"}
 #: third-party engine (the http subpackage is the OpenAI-compatible adapter).
 ADAPTER_TESTS = {
     "http": "tests/test_adapters_openai.py",
+    "hub_alias": "tests/test_hub_alias.py",
     "llama": "tests/test_adapters_llama_stub.py",
     "llama_slots": "tests/test_adapters_llama_slots.py",
     "llama_tolerance": "tests/test_llama_tolerance.py",

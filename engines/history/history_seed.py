@@ -9,7 +9,8 @@ venv's own, so the old wheel shadows the seed's version and everything else is t
 The seed environments hold mlx 0.32.4, mlx-lm 0.31.3 and mlx-vlm 0.7.10 (vllm-mlx) or 0.7.2
 (rapid-mlx): what vllm-mlx from 0.2.8 on requires (mlx-lm>=0.31.0, mlx-vlm>=0.4.3 in the
 METADATA of 0.2.8, 0.2.9 and 0.3.0; 0.4.0: mlx-lm>=0.31.3, mlx-vlm>=0.6.2), and what
-rapid-mlx 0.9 and 0.12 require (mlx-lm>=0.31.3) except 0.12's pin mlx<0.32 (:data:`RUNS_ON`).
+rapid-mlx 0.6 (mlx-lm>=0.31.0, mlx>=0.29.0 in 0.6.50 to 0.6.65), 0.9 and 0.12 require
+(mlx-lm>=0.31.3) except 0.12's pin mlx<0.32 (:data:`RUNS_ON`).
 
 The servers are ``adapters.seed.seed_server``'s (under the logit tap, a cache-less cold
 server) started in that venv's interpreter; the verifier itself runs in this project's
@@ -30,17 +31,20 @@ from history_catalogue import Bug
 
 #: the runners of this module: engine -> the PyPI package
 SEED_PACKAGES = {"vllm-mlx": "vllm-mlx", "rapid-mlx": "rapid-mlx"}
-#: The CLI function by package series, where it is not the adapter's default: rapid-mlx 0.9 and
-#: 0.12 wheels have no ``rapid_mlx`` package (their console scripts are ``vllm_mlx.cli:main``,
-#: read in the 0.9.8, 0.9.9, 0.12.7, 0.12.8, 0.12.11 and 0.12.12 wheels' entry_points.txt).
-CLI = {("rapid-mlx", "0.9"): "vllm_mlx.cli:main", ("rapid-mlx", "0.12"): "vllm_mlx.cli:main"}
+#: The rapid-mlx series the runner knows, all before the ``rapid_mlx`` package: their wheels'
+#: console scripts are ``vllm_mlx.cli:main`` (read in the entry_points.txt of 0.6.50, 0.6.51,
+#: 0.6.64, 0.6.65, 0.9.8 to 0.9.12, 0.10.15, 0.10.16 and 0.12.7 to 0.12.16; 0.12's name the
+#: same module's cli_entrypoint, and its main is there too).
+RAPID_SERIES = ("0.6", "0.9", "0.10", "0.12")
+#: The CLI function by package series, where it is not the adapter's default.
+CLI = {("rapid-mlx", s): "vllm_mlx.cli:main" for s in RAPID_SERIES}
 #: The cache resets by package series, where the adapter's endpoints do not empty the prefix
 #: cache: rapid-mlx 0.12's POST /v1/cache/clear empties only the simple engine's prompt cache
 #: and its DELETE /v1/cache only mlx-vlm's (routes/health.py, read in the 0.12.11 wheel; the
-#: same clear_cache in 0.9.8's), so a restart stands in (``"restart"``).
+#: same clear_cache in 0.9.8's; 0.6.64's server.py has no cache route), so a restart stands
+#: in (``"restart"``).
 RESETS = {
-    ("rapid-mlx", "0.9"): "restart",
-    ("rapid-mlx", "0.12"): "restart",
+    **{("rapid-mlx", s): "restart" for s in RAPID_SERIES},
     # vllm-mlx 0.2's DELETE /v1/cache clears only mlx-vlm's caches; DELETE /v1/cache/prefix
     # empties the batched engine's prefix store (server.py clear_prefix_cache ->
     # Scheduler.clear_prefix_cache, read in the 0.2.8 and 0.2.9 wheels)
@@ -165,6 +169,8 @@ def matrix_text(bug: Bug, version: str, python: Path) -> str:
         args["resets"] = resets_of(bug, version)
     if bug.runner == "vllm-mlx" and _release(version) < METRICS_FROM:
         args["metrics"] = False
+    if bug.served_as:
+        args["served_as"] = bug.served_as
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
     text += f'engine = "pytest_prefixcache.adapters.seed:seed_server"\nargs = {{ {pairs} }}\n'

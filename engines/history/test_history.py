@@ -265,6 +265,12 @@ def test_a_report_is_parsed_into_the_sides_outcome(tmp_path: Path) -> None:
         None,
     )
     assert parse(None, "Traceback\nImportError: no mlx_lm", 1)["verdict"] == "ERROR"
+    # a seed run with the audit off: partial only for the cold baseline is a pass
+    audit_off = {"verdict": "partial", "allow_partial": True, "failures": []}
+    audit_off["not_checked"] = {"cold baseline": {"the audit's fresh servers are off": 45}}
+    assert parse(audit_off, LOG, 0)["verdict"] == "PASS (partial: not checked: cold baseline)"
+    other_gap = {**audit_off, "not_checked": {"equivalence": {"no logits": 3}}}
+    assert parse(other_gap, LOG, 0)["verdict"] == "PARTIAL"  # control: another check unrun
     assert stream_size(None) is None and stream_size(str(tmp_path / "missing")) is None
     (stream / "stream.json").write_text(json.dumps({"waves": [[{}, {}], [{}]]}))
     assert stream_size(str(stream)) == 3

@@ -59,6 +59,16 @@ def test_a_vllm_mlx_entry_keeps_the_adapters_cli_and_resets(tmp_path: Path) -> N
     assert history_seed.cli_of(rapid(), "0.16.10") == ""  # a later series: the default
 
 
+@pytest.mark.parametrize("version", ["0.6.64", "0.9.10", "0.10.15", "0.12.16"])
+def test_every_rapid_mlx_series_before_its_own_package_runs_vllm_mlx_and_restarts(
+    version: str,
+) -> None:
+    assert history_seed.cli_of(rapid(), version) == "vllm_mlx.cli:main"
+    text = history_seed.matrix_text(rapid(), version, PYTHON)
+    assert 'resets = "restart"' in text and 'cli = "vllm_mlx.cli:main"' in text
+    assert "resets" not in history_seed.matrix_text(rapid(), "0.16.10", PYTHON)
+
+
 def test_the_verifier_runs_in_this_interpreter_and_the_server_in_the_venv(tmp_path: Path) -> None:
     bug = rapid()
     run = command(bug, "buggy", PYTHON, tmp_path)
@@ -88,5 +98,22 @@ def test_the_catalogue_bounds_the_seed_runners() -> None:
     with pytest.raises(CatalogueError, match=r"vllm-mlx runs versions from 0\.2\.8"):
         loads(CHECKS, seed.replace('"0.31.0"', '"0.2.7"').replace('"0.31.1"', '"0.2.8"'))
     fork = GOOD.replace('runner = "mlx-lm"', 'runner = "rapid-mlx"')
-    with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.9\.0"):
-        loads(CHECKS, fork.replace('"0.31.0"', '"0.8.19"').replace('"0.31.1"', '"0.9.1"'))
+    assert loads(CHECKS, fork.replace('"0.31.0"', '"0.6.64"').replace('"0.31.1"', '"0.6.65"'))
+    with pytest.raises(CatalogueError, match=r"rapid-mlx runs versions from 0\.6\.0"):
+        loads(CHECKS, fork.replace('"0.31.0"', '"0.5.10"').replace('"0.31.1"', '"0.6.0"'))
+
+
+def test_an_entry_served_under_a_hub_name_passes_it_to_the_seed_server(tmp_path: Path) -> None:
+    bug = rapid(served_as="mlx-community/Tmax-9B-MLX-4bit")
+    (tmp_path / "matrix.toml").write_text(history_seed.matrix_text(bug, "0.10.15", PYTHON))
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    assert target.args["served_as"] == "mlx-community/Tmax-9B-MLX-4bit"
+    plain = history_seed.matrix_text(rapid(), "0.10.15", PYTHON)
+    assert "served_as" not in plain
+    entry = GOOD.replace('runner = "mlx-lm"', 'runner = "rapid-mlx"')
+    entry = entry.replace('"0.31.0"', '"0.10.15"').replace('"0.31.1"', '"0.10.16"')
+    named = entry.replace('runner = "rapid-mlx"', 'runner = "rapid-mlx"\nserved_as = "o/n"')
+    (bug,) = loads(CHECKS, named)
+    assert bug.served_as == "o/n"
+    with pytest.raises(CatalogueError, match="served_as: only the seed engines"):
+        loads(CHECKS, GOOD.replace('runner = "mlx-lm"', 'runner = "mlx-lm"\nserved_as = "o/n"'))

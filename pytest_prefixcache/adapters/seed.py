@@ -35,6 +35,7 @@ from .http.claims import ClaimWatch, sources_from_specs
 from .http.openai import OpenAIEngine
 from .http.render import TextRenderer, VlmRenderer
 from .http.resets import RESTART
+from .hub_alias import alias_env, launcher
 from .tolerances import with_measured_rules
 
 __all__ = [
@@ -116,18 +117,23 @@ def commands(
     tap: bool = True,
     cli: str | None = None,
     metrics: bool = True,
+    served_as: str | None = None,
 ) -> tuple[list[str], list[str]]:
     """The cached and the cold server's command lines (the tap launcher, with ``{port}``; with
     ``tap=False`` the CLI module itself) on ``model`` (default: :func:`model_dir`); ``cli``: the
     CLI function (``module:function``) when it is not the engine's (:data:`ENGINES`);
-    ``metrics=False``: no ``--enable-metrics`` (vllm-mlx before 0.2.9 has no such flag)."""
+    ``metrics=False``: no ``--enable-metrics`` (vllm-mlx before 0.2.9 has no such flag);
+    ``served_as``: a hub repository id the server is given instead of the model's directory,
+    which :mod:`.hub_alias` lays out first (the environment: ``hub_alias.alias_env``)."""
     if engine not in ENGINES:
         raise EngineError(f"seed engine {engine!r} is not one of {sorted(ENGINES)}")
     words = split_flags(flags)
     cli = cli or ENGINES[engine][0]
     launch = ["-m", "pytest_prefixcache.tap", cli] if tap else ["-m", cli.partition(":")[0]]
-    argv = [python, *launch, "serve"]
-    argv += [str(model or model_dir(flags)), "--host", "127.0.0.1", "--port", "{port}"]
+    directory = model or model_dir(flags)
+    start = launcher(python, served_as, directory) if served_as else [python]
+    argv = [*start, *launch, "serve"]
+    argv += [served_as or str(directory), "--host", "127.0.0.1", "--port", "{port}"]
     cold: list[str] = []
     skip = 0
     for word in words:
@@ -194,6 +200,7 @@ def seed_server(
     cli: str | None = None,
     resets: str | None = None,
     metrics: bool = True,
+    served_as: str | None = None,
 ) -> OpenAIEngine:
     """``engine`` (``vllm-mlx`` or ``rapid-mlx``) served with ``flags`` under the logit tap,
     with a cache-less cold server, its claim sources and per-step alignment on
@@ -221,7 +228,10 @@ def seed_server(
     its CLI as ``vllm_mlx.cli:main``: engines/history runs such versions); ``resets``: the
     cache resets when not the engine's (``"restart"``: a restart empties the cache, where the
     endpoints do not, as in rapid-mlx 0.12); ``metrics=False``: vllm-mlx without
-    ``--enable-metrics`` (before 0.2.9; its Prometheus counter is then no claim source)."""
+    ``--enable-metrics`` (before 0.2.9; its Prometheus counter is then no claim source);
+    ``served_as``: the hub repository id the servers load the model under (:mod:`.hub_alias`:
+    the fixture's files, offline), for an engine that decides by the model's name (rapid-mlx's
+    alias profiles)."""
     python = python or default_python(engine)
     if not Path(python).is_file():
         raise EngineError(
@@ -229,7 +239,9 @@ def seed_server(
             f"{engine}' (SEED_DIR names where)"
         )
     model = _model_for(flags, model_dir)
-    cmd, cold = commands(engine, flags, python, model, tap=tap, cli=cli, metrics=metrics)
+    cmd, cold = commands(
+        engine, flags, python, model, tap=tap, cli=cli, metrics=metrics, served_as=served_as
+    )
     specs = [spec for spec in claim_specs(engine, flags) if metrics or "metric" not in spec]
     logs = value("SEED_TAP_LOGS")
     tap_log = str(Path(logs) / f"{slug(engine, flags)}.jsonl") if logs else None
@@ -243,7 +255,7 @@ def seed_server(
         # simple engine ignores --disable-prefix-cache and keeps its MLLM cache
         cold=cold_baseline(engine, flags, concurrency, restarts=resets == RESTART),
         cold_cmd=cold,
-        model=str(model),
+        model=served_as or str(model),  # the name the server was given
         top_logprobs=top_logprobs,
         reset_paths=resets or ENGINES[engine][1],
         reset_tolerated=(MLX_VLM,),
@@ -252,7 +264,7 @@ def seed_server(
         tap=tap,
         vocab=model,
         # rapid-mlx leaves rapid-mlx-videos-* directories in the temp directory: in HOME
-        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp"},
+        env={"PYTHONPATH": root, "TMPDIR": "{home}/tmp", **(alias_env() if served_as else {})},
         start_timeout=start_timeout,
         timeout=300.0,
         tap_log=tap_log,

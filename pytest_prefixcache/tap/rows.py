@@ -10,7 +10,7 @@ import numpy as np
 
 from . import TapRow
 
-__all__ = ["Found", "Track", "answer", "padding_only", "shown"]
+__all__ = ["Found", "Track", "answer", "padding_only", "past_the_prompt", "shown"]
 
 
 @dataclass(eq=False)
@@ -173,6 +173,27 @@ def padding_only(t: Track, prompt_tokens: int) -> str:
         f"({last.before}->{last.after}+{last.pad}) fed it only padding: the server sampled the "
         "request's first token after a call with no position of its prompt (an engine fault: "
         "its logits are padding's, or read out of the call's range)"
+    )
+
+
+def past_the_prompt(t: Track, prompt_tokens: int) -> str:
+    """What ``t``'s rows say when its first row already starts at or past ``prompt_tokens``
+    (for :meth:`.TapLedger.explain`; '' otherwise): no call of the request computed the
+    prompt's last position, so the server either fed prompt tokens again on top of a cache that
+    held the whole prompt (a duplicate position: the bug zoo's class 8, exact match with an
+    empty suffix, e.g. rapid-mlx before 0.9.11) or answered the first token from logits it
+    stored (which the tap cannot check). Either way the reply's first token is not evidence."""
+    if not t.rows:
+        return ""
+    n, first = t.rows[0]
+    if first.before < prompt_tokens or first.padded:
+        return ""
+    return (
+        f"; its first row ({shown(n, first)}) starts at KV offset {first.before}, at or past "
+        f"the prompt length {prompt_tokens}: the server resumed from a cache holding the whole "
+        f"prompt and then fed {n} position(s) on top of it (a duplicate KV position: a reused "
+        "prompt token computed again at the next position), or it answered the first token "
+        "from stored logits, which no call shows"
     )
 
 

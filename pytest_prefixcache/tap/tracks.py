@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from . import TapReader, TapRecord
-from .rows import Found, Track, answer, padding_only, shown
+from .rows import Found, Track, answer, padding_only, past_the_prompt, shown
 
 __all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
 
@@ -357,7 +357,7 @@ class TapLedger:
                     f"offset before->after, +padding) are {rows}{more}: none unpadded ends at "
                     f"the prompt length {prompt_tokens}"
                 )
-                return said + padding_only(t, prompt_tokens)
+                return said + (padding_only(t, prompt_tokens) or past_the_prompt(t, prompt_tokens))
             ending = [
                 t
                 for t in self.tracks
