@@ -18,6 +18,7 @@ Opt-in, not CI. Run with the fork first on the path, e.g.::
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -41,7 +42,8 @@ TEXT_KEYS = (
 def make_drafter(out: Path) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.models import gemma4_assistant as ga  # the fork's module
+
+    ga = importlib.import_module("mlx_lm.models.gemma4_assistant")  # the fork's module only
 
     target = json.loads((FIXTURE / "config.json").read_text())
     text = {key: target[key] for key in TEXT_KEYS}
@@ -104,11 +106,11 @@ def probe_server(drafter: Path, work: Path) -> None:
 
 
 def probe_library(drafter: Path) -> None:
-    from mlx_lm import load
+    import mlx_lm
     from mlx_lm.generate import stream_generate
 
-    model, tokenizer = load(str(FIXTURE))
-    draft, _ = load(str(drafter))
+    model, tokenizer = mlx_lm.load(str(FIXTURE))[:2]
+    draft = mlx_lm.load(str(drafter))[0]
     for repeat in (1, 4, 6, 12):
         prompt = tokenizer.encode("hello world " * repeat)
         plain = [g.token for g in stream_generate(model, tokenizer, prompt, max_tokens=8)]
