@@ -123,11 +123,18 @@ def probe_library(drafter: Path) -> None:
             print(f"library: prompt {len(prompt)}, +8 tokens, {n} drafted: {same}")
 
 
-def main() -> None:
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp())
+def probe(work: Path) -> None:
     drafter = make_drafter(work / "drafter")
     probe_server(drafter, work)
     probe_library(drafter)
+
+
+def main() -> None:
+    if len(sys.argv) > 1:  # a directory to keep (the drafter, the server's log)
+        probe(Path(sys.argv[1]))
+        return
+    with tempfile.TemporaryDirectory() as work:
+        probe(Path(work))
 
 
 if __name__ == "__main__":
