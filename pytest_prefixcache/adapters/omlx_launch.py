@@ -22,6 +22,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main", "split_settings"]
 
@@ -79,9 +80,11 @@ def _write_model_settings(path: Path, argv: list[str], values: dict[str, object]
     if "--model-dir" not in argv or argv.index("--model-dir") + 1 >= len(argv):
         raise SystemExit("--setting model.FIELD=VALUE needs --model-dir DIR")
     model_dir = Path(argv[argv.index("--model-dir") + 1])
-    data = json.loads(path.read_text()) if path.is_file() else {"version": 1, "models": {}}
+    data: dict[str, Any] = {"version": 1, "models": {}}
+    if path.is_file():
+        data = json.loads(path.read_text())
     for model in sorted(p.name for p in model_dir.iterdir() if p.is_dir()):
-        data["models"].setdefault(model, {}).update(values)
+        data.setdefault("models", {}).setdefault(model, {}).update(values)
     path.write_text(json.dumps(data, indent=2))
 
 
