@@ -8,6 +8,7 @@ negative controls: a stand-in that over-claims in one source fails the claims ch
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -160,3 +161,38 @@ def test_a_standin_that_over_claims_fails_the_claims_check(fault: str, source: s
     first = str(info.value).splitlines()[0]
     assert first.startswith(f"claims: cached run: {source} claims ")
     assert "(reused " in first and "the logit tap)" in first
+
+
+def test_a_model_setting_goes_to_model_settings_json_for_each_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--setting model.FIELD=VALUE`` (TurboQuant has no flag, only a per-model setting) lands
+    in the base path's model_settings.json under every model directory, not in settings.json;
+    omlx gets the other arguments."""
+    import types
+
+    from pytest_prefixcache.adapters import omlx_launch
+
+    models = tmp_path / "models"
+    (models / "tiny-llama").mkdir(parents=True)
+    (models / "tiny-gemma3").mkdir()
+    seen: list[list[str]] = []
+    cli = types.ModuleType("omlx.cli")
+    cli.main = lambda: seen.append(list(sys.argv))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "omlx", types.ModuleType("omlx"))
+    monkeypatch.setitem(sys.modules, "omlx.cli", cli)
+    monkeypatch.setenv("FMLX_BASE_PATH", str(tmp_path / "base"))
+    argv = ["x", "serve", "--model-dir", str(models), "--setting", "cache.hot_cache_only=true",
+            "--setting", "model.turboquant_kv_enabled=true",
+            "--setting", "model.turboquant_kv_bits=4"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    assert omlx_launch.main() == 0
+    assert seen == [["omlx", "serve", "--model-dir", str(models)]]
+    written = json.loads((tmp_path / "base" / "model_settings.json").read_text())
+    wanted = {"turboquant_kv_enabled": True, "turboquant_kv_bits": 4}
+    assert written == {"version": 1, "models": {"tiny-gemma3": wanted, "tiny-llama": wanted}}
+    settings = json.loads((tmp_path / "base" / "settings.json").read_text())
+    assert settings == {"cache": {"hot_cache_only": True}}  # no "model" section there
+    monkeypatch.setattr(sys, "argv", ["x", "serve", "--setting", "model.turboquant_kv_bits=4"])
+    with pytest.raises(SystemExit, match="needs --model-dir"):
+        omlx_launch.main()

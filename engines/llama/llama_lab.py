@@ -38,6 +38,8 @@ MODELS = {
     # Gemma 3: sliding-window layers (window 32) between full ones, so context checkpoints
     # and --swa-full matter
     "gemma3-text": ("tiny-gemma3-text.gguf", None),
+    # Gemma 4 (issue #35): layers 2-3 share the KV of 0-1, per-layer inputs, window 32
+    "gemma4-text": ("tiny-gemma4-text.gguf", None),
 }
 #: tiny-llama's draft model (tiny-llama's tokenizer, fewer layers): ``-md``
 DRAFT = "tiny-llama-draft.gguf"

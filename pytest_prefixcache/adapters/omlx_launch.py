@@ -6,10 +6,13 @@ Runs inside oMLX's own environment (stdlib only here), usually under the logit t
 SECTION.FIELD=VALUE`` (a JSON value, else a string) is written into the ``settings.json`` of
 oMLX's base path (``$FMLX_BASE_PATH``, else ``~/.fmlx``: the server's private HOME), which
 oMLX reads before its environment and command line (flyto-mlx 0.7.0, ``settings.py``,
-``GlobalSettings.load``). ``--block-size N`` sets the paged cache's block size, an internal
-default with no setting (``SchedulerConfig.paged_cache_block_size``, 256): every scheduler
-config made in the process gets N unless given one (the scheduler still aligns it to a
-rotating window and enlarges it for recurrent hybrids). The other arguments go to
+``GlobalSettings.load``), except the section ``model``: ``--setting model.FIELD=VALUE`` is a
+per-model setting (``ModelSettings``, e.g. ``turboquant_kv_enabled``), written into the base
+path's ``model_settings.json`` for every model directory under ``--model-dir``
+(``ModelSettingsManager``, model_settings.py). ``--block-size N`` sets the paged cache's block
+size, an internal default with no setting (``SchedulerConfig.paged_cache_block_size``, 256):
+every scheduler config made in the process gets N unless given one (the scheduler still aligns
+it to a rotating window and enlarges it for recurrent hybrids). The other arguments go to
 ``omlx.cli:main`` as they are.
 """
 
@@ -19,6 +22,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["main", "split_settings"]
 
@@ -71,6 +75,19 @@ def _set_block_size(size: int) -> None:
     SchedulerConfig.__init__ = __init__  # type: ignore[method-assign]
 
 
+def _write_model_settings(path: Path, argv: list[str], values: dict[str, object]) -> None:
+    """``values`` for every model directory under ``argv``'s ``--model-dir``, in ``path``."""
+    if "--model-dir" not in argv or argv.index("--model-dir") + 1 >= len(argv):
+        raise SystemExit("--setting model.FIELD=VALUE needs --model-dir DIR")
+    model_dir = Path(argv[argv.index("--model-dir") + 1])
+    data: dict[str, Any] = {"version": 1, "models": {}}
+    if path.is_file():
+        data = json.loads(path.read_text())
+    for model in sorted(p.name for p in model_dir.iterdir() if p.is_dir()):
+        data.setdefault("models", {}).setdefault(model, {}).update(values)
+    path.write_text(json.dumps(data, indent=2))
+
+
 def main() -> int:
     argv, settings = split_settings(sys.argv[1:])
     argv, block = _block_size(argv)
@@ -80,11 +97,14 @@ def main() -> int:
         env = os.environ.get("FMLX_BASE_PATH") or os.environ.get("OMLX_BASE_PATH")
         base = Path(env) if env else Path.home() / ".fmlx"
         base.mkdir(parents=True, exist_ok=True)
+        per_model = settings.pop("model", {})
         path = base / "settings.json"
         data = json.loads(path.read_text()) if path.is_file() else {}
         for section, values in settings.items():
             data.setdefault(section, {}).update(values)
         path.write_text(json.dumps(data, indent=2))
+        if per_model:
+            _write_model_settings(base / "model_settings.json", argv, per_model)
     from omlx.cli import main as omlx_main
 
     sys.argv = ["omlx", *argv]
