@@ -29,6 +29,7 @@ from typing import Any
 from ...errors import EngineError
 from ..environment import START_TIMEOUT
 from .forkserver import ForkedProcess, ForkServer
+from .process_group import stop_group
 
 __all__ = [
     "PORT_TAKEN",
@@ -205,6 +206,7 @@ def _stop(proc: Proc, home: str, base_dir: str = "", kept: list[Path] | None = N
                 proc.kill()
                 proc.wait(timeout=10)
     finally:
+        stop_group(proc.pid)
         shutil.rmtree(home, ignore_errors=True)
 
 
