@@ -44,6 +44,9 @@ LLAMA_ATOL: dict[tuple[str, str], float] = {
     ("llama", "on"): 5e-3,
     ("qwen2vl", "on"): 1e-2,
     ("gemma3", "on"): 0.2,
+    # Gemma 4, -fa off f32: decode-time noise 0.022, smallest bug 0.085 (300 trials). Its "on"
+    # has no rule: noise 0.50 above the smallest bug 0.137 (NOTES.md), so "*" stays.
+    ("gemma4", "off"): 0.045,
 }
 #: How far a rule must stay from the noise below it and from the smallest bug above it.
 MARGIN = 1.5
@@ -70,8 +73,8 @@ def rule_problems(
     out = []
     for row in [*split, *suite]:
         family, mode = str(row["family"]), str(row["mode"])
-        if mode != "on":
-            continue  # the exact mode's rule is judged by its own runs (NOTES.md)
+        if mode != "on" and (family, mode) not in rules:
+            continue  # "*" off is exact, judged by its own runs (NOTES.md)
         atol = rules.get((family, mode), rules["*", mode])
         noise = max(
             float(row.get(k, 0.0)) for k in ("worst", "worst_cold_vs_warm", "worst_decoded_reply")
