@@ -80,15 +80,20 @@ MAIN = Path(__file__).resolve().parents[2]
 
 def seed_dir() -> Path:
     """Where the seed engines' environments are (``SEED_DIR``, else the main checkout's)."""
-    if os.environ.get("SEED_DIR"):
-        return Path(os.environ["SEED_DIR"])
+    return main_engines("seed", "SEED_DIR")
+
+
+def main_engines(name: str, variable: str) -> Path:
+    """``$variable``, else the main checkout's ``.engines/NAME`` (shared by its worktrees)."""
+    if os.environ.get(variable):
+        return Path(os.environ[variable])
     common = subprocess.run(
         ["git", "-C", str(MAIN), "rev-parse", "--path-format=absolute", "--git-common-dir"],
         capture_output=True,
         text=True,
     ).stdout.strip()
     main = Path(common).parent if common else MAIN
-    return main / ".engines" / "seed"
+    return main / ".engines" / name
 
 
 def _release(version: str) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import history_seed
 from history_catalogue import Bug
 
 #: the runner of this module and its PyPI package
@@ -54,15 +55,7 @@ TMPDIR = "/tmp"
 
 def vllm_dir() -> Path:
     """engines/vllm's folder (``VLLM_DIR``, else the main checkout's ``.engines/vllm``)."""
-    if os.environ.get("VLLM_DIR"):
-        return Path(os.environ["VLLM_DIR"])
-    common = subprocess.run(
-        ["git", "-C", str(MAIN), "rev-parse", "--path-format=absolute", "--git-common-dir"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    main = Path(common).parent if common else MAIN
-    return main / ".engines" / "vllm"
+    return history_seed.main_engines("vllm", "VLLM_DIR")
 
 
 def model_dir(bug: Bug) -> Path:
