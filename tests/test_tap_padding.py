@@ -27,10 +27,20 @@ from pytest_prefixcache.tap.tracks import TapLedger
 VOCAB = 64
 
 
-def _schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TapLedger, list[str]]:
+def _schedule(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    rotating: bool = False,
+    early: bool = True,
+    mixup: bool = False,
+) -> tuple[TapLedger, list[str]]:
     """Stand-ins for mlx-vlm's batch classes on mlx-vlm's own ``BatchKVCache``, run through the
     real tap wrapper and the mlx-vlm hooks: the rows [warm 192 + 14, cold 333], one decode
-    step after the first token, then one more for the long row."""
+    step after the first token, then one more for the long row. ``rotating``: Gemma 3's
+    layout, a sliding-window ``BatchRotatingKVCache`` (32) before the full one (the tap reads
+    the first); ``early=False``: mlx-vlm 0.7.0's chunks, which do not stop where a short row's
+    tokens end (its first token then comes from a padding column: the -071 row's bug);
+    ``mixup``: the server feeds each row the other row's first token (a mis-served row)."""
     mx = pytest.importorskip("mlx.core")
     cache_mod = pytest.importorskip("mlx_vlm.models.cache")
     from pytest_prefixcache.tap import wrap
@@ -52,15 +62,18 @@ def _schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TapLedge
             self._right_pad_per_row = [width - len(s) for s in suffixes]
             self._processed_prompt_columns = 0
             self._ids = mx.array([s + [0] * (width - len(s)) for s in suffixes])
-            layer = cache_mod.BatchKVCache([0] * len(uids))
-            layer.offset = mx.array(prefixes)
-            layer.prepare(right_padding=self._right_pad_per_row, lengths=self._suffix_lens)
-            self.prompt_cache = [layer]
+            self.prompt_cache = [cache_mod.BatchKVCache([0] * len(uids))]
+            if rotating:
+                self.prompt_cache.insert(0, cache_mod.BatchRotatingKVCache(32, [0] * len(uids)))
+            for layer in self.prompt_cache:
+                layer.offset = mx.array(prefixes)
+                layer.prepare(right_padding=self._right_pad_per_row, lengths=self._suffix_lens)
 
         def prompt_step(self) -> int:
             done, width = self._processed_prompt_columns, self._ids.shape[1]
             n = width - done - 1
-            n = min([n] + [e - done for e in self._suffix_lens if e > done])
+            if early:
+                n = min([n] + [e - done for e in self._suffix_lens if e > done])
             self.model(self._ids[:, done : done + n], cache=self.prompt_cache)
             self._processed_prompt_columns += n
             return n
@@ -87,7 +100,8 @@ def _schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TapLedge
             while batch._processed_prompt_columns < batch._ids.shape[1] - 1:
                 batch.prompt_step()
             steps = batch.generate()
-            steps._step([(s[-1] + 1) % VOCAB for s in suffixes])
+            first = [(s[-1] + 1) % VOCAB for s in suffixes]
+            steps._step(first[::-1] if mixup else first)
             steps._step([(s[-1] + 2) % VOCAB for s in suffixes])
 
     ar = types.ModuleType("mlx_vlm.generate.ar")
@@ -162,3 +176,65 @@ def test_mlx_lm_prompt_chunks_count_each_rows_padding_where_it_is() -> None:
     # equal lengths need no padding: the cache's reading stands
     padded_prefill(_prompt_columns)(prompt)(None, [[1] * 4, [1] * 4])
     assert said[-1] is None
+
+
+def _warm_rows(ledger: TapLedger, label: str) -> list[tuple[int, int, int, int]]:
+    rows = [r for rec in ledger.records() for r in rec.rows if r.label == label]
+    return [(r.before, r.after, r.pad, r.held) for r in rows]
+
+
+def test_a_rotating_window_rolls_the_padding_out_the_row_stays_tied_by_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3 (issue #33's INCONCLUSIVE on mlx-vlm 0.7.1 and 0.7.10): the tap reads the
+    sliding-window layer, whose ``_update_concat`` rolls a finished row's padding out of its
+    offset before each chunk. The padding the scheduler's columns say the row held is not in
+    that offset: counted again, the row seemed to restart 318 positions back, its own label
+    contradicted its track and the reply's rows were a guess cut after the first token."""
+    ledger, labels = _schedule(tmp_path, monkeypatch, rotating=True)
+    warm = ledger.find(206, None, 3, reply_id="chatcmpl-warm")
+    assert warm is not None and warm.attribution == "id" and not warm.note
+    assert [(r.before, r.after) for r in warm.steps] == [(192, 206), (206, 207), (207, 208)]
+    assert warm.greedy == (6, 7, 8)
+    # the 14 real tokens, then 318 and 1 of padding, each chunk starting at the real end
+    assert _warm_rows(ledger, labels[0])[:3] == [(192, 206, 0, 0), (206, 524, 318, 0),
+                                                 (206, 207, 1, 0)]  # fmt: skip
+    cold = ledger.find(333, None, 3, reply_id="chatcmpl-cold")
+    assert cold is not None and cold.attribution == "id" and cold.reused == 0
+
+
+def test_negative_control_held_padding_counted_twice_puts_the_row_in_doubt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tap before this fix (held padding subtracted from a rotating layer's offset too):
+    the reply is only ``guessed``, with one step, as in the -071 row's fixed side."""
+    from pytest_prefixcache.tap import wrap
+
+    monkeypatch.setattr(wrap, "_rolls_padding", lambda layer: False)
+    ledger, _ = _schedule(tmp_path, monkeypatch, rotating=True)
+    warm = ledger.find(206, None, 3, reply_id="chatcmpl-warm")
+    assert warm is not None and warm.attribution == "guessed"
+    assert "starts at KV offset" in warm.note and len(warm.steps) == 1
+
+
+def test_negative_control_a_first_token_from_padding_is_still_an_engine_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """mlx-vlm 0.7.0's chunks (no stop where the short row's tokens end), on the rotating
+    layout: no row of the warm request ends at its prompt length, and the tap names the call
+    that fed it only padding (the -071 row's buggy side)."""
+    ledger, _ = _schedule(tmp_path, monkeypatch, rotating=True, early=False)
+    assert ledger.find(206, None, 3, reply_id="chatcmpl-warm") is None
+    assert "fed it only padding" in ledger.explain(206, "chatcmpl-warm")
+
+
+def test_negative_control_a_mis_served_row_shows_in_its_steps_by_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that feeds the warm row the cold row's first token: the row is still tied by
+    id, and its second step's logits are those of the token it was fed (9, not 7): the wave
+    check compares them with the request served alone and fails on evidence, not on a guess."""
+    ledger, _ = _schedule(tmp_path, monkeypatch, rotating=True, mixup=True)
+    warm = ledger.find(206, None, 3, reply_id="chatcmpl-warm")
+    assert warm is not None and warm.attribution == "id"
+    assert warm.greedy == (6, 9, 8)

@@ -159,8 +159,13 @@ def padding_only(t: Track, prompt_tokens: int) -> str:
         (k for k, (_, r) in enumerate(t.rows) if r.padded and r.after - r.pad == prompt_tokens),
         None,
     )
-    step = next(
-        (k for k, (n, r) in enumerate(t.rows) if n == 1 and r.before >= prompt_tokens), None
+    step = next(  # its first decode step: the last prefill call may be one padded column
+        (
+            k
+            for k, (n, r) in enumerate(t.rows)
+            if n == 1 and r.before >= prompt_tokens and not r.padded
+        ),
+        None,
     )
     if end is None or step is None or step <= end + 1:
         return ""

@@ -158,9 +158,10 @@ class TapLedger:
             if t is None:
                 continue
             if row.before >= 0 and row.real_before != t.last.real_after and not t.doubt:
+                held = f" ({row.held} of them padding it held)" if row.held else ""
                 t.doubt = (
-                    f"a row labelled {row.label!r} starts at KV offset {row.before} where that "
-                    f"request's rows ended at {t.last.real_after} (call {rec.seq})"
+                    f"a row labelled {row.label!r} starts at KV offset {row.before}{held} where "
+                    f"that request's rows ended at {t.last.real_after} (call {rec.seq})"
                 )
             owner[i] = t
         # the tracks live on this batch take its rows in order (filtering keeps the order)

@@ -136,6 +136,17 @@ def _pads(layer: Any, batch: int) -> list[int] | None:
     return _per_row(np.maximum(0, np.asarray(layer.offset) - np.asarray(ends)), batch)
 
 
+def _rolls_padding(layer: Any) -> bool:
+    """Whether ``layer`` drops a right-padded row's padding from its offset before it appends a
+    prefill chunk: a batch rotating cache keeping each row's real end (``_lengths``: mlx-lm's
+    and mlx-vlm's ``BatchRotatingKVCache._update_concat`` roll ``offset - _lengths`` into the
+    left padding first), so its offset before a call never holds padding of earlier chunks; a
+    ``BatchKVCache`` (``_right_padding``) keeps that padding until ``finalize``."""
+    return getattr(layer, "_right_padding", None) is None and (
+        getattr(layer, "_lengths", None) is not None
+    )
+
+
 def _offsets(cache: Any) -> Any:
     """The first offset layer's offset now (an int or a batch cache's array), or None."""
     layer = _layer(cache)
@@ -185,7 +196,8 @@ def _rows(
     first = _per_row(before, batch)
     said = take_padding(n, batch)  # the scheduler's own columns, else the cache's padding
     pads = [p for _, p in said] if said else _pads(layer, batch) or [0] * batch
-    held = [h for h, _ in said] if said else [0] * batch
+    # the padding its offset still counts (a rotating layer rolled it out: none)
+    held = [h for h, _ in said] if said and not _rolls_padding(layer) else [0] * batch
     labels = identity.current_labels()
     if labels is not None and len(labels) != batch:
         labels = None  # the scheduler's rows are not this call's: no label beats a wrong one
