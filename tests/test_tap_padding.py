@@ -238,3 +238,32 @@ def test_negative_control_a_mis_served_row_shows_in_its_steps_by_id(
     warm = ledger.find(206, None, 3, reply_id="chatcmpl-warm")
     assert warm is not None and warm.attribution == "id"
     assert warm.greedy == (6, 9, 8)
+
+
+@pytest.mark.slow
+def test_the_071_wave_on_the_real_server_is_attributed_by_id(tmp_path: Path) -> None:
+    """The public record's -071 stream (2 waves of 4 on tiny-gemma3, a warm row finishing in an
+    early chunk of a right-padded prefill) replayed on this environment's mlx_vlm.server under
+    the tap: every request tied by id and the verdict a PASS (the tap before the fix guessed 2
+    of the 8 and read the run INCONCLUSIVE)."""
+    pytest.importorskip("mlx_vlm")
+    import json
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    stream = root / "engines/history/counterexamples/mlx-vlm-071-right-padded-first-token-buggy"
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": str(root), "PREFIXCACHE_CONCURRENCY": "4",
+           "HOME": str(tmp_path), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider", "-q",
+         "-k", "test_replay", "--prefixcache-verify", "--pyargs", "pytest_prefixcache.suite",
+         "--prefixcache-engine=pytest_prefixcache.adapters.presets:mlx_vlm_server",
+         f"--prefixcache-model={root / 'fixtures' / 'tiny-gemma3'}", "--prefixcache-seed=1",
+         f"--prefixcache-replay={stream / 'stream.json'}", f"--prefixcache-report={report}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert report.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["coverage"]["tap attribution by id"] == {"applied": 8}, got["coverage"]
+    assert got["verdict"] == "pass", got.get("finding_examples")
