@@ -240,6 +240,26 @@ def test_negative_control_a_mis_served_row_shows_in_its_steps_by_id(
     assert warm.greedy == (6, 9, 8)
 
 
+def test_only_a_rotating_batch_cache_mid_right_padded_prefill_rolls_its_padding() -> None:
+    """``wrap._rolls_padding`` on mlx-vlm's own classes: a ``BatchRotatingKVCache`` with right
+    padding declared (``_lengths``) rolls; the same without it, a ``BatchKVCache`` (it keeps
+    its padding until ``finalize``) and another cache that keeps a ``_lengths`` do not."""
+    pytest.importorskip("mlx.core")
+    cache_mod = pytest.importorskip("mlx_vlm.models.cache")
+    from pytest_prefixcache.tap.wrap import _rolls_padding
+
+    rotating, full = cache_mod.BatchRotatingKVCache(32, [0, 0]), cache_mod.BatchKVCache([0, 0])
+    assert not _rolls_padding(rotating) and not _rolls_padding(full)
+    for layer in (rotating, full):
+        layer.prepare(right_padding=[0, 3], lengths=[5, 2])
+    assert _rolls_padding(rotating) and not _rolls_padding(full)
+
+    class Pooled:  # e.g. mlx-vlm's BatchPoolingCache, whose _lengths is set from the start
+        offset, _lengths = 0, [2**31, 2**31]
+
+    assert not _rolls_padding(Pooled())
+
+
 @pytest.mark.slow
 def test_the_071_wave_on_the_real_server_is_attributed_by_id(tmp_path: Path) -> None:
     """The public record's -071 stream (2 waves of 4 on tiny-gemma3, a warm row finishing in an

@@ -141,10 +141,11 @@ def _rolls_padding(layer: Any) -> bool:
     prefill chunk: a batch rotating cache keeping each row's real end (``_lengths``: mlx-lm's
     and mlx-vlm's ``BatchRotatingKVCache._update_concat`` roll ``offset - _lengths`` into the
     left padding first), so its offset before a call never holds padding of earlier chunks; a
-    ``BatchKVCache`` (``_right_padding``) keeps that padding until ``finalize``."""
-    return getattr(layer, "_right_padding", None) is None and (
-        getattr(layer, "_lengths", None) is not None
-    )
+    ``BatchKVCache`` (``_right_padding``) keeps that padding until ``finalize``. By the class's
+    name (its subclasses too): another cache's ``_lengths`` means something else (mlx-vlm's
+    ``BatchPoolingCache`` sets it from the start)."""
+    rotating = any(c.__name__ == "BatchRotatingKVCache" for c in type(layer).__mro__)
+    return rotating and getattr(layer, "_lengths", None) is not None
 
 
 def _offsets(cache: Any) -> Any:
