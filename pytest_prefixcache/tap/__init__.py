@@ -60,8 +60,10 @@ class TapRow:
         logprobs: the log-softmax of the row's last position, float32, full vocabulary.
         label: the server scheduler's id of the row's request (:mod:`.identity`), or None
             when the tap could not read it (an unknown server).
-        held: padding already in the row's KV before the call (a right-padded row whose
-            real tokens ended in an earlier chunk of its prefill): not real positions.
+        held: padding already counted in the row's KV offset before the call (a right-padded
+            row whose real tokens ended in an earlier chunk of its prefill): not real
+            positions. 0 where the tapped layer rolls that padding out of its offset before
+            each chunk (a ``BatchRotatingKVCache``: ``wrap._rolls_padding``).
     """
 
     before: int
