@@ -104,6 +104,36 @@ def test_negative_control_gemma4_off_rule(
 
 
 @pytest.mark.parametrize(
+    "atol, problem",
+    [
+        (1e-4, "within 1.5x of the noise"),  # the "*" exact rule fails a correct Gemma 3
+        (2.0, "would hide a one-token cache bug"),  # the smallest bug moved the logits 2.86
+    ],
+)
+def test_negative_control_gemma3_off_rule(
+    measured: dict[str, Any], atol: float, problem: str
+) -> None:
+    problems = rule_problems(
+        {**LLAMA_ATOL, ("gemma3", "off"): atol}, measured["split"], measured["suite"]
+    )
+    problems = [p for p in problems if p.startswith("gemma3 off:")]
+    assert problems and any(problem in p for p in problems), problems
+
+
+def test_decode_time_kv_differs_by_the_one_row_product_only(measured: dict[str, Any]) -> None:
+    """Flash attention off, f32 KV: a split prompt is exact and a decoded reply is not, until
+    both servers prefill one row at a time (-ub 1): then decoding and prefill run the same
+    products (sgemm.cpp: llamafile_sgemm declines n < 2) and the decoded reply is exact too."""
+    for family in ("gemma3", "gemma4"):
+        rows = [r for r in measured["split"] if r["family"] == family and r["mode"] == "off"]
+        assert all(r["worst_cold_vs_warm"] == 0.0 for r in rows)
+        default = [r for r in rows if r["flags"] == "-fa off"]
+        assert max(r["worst_decoded_reply"] for r in default) > LLAMA_ATOL["*", "off"]
+    (one_row,) = [r for r in measured["split"] if r["flags"] == "-fa off -ub 1"]
+    assert one_row["family"] == "gemma3" and one_row["worst_decoded_reply"] == 0.0
+
+
+@pytest.mark.parametrize(
     "family, atol, problem",
     [
         ("llama", 2e-2, "would hide a one-token cache bug"),  # the old single "on" rule
@@ -146,7 +176,7 @@ def _gguf(path: Path, arch: str) -> Path:
     [
         ("gemma3", ("-fa on",), "on", 0.2),
         ("gemma3", ("-fa on -ctk q4_0 -ctv q4_0",), "on", 0.2),
-        ("gemma3", (), "off", 1e-4),
+        ("gemma3", (), "off", 1e-2),
         ("gemma4", (), "off", 0.045),  # flash attention off, f32 KV: no -ub 1
         ("gemma4", ("-fa on --swa-full",), "ub1", 1e-4),  # -ub 1 added to both servers
         ("gemma4", ("-fa on -ctk q8_0 -ctv q8_0", "--swa-full"), "ub1", 1e-4),

@@ -66,6 +66,9 @@ LLAMA_ATOL: dict[tuple[str, str], float] = {
     ("llama", "on"): 5e-3,
     ("qwen2vl", "on"): 1e-2,
     ("gemma3", "on"): 0.2,
+    # Gemma 3, -fa off f32: split exact, decode-time noise 0.0030 (100 trials; the suite's
+    # worst 0.0044), 0 with -ub 1 (sgemm.cpp), smallest bug 2.86: 2.3x and 286x away
+    ("gemma3", "off"): 1e-2,
     # Gemma 4, -fa off f32: decode-time noise 0.022, smallest bug 0.085 (300 trials). Its "on"
     # has no rule: noise 0.50 above the smallest bug 0.137 (NOTES.md): ONE_ROW, "ub1" exact.
     ("gemma4", "off"): 0.045,
