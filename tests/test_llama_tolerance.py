@@ -178,9 +178,9 @@ def _gguf(path: Path, arch: str) -> Path:
         ("gemma3", ("-fa on -ctk q4_0 -ctv q4_0",), "on", 0.2),
         ("gemma3", (), "off", 1e-2),
         ("gemma4", (), "off", 0.045),  # flash attention off, f32 KV: no -ub 1
-        ("gemma4", ("-fa on --swa-full",), "ub1", 1e-4),  # -ub 1 added to both servers
-        ("gemma4", ("-fa on -ctk q8_0 -ctv q8_0", "--swa-full"), "ub1", 1e-4),
-        ("gemma4", ("-fa on --swa-full", "-ub 1"), "ub1", 1e-4),  # given: not added twice
+        ("gemma4", ("-fa on --swa-full -np 1",), "ub1", 1e-4),  # -ub 1 added to both
+        ("gemma4", ("-fa on -ctk q8_0 -ctv q8_0", "--swa-full -np 4"), "ub1", 1e-4),
+        ("gemma4", ("-fa on --swa-full -np 1", "-ub 1"), "ub1", 1e-4),  # given: not twice
         ("llama", ("-fa on",), "on", 5e-3),
         ("mamba", ("-fa on",), "on", 2e-2),  # no measurement: the default
     ],
@@ -208,8 +208,10 @@ def test_the_preset_takes_the_rule_of_the_gguf_s_family(
 @pytest.mark.parametrize(
     "flags, why",
     [
-        (("-fa on",), "the sliding-window cache"),
-        (("-fa on --swa-full -ub 512",), "-ub 512"),
+        (("-fa on -np 1",), "the sliding-window cache"),
+        (("-fa on --swa-full -np 1 -ub 512",), "-ub 512"),
+        (("-fa on --swa-full",), "several slots in one unified KV buffer"),  # -np auto
+        (("-fa on --swa-full -np 2 -kvu",), "several slots in one unified KV buffer"),
     ],
 )
 def test_gemma4_where_no_rule_fits_is_refused(

@@ -158,9 +158,9 @@ def llama_server(
     for flash attention off with an f32 KV cache, ``"on"`` for anything else; logprobs may
     differ by it at every decode step, greedy tokens must agree (the report names the rule).
     A family of :data:`.llama_tolerance.ONE_ROW` (Gemma 4) not in that exact configuration
-    runs both servers with ``-ub 1`` under ``--swa-full`` and is judged by its ``"ub1"`` rule;
-    without ``--swa-full`` or with another ``-ub`` no rule fits and it is refused unless
-    ``atol`` is given (:func:`.llama_tolerance.rule_mode`).
+    runs both servers with ``-ub 1`` under ``--swa-full`` with slots of their own KV (``-np 1``,
+    or ``-np N`` without ``-kvu``) and is judged by its ``"ub1"`` rule; otherwise no rule fits
+    and it is refused unless ``atol`` is given (:func:`.llama_tolerance.rule_mode`).
 
     ``concurrency`` (default: the slots ``-np`` gives when ``flags`` set it, else 1): requests
     sent at once (the waves property). ``claims``: read ``cached_tokens``, ``timings.cache_n``

@@ -78,6 +78,7 @@ LLAMA_ATOL: dict[tuple[str, str], float] = {
 #: one-token bug measured on them: the preset judges them in mode ``"ub1"``.
 ONE_ROW = frozenset({"gemma4"})
 _UB = ("-ub", "--ubatch-size")
+_NP = ("-np", "--parallel")
 #: How far a rule must stay from the noise below it and from the smallest bug above it.
 MARGIN = 1.5
 
@@ -96,26 +97,43 @@ def rule_mode(family: str, exact: bool, words: Sequence[str]) -> tuple[str, list
     f32 KV cache) with the flags ``words`` (argv words), and the flags the preset adds to both
     servers for it: ``"off"`` or ``"on"`` with none; for a family of :data:`ONE_ROW` not exact
     and with ``--swa-full``, ``"ub1"`` with ``-ub 1`` (none when ``words`` give it). Raises
-    :class:`EngineError` for such a family with the sliding-window cache or another
-    micro-batch: no rule separates its noise there from a one-token bug (pass ``atol`` to
-    judge it anyway)."""
+    :class:`EngineError` for such a family with the sliding-window cache, another micro-batch
+    or slots in a unified KV buffer: no rule separates its noise there from a one-token bug
+    (pass ``atol`` to judge it anyway)."""
     if exact or family not in ONE_ROW:
         return ("off" if exact else "on"), []
     ub = flag_value(words, _UB)
     why = None
     if "--swa-full" not in words:
-        why = "the sliding-window cache (no --swa-full): even with -ub 1"
+        why = "the sliding-window cache (no --swa-full), even with -ub 1"
     elif ub is not None and ub.strip() != "1":
-        why = f"-ub {ub}: at micro-batches above one row"
+        why = f"-ub {ub} (micro-batches above one row)"
+    elif _unified_slots(words):
+        why = (
+            "several slots in one unified KV buffer (-np auto or -kvu), where a row over 512 "
+            "cells or more, other slots' included, takes flash attention's split-KV kernel and "
+            "the cold server's does not"
+        )
     if why is not None:
         raise EngineError(
-            f"{family} with flash attention or an f16/quantized KV cache and {why} no tolerance "
-            "separates cached-vs-cold noise from a one-token cache bug (the noise measured "
-            "reaches the smallest bug: engines/llama/NOTES.md). Verify it with -fa off and an "
-            "f32 KV cache, or with --swa-full and no -ub (the preset runs both servers with "
-            "-ub 1, where they agree exactly), or pass atol"
+            f"{family} with flash attention or an f16/quantized KV cache and {why}: no "
+            "tolerance separates cached-vs-cold noise from a one-token cache bug (the noise "
+            "measured reaches the smallest bug: engines/llama/NOTES.md). Verify it with -fa off "
+            "and an f32 KV cache, or with --swa-full, -np 1 (or -np N without -kvu) and no -ub "
+            "(the preset runs both servers with -ub 1, where they agree exactly), or pass atol"
         )
     return "ub1", ([] if ub is not None else ["-ub", "1"])
+
+
+def _unified_slots(words: Sequence[str]) -> bool:
+    """Whether ``words`` give llama-server several slots in one unified KV buffer: ``-np``
+    auto (4 slots, unified whatever else is given: server.cpp) or ``-kvu``."""
+    raw = flag_value(words, _NP)
+    try:
+        n = -1 if raw is None else int(raw)
+    except ValueError:
+        raise EngineError(f"-np {raw!r} is not an int") from None
+    return n < 0 or (n > 1 and any(w in ("-kvu", "--kv-unified") for w in words))
 
 
 def rule_problems(
