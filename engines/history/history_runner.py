@@ -278,6 +278,18 @@ def first_failure_seconds(log: str) -> int | None:
     return first[0] if first else None
 
 
+def stamped(suite: dict[str, Any], log: str) -> tuple[float | None, int | None]:
+    """(seconds, examples) to the first failure: the report's own stamp (``first_failure``,
+    the moment any failure happened, a timeout's as it fired), else, in a report written
+    before the plugin stamped it, the first progress line that counts one (:func:`first_failure`;
+    None when the failure ended the run before a line did)."""
+    first = suite.get("first_failure")
+    if isinstance(first, dict) and first.get("seconds") is not None:
+        return float(first["seconds"]), first.get("streams")
+    line = first_failure(log)
+    return (float(line[0]), line[1]) if line else (None, None)
+
+
 def stream_size(stream_dir: str | None) -> int | None:
     """Requests in a saved (shrunk) stream, or None without one."""
     path = Path(stream_dir or "") / "stream.json"
@@ -310,8 +322,9 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "example": first.get("summary"),
         "test": first.get("test"),
         "shrunk_requests": stream_size(first.get("stream_dir")),
-        "seconds_to_failure": first_failure_seconds(log) if failures else None,
-        "examples_to_failure": (first_failure(log) or (None, None))[1] if failures else None,
+        "seconds_to_failure": stamped(suite, log)[0] if failures else None,
+        "examples_to_failure": stamped(suite, log)[1] if failures else None,
+        "slowest_call": suite.get("slowest_call"),  # what a correct side's timeout needs
         "requests": suite.get("requests"),
         "cache_hits": suite.get("cache_hits"),
         "failures_by_check": suite.get("failures_by_check") or {},
