@@ -75,6 +75,13 @@ PRESETS = {
 NOCACHE = "engines.history.history_nocache"
 EXAMPLES = 30
 SEED = 1
+#: --prefixcache-timeout by runner, where the default (60 s) is not the one to use: vLLM's,
+#: engines/vllm's (its first requests compile); mlx-lm's and mlx-vlm's, 30 s: a hung server's
+#: wait is most of a timeout row's time to its first failure, and the slowest answer of a
+#: correct side (report.json slowest_call; waves from their last arrival) was 6.6 s over the
+#: re-runs of 2026-11-28 at a load of 7-10 (docs/public-record.md says which). The seed engines
+#: keep 60 s: their cold runs restart a server inside the call (up to 32 s seen).
+TIMEOUTS = {"vllm": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(
     r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
@@ -256,7 +263,8 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
         f"--prefixcache-report={out / 'suite.json'}",
     ]
     argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
-    argv += ["--prefixcache-timeout=600"] if bug.runner == "vllm" else []  # engines/vllm's
+    if bug.runner in TIMEOUTS:
+        argv.append(f"--prefixcache-timeout={TIMEOUTS[bug.runner]:g}")
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
@@ -379,6 +387,7 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     result = parse(suite, log, code)
     shell = run.shell().replace(f"{ROOT}/", "")  # paths from the checkout's root
     result.update(version=version_of(bug, side), seconds=seconds, command=shell)
+    result["load"] = round(os.getloadavg()[1], 1)  # the 5-minute load as it ended: a shared host
     return result
 
 

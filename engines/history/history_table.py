@@ -117,7 +117,8 @@ def row(bug: Bug, result: dict[str, Any] | None, catalogue: Mapping[str, Bug] | 
         if seconds is None and b["verdict"].startswith("FAIL"):
             seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a result from before
         elif b.get("examples_to_failure") is not None:  # the plugin stamped its first failure
-            seconds = f"{seconds:g} ({b['examples_to_failure']})"
+            load = f"; load {b['load']:g}" if b.get("load") is not None else ""
+            seconds = f"{seconds:g} ({b['examples_to_failure']}{load})"
         cells = [title, where, b["version"], b["verdict"], b.get("check"), f["version"]]
         cells += [f["verdict"], seconds]
     return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result, catalogue)]) + " |"
@@ -207,7 +208,8 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "error), from the session's start (servers included), installs excluded; a result",
         "from before that stamp: the first progress line (one a second) that counts a failing",
         "example. On a shared 2-core machine at a load average of 4-11. In brackets: the",
-        "examples (streams, corpus scenarios included) run by then.",
+        "examples (streams, corpus scenarios included) run by then and, where recorded, the",
+        "5-minute load average as the run ended.",
         "",
         *summary(bugs, results),
         "",

@@ -148,6 +148,9 @@ def test_the_command_runs_the_stock_preset_with_the_entrys_budget(tmp_path: Path
     assert "--prefixcache-examples=7" in words and "--prefixcache-seed=1" in words
     assert f"--prefixcache-model={ROOT / 'fixtures' / 'tiny-llama'}" in words
     assert "-x" in words and "--prefixcache-progress=1" in words
+    assert "--prefixcache-timeout=30" in words  # history_runner.TIMEOUTS says why
+    seed = command(stub_bug(runner="rapid-mlx", concurrency=1), "buggy", Path("p"), tmp_path)
+    assert not any(w.startswith("--prefixcache-timeout") for w in seed.argv)  # the default
     assert run.env == {"PREFIXCACHE_CONCURRENCY": "8"}
     assert run.shell().startswith("PREFIXCACHE_CONCURRENCY=8 /v/bin/python -m pytest")
     whole = command(stub_bug(select="", examples=12), "fixed", Path("p"), tmp_path)
@@ -464,3 +467,12 @@ def test_every_miss_on_the_page_says_what_it_became_or_why() -> None:
     by_name = {b.name: b for b in bugs}
     bare = [b.name for b in bugs if outcome(b, results.get(b.name), by_name) == "missed"]
     assert not bare, f"misses without turned_into or why: {bare}"
+
+
+def test_a_stamped_row_shows_its_seconds_examples_and_load() -> None:
+    stamped: dict[str, Any] = _result("FAIL", "timeout", "PASS")
+    stamped["buggy"].update(seconds_to_failure=61.3, examples_to_failure=2, load=9.6)
+    assert "| 61.3 (2; load 9.6) |" in row(stub_bug(), stamped)
+    older: dict[str, Any] = _result("FAIL", "timeout", "PASS")  # the control: an older result
+    older["buggy"].update(seconds_to_failure=None, seconds=90.0)
+    assert "| <= 90.0 (the run's wall time) |" in row(stub_bug(), older)
