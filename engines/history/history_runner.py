@@ -332,6 +332,9 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "shrunk_requests": stream_size(first.get("stream_dir")),
         "seconds_to_failure": stamped(suite, log)[0] if failures else None,
         "examples_to_failure": stamped(suite, log)[1] if failures else None,
+        "timed_by": ("stamp" if suite.get("first_failure") else "progress line")
+        if failures
+        else None,
         "slowest_call": suite.get("slowest_call"),  # what a correct side's timeout needs
         "requests": suite.get("requests"),
         "cache_hits": suite.get("cache_hits"),

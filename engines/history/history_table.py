@@ -175,6 +175,12 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         if len(times) < len(sides)
         else f"measured on every one of the {len(sides)}"
     )
+    by_stamp = sum(x.get("timed_by") == "stamp" for x in sides)
+    if by_stamp:
+        unmeasured += (
+            f"; {by_stamp} by the plugin's stamp, {len(times) - by_stamp} by an older run's first "
+            "failing progress line"
+        )
     return [
         f"- catalogued: {len({b.reference for b in public})} public bugs across {len(engines)} "
         f"engines ({', '.join(engines)}) in {len(public)} entries (a bug run in several "

@@ -416,6 +416,7 @@ def test_the_seconds_to_the_first_failure_are_the_reports_own_stamp() -> None:
     stamp = {"seconds": 61.3, "check": "timeout", "streams": 2, "requests": 1}
     got = parse({**failed, "first_failure": stamp, "slowest_call": 0.8}, quiet, 1)
     assert (got["seconds_to_failure"], got["examples_to_failure"]) == (61.3, 2)
+    assert got["timed_by"] == "stamp" and parse(failed, LOG, 1)["timed_by"] == "progress line"
     assert got["slowest_call"] == 0.8
     # the stamp wins over a later progress line; an older report falls back to the line
     assert parse({**failed, "first_failure": stamp}, LOG, 1)["seconds_to_failure"] == 61.3
@@ -476,3 +477,13 @@ def test_a_stamped_row_shows_its_seconds_examples_and_load() -> None:
     older: dict[str, Any] = _result("FAIL", "timeout", "PASS")  # the control: an older result
     older["buggy"].update(seconds_to_failure=None, seconds=90.0)
     assert "| <= 90.0 (the run's wall time) |" in row(stub_bug(), older)
+
+
+def test_the_median_says_how_each_time_was_measured() -> None:
+    one, two = stub_bug(), stub_bug(name="x-2-two", reference="o/r#2")
+    new: dict[str, Any] = _result("FAIL", "equivalence", "PASS")
+    new["buggy"].update(seconds_to_failure=30.0, examples_to_failure=2, timed_by="stamp")
+    old = _result("FAIL", "equivalence", "PASS")  # seconds_to_failure 5, from a progress line
+    page = render([one, two], {one.name: new, two.name: old})
+    assert "over the caught rows: 17.5 s (measured on every one of the 2; 1 by the plugin" in page
+    assert "one of the 2; 1 by the plugin's stamp, 1 by an older run's first failing" in page
