@@ -76,11 +76,10 @@ NOCACHE = "engines.history.history_nocache"
 EXAMPLES = 30
 SEED = 1
 #: --prefixcache-timeout by runner, where the default (60 s) is not the one to use: vLLM's,
-#: engines/vllm's (its first requests compile); mlx-lm's and mlx-vlm's, 30 s: a hung server's
-#: wait is most of a timeout row's time to its first failure, and the slowest answer of a
-#: correct side (report.json slowest_call; waves from their last arrival) was 6.6 s over the
-#: re-runs of 2026-11-28 at a load of 7-10 (docs/public-record.md says which). The seed engines
-#: keep 60 s: their cold runs restart a server inside the call (up to 32 s seen).
+#: engines/vllm's (its first requests compile); mlx-lm's and mlx-vlm's 30 s: a hung server's
+#: wait was most of a timeout row's time to its first failure, and a correct side answers far
+#: faster (each result's slowest_call; docs/public-record.md shows the slowest by runner). The
+#: seed engines keep 60 s: their cold runs restart a server inside the call.
 TIMEOUTS = {"vllm": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from history_catalogue import OURS, Bug
-from history_runner import UNCHECKABLE
+from history_runner import TIMEOUTS, UNCHECKABLE
+
+from pytest_prefixcache.verify.worker import DEFAULT_TIMEOUT
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
@@ -149,6 +151,24 @@ def misses(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def slowest(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
+    """The slowest answer of a version with the fix, by runner (report.json's slowest_call,
+    over the results that record it): what each runner's --prefixcache-timeout must exceed."""
+    worst: dict[str, tuple[float, str]] = {}
+    for b in bugs:
+        call = (results.get(b.name) or {}).get("fixed", {}).get("slowest_call")
+        if call is not None and call > worst.get(b.runner, (-1.0, ""))[0]:
+            worst[b.runner] = (call, b.name)
+    shown = "; ".join(
+        f"{runner} {call:.2f} s ({name}, timeout {TIMEOUTS.get(runner, DEFAULT_TIMEOUT):g} s)"
+        for runner, (call, name) in sorted(worst.items())
+    )
+    return (
+        "- slowest answer of a version with the fix (report.json's slowest_call, a wave's from "
+        f"its last arrival; the results that record it), by runner: {shown or 'none recorded'}"
+    )
+
+
 def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str]:
     ran = [b for b in bugs if b.name in results]
     kinds = [outcome(b, results[b.name]) for b in ran]
@@ -193,6 +213,7 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"{len(ran) - len(caught_rows) - n_missed}; distinct public bugs caught in at "
         f"least one configuration: {len({b.reference for b in caught_rows if b.engine != OURS})}",
         misses(bugs, results),
+        slowest(bugs, results),
         f"- median seconds to the first failure over the caught rows: {median} ({unmeasured}); "
         "median examples (generated streams, corpus scenarios included) run by then: "
         f"{median_examples} (over {len(counted)} of {len(sides)})",

@@ -487,3 +487,20 @@ def test_the_median_says_how_each_time_was_measured() -> None:
     page = render([one, two], {one.name: new, two.name: old})
     assert "over the caught rows: 17.5 s (measured on every one of the 2; 1 by the plugin" in page
     assert "one of the 2; 1 by the plugin's stamp, 1 by an older run's first failing" in page
+
+
+def test_the_slowest_answer_of_a_fixed_side_is_shown_by_runner() -> None:
+    from history_table import slowest
+
+    fast, slow = stub_bug(), stub_bug(name="x-2-slow", reference="o/r#2")
+    seed = stub_bug(name="x-3-seed", reference="o/r#3", runner="rapid-mlx", concurrency=1)
+    results: dict[str, dict[str, Any]] = {
+        b.name: _result("FAIL", "equivalence", "PASS") for b in (fast, slow, seed)
+    }
+    results[fast.name]["fixed"]["slowest_call"] = 1.5
+    results[slow.name]["fixed"]["slowest_call"] = 4.25
+    results[seed.name]["fixed"]["slowest_call"] = 41.8
+    line = slowest([fast, slow, seed], results)
+    assert "mlx-lm 4.25 s (x-2-slow, timeout 30 s); " in line
+    assert "rapid-mlx 41.80 s (x-3-seed, timeout 60 s)" in line
+    assert slowest([fast], {}).endswith("none recorded")  # the control: nothing recorded
