@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from .errors import PrefixCacheError
-from .output.report import FailureRecord, Report
+from .output.report import Report
 from .output.run_file import recorded_environment
 from .output.streams import load_stream
 from .package_data import MODEL_ENV
@@ -337,15 +337,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if xd.is_worker(config) or not settings_of(config).verify or config.option.collectonly:
         return
     rep = report_of(config)
-    slots = slots_of(config)
-    recorded = {f.test for slot in slots.values() for f in slot.report.failures}
     failed = config.pluginmanager.get_plugin("prefixcache-failed")
-    for nodeid, line in getattr(failed, "lines", {}).items():
-        if nodeid not in recorded:  # a test error, an isolation failure, a crashed worker
-            name = getattr(failed, "configs", {}).get(nodeid, "")
-            into = slots[name].report if name in slots else rep
-            text = getattr(failed, "texts", {}).get(nodeid, "")
-            into.failures.append(FailureRecord("error", nodeid, line, message=text))
+    if isinstance(failed, FailedTests):  # a test error, an isolation failure, a crashed worker
+        reports = {name: slot.report for name, slot in slots_of(config).items()}
+        failed.record_errors(rep, reports, config.stash.get(START_KEY, 0.0))
     if is_matrix(config):
         assemble(config)
     # A verification that ran no request, whose correctness checks could not all run, or

@@ -27,7 +27,10 @@ servers (``"2 of 3"``): a catch whose stream never fails again is reported as un
 suite's corpus (``test_corpus``): the request shape a bug needs that neither the built-in
 scenarios nor the generated streams send;
 ``served_as``: a hub repository id the seed engines' servers load the fixture under
-(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases).
+(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases);
+``turned_into``: on an entry whose run missed its bug, the entry (same reference) whose new
+capability (a scenario, server flags, another fixture: what its row adds) catches it; a miss
+without one says in ``why`` why the suite cannot reach it.
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ OPTIONAL = {
     "replays": str,
     "corpus": str,
     "served_as": str,
+    "turned_into": str,
 }
 
 
@@ -151,6 +155,7 @@ class Bug:
     replays: str = ""
     corpus: str = ""
     served_as: str = ""
+    turned_into: str = ""
 
     @property
     def runs(self) -> bool:
@@ -253,6 +258,14 @@ def loads(checks: Iterable[str], text: str, where: str = "bugs.toml") -> list[Bu
         if bug.name in seen:
             raise CatalogueError(f"bug {bug.name!r}: the name is given twice")
         seen.add(bug.name)
+    by_name = {b.name: b for b in bugs}
+    for bug in bugs:
+        into = by_name.get(bug.turned_into)
+        if bug.turned_into and (into is None or into is bug or into.reference != bug.reference):
+            raise CatalogueError(
+                f"bug {bug.name!r}.turned_into: {bug.turned_into!r} is not another entry of "
+                f"{bug.reference}"
+            )
     return bugs
 
 

@@ -75,6 +75,12 @@ PRESETS = {
 NOCACHE = "engines.history.history_nocache"
 EXAMPLES = 30
 SEED = 1
+#: --prefixcache-timeout by runner, where the default (60 s) is not the one to use: vLLM's,
+#: engines/vllm's (its first requests compile); mlx-lm's and mlx-vlm's 30 s: a hung server's
+#: wait was most of a timeout row's time to its first failure, and a correct side answers far
+#: faster (each result's slowest_call; docs/public-record.md shows the slowest by runner). The
+#: seed engines keep 60 s: their cold runs restart a server inside the call.
+TIMEOUTS = {"vllm": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(
     r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
@@ -256,7 +262,8 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
         f"--prefixcache-report={out / 'suite.json'}",
     ]
     argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
-    argv += ["--prefixcache-timeout=600"] if bug.runner == "vllm" else []  # engines/vllm's
+    if bug.runner in TIMEOUTS:
+        argv.append(f"--prefixcache-timeout={TIMEOUTS[bug.runner]:g}")
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
@@ -276,6 +283,18 @@ def first_failure_seconds(log: str) -> int | None:
     """The clock of :func:`first_failure`, or None."""
     first = first_failure(log)
     return first[0] if first else None
+
+
+def stamped(suite: dict[str, Any], log: str) -> tuple[float | None, int | None]:
+    """(seconds, examples) to the first failure: the report's own stamp (``first_failure``,
+    the moment any failure happened, a timeout's as it fired), else, in a report written
+    before the plugin stamped it, the first progress line that counts one (:func:`first_failure`;
+    None when the failure ended the run before a line did)."""
+    first = suite.get("first_failure")
+    if isinstance(first, dict) and first.get("seconds") is not None:
+        return float(first["seconds"]), first.get("streams")
+    line = first_failure(log)
+    return (float(line[0]), line[1]) if line else (None, None)
 
 
 def stream_size(stream_dir: str | None) -> int | None:
@@ -310,8 +329,12 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
         "example": first.get("summary"),
         "test": first.get("test"),
         "shrunk_requests": stream_size(first.get("stream_dir")),
-        "seconds_to_failure": first_failure_seconds(log) if failures else None,
-        "examples_to_failure": (first_failure(log) or (None, None))[1] if failures else None,
+        "seconds_to_failure": stamped(suite, log)[0] if failures else None,
+        "examples_to_failure": stamped(suite, log)[1] if failures else None,
+        "timed_by": ("stamp" if suite.get("first_failure") else "progress line")
+        if failures
+        else None,
+        "slowest_call": suite.get("slowest_call"),  # what a correct side's timeout needs
         "requests": suite.get("requests"),
         "cache_hits": suite.get("cache_hits"),
         "failures_by_check": suite.get("failures_by_check") or {},
@@ -366,6 +389,7 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     result = parse(suite, log, code)
     shell = run.shell().replace(f"{ROOT}/", "")  # paths from the checkout's root
     result.update(version=version_of(bug, side), seconds=seconds, command=shell)
+    result["load"] = round(os.getloadavg()[1], 1)  # the 5-minute load as it ended: a shared host
     return result
 
 

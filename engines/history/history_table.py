@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from history_catalogue import OURS, Bug
-from history_runner import UNCHECKABLE
+from history_runner import TIMEOUTS, UNCHECKABLE
+
+from pytest_prefixcache.verify.worker import DEFAULT_TIMEOUT
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "public-record.md"
 COMMAND = "engines/history/run.sh table"
@@ -40,8 +42,40 @@ def passes(side: dict[str, Any]) -> bool:
     return side["verdict"] == "PARTIAL" and bool(gaps) and gaps <= set(UNCHECKABLE)
 
 
-def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
-    """caught, caught (other check), missed, false alarm, error or not run."""
+def reach(bug: Bug) -> list[str]:
+    """How an entry's run reaches its bug: the fixture, the server flags, the waves, no tap,
+    the corpus scenario it adds (engines/history/corpus/)."""
+    out = [bug.model] if bug.model not in ("none", "hf", "gguf") else []
+    out += [f"`{bug.flags}`"] if bug.flags else []
+    if bug.concurrency > 1:
+        out.append(f"waves of {bug.concurrency}")
+    if not bug.tap:
+        out.append("no tap")
+    if bug.corpus:
+        out.append(f"scenario {bug.corpus.removesuffix('.json')}")
+    return out
+
+
+def capability(miss: Bug, catch: Bug) -> str:
+    """What ``catch``'s run adds to ``miss``'s: its :func:`reach` beyond the miss's."""
+    added = [x for x in reach(catch) if x not in reach(miss)]
+    return ", ".join(added) or "the same configuration"
+
+
+def missed(bug: Bug, catalogue: Mapping[str, Bug]) -> str:
+    """A miss's outcome: the entry its ``turned_into`` names and the capability that entry
+    adds, or why the suite cannot reach it (``why``)."""
+    into = catalogue.get(bug.turned_into)
+    if into is not None:
+        return f"missed; turned into {into.name} by a new capability: {capability(bug, into)}"
+    return "missed" + (f": {bug.why}" if bug.why else "")
+
+
+def outcome(
+    bug: Bug, result: dict[str, Any] | None, catalogue: Mapping[str, Bug] | None = None
+) -> str:
+    """caught, caught (other check), missed (and what it was turned into, or why), false
+    alarm, error or not run; ``catalogue``: the entries by name (a miss's ``turned_into``)."""
     if result is None:
         return "not run" + (f": {bug.why}" if bug.why else "")
     buggy, fixed = result["buggy"], result["fixed"]
@@ -50,7 +84,7 @@ def outcome(bug: Bug, result: dict[str, Any] | None) -> str:
     if buggy["verdict"].startswith("INCONCLUSIVE"):
         return "inconclusive: the buggy version's run neither failed nor passed (see the notes)"
     if not buggy["verdict"].startswith("FAIL"):
-        return "missed"
+        return missed(bug, catalogue or {})
     if fixed["verdict"].startswith("FAIL"):
         if bug.fixed_fails:
             return f"the fixed version fails ({fixed.get('check')}): {bug.fixed_fails}"
@@ -74,16 +108,8 @@ def _cell(text: Any) -> str:
     return str(text if text not in (None, "") else "-").replace("|", "\\|").replace("\n", " ")
 
 
-def row(bug: Bug, result: dict[str, Any] | None) -> str:
-    reach = [bug.model] if bug.model not in ("none", "hf", "gguf") else []
-    reach += [f"`{bug.flags}`"] if bug.flags else []
-    if bug.concurrency > 1:
-        reach.append(f"waves of {bug.concurrency}")
-    if not bug.tap:
-        reach.append("no tap")
-    if bug.corpus:  # the request shape the run adds (engines/history/corpus/)
-        reach.append(f"scenario {bug.corpus.removesuffix('.json')}")
-    where = f"{bug.engine}" + (f" ({', '.join(reach)})" if reach else "")
+def row(bug: Bug, result: dict[str, Any] | None, catalogue: Mapping[str, Bug] | None = None) -> str:
+    where = f"{bug.engine}" + (f" ({', '.join(reach(bug))})" if reach(bug) else "")
     title = f"{bug.reference}: {bug.description} (class {bug.bug_class})"
     if result is None:
         cells = [title, where, bug.buggy, "-", f"({bug.check})", bug.fixed, "-", "-"]
@@ -91,42 +117,90 @@ def row(bug: Bug, result: dict[str, Any] | None) -> str:
         b, f = result["buggy"], result["fixed"]
         seconds: Any = b.get("seconds_to_failure")
         if seconds is None and b["verdict"].startswith("FAIL"):
-            seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a timeout: no progress
-        elif b.get("examples_to_failure") is not None:
-            seconds = f"{seconds} ({b['examples_to_failure']})"
+            seconds = f"<= {b.get('seconds')} (the run's wall time)"  # a result from before
+        elif b.get("examples_to_failure") is not None:  # the plugin stamped its first failure
+            load = f"; load {b['load']:g}" if b.get("load") is not None else ""
+            seconds = f"{seconds:g} ({b['examples_to_failure']}{load})"
         cells = [title, where, b["version"], b["verdict"], b.get("check"), f["version"]]
         cells += [f["verdict"], seconds]
-    return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result)]) + " |"
+    return "| " + " | ".join(_cell(c) for c in [*cells, outcome(bug, result, catalogue)]) + " |"
+
+
+def _caught(kind: str) -> bool:
+    return kind == "caught" or kind.startswith("caught once")
+
+
+def misses(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
+    """The misses, counted from the results: how many were turned into a caught entry by a
+    new capability (``turned_into``, named with what it adds) and which are still missed."""
+    by_name = {b.name: b for b in bugs}
+    ran = [b for b in bugs if b.name in results]
+    missed_rows = [b for b in ran if outcome(b, results[b.name]).startswith("missed")]
+    turned = [
+        (b, by_name[b.turned_into])
+        for b in missed_rows
+        if b.turned_into in results
+        and _caught(outcome(by_name[b.turned_into], results[b.turned_into]))
+    ]
+    names = "; ".join(f"{b.name} by {c.name} ({capability(b, c)})" for b, c in turned)
+    rest = [b.name for b in missed_rows if b not in {t for t, _ in turned}]
+    return (
+        f"- misses: {len(missed_rows)}, of which {len(turned)} turned into catches by a new "
+        f"capability" + (f": {names}" if names else "") + "; still missed, each with its "
+        f"reason in its row: {', '.join(rest) or 'none'}"
+    )
+
+
+def slowest(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
+    """The slowest answer of a version with the fix, by runner (report.json's slowest_call,
+    over the results that record it): what each runner's --prefixcache-timeout must exceed."""
+    worst: dict[str, tuple[float, str]] = {}
+    for b in bugs:
+        call = (results.get(b.name) or {}).get("fixed", {}).get("slowest_call")
+        if call is not None and call > worst.get(b.runner, (-1.0, ""))[0]:
+            worst[b.runner] = (call, b.name)
+    shown = "; ".join(
+        f"{runner} {call:.2f} s ({name}, timeout {TIMEOUTS.get(runner, DEFAULT_TIMEOUT):g} s)"
+        for runner, (call, name) in sorted(worst.items())
+    )
+    return (
+        "- slowest answer of a version with the fix (report.json's slowest_call, a wave's from "
+        f"its last arrival; the results that record it), by runner: {shown or 'none recorded'}"
+    )
 
 
 def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str]:
     ran = [b for b in bugs if b.name in results]
     kinds = [outcome(b, results[b.name]) for b in ran]
-    caught = [
-        results[b.name]["buggy"].get("seconds_to_failure")
-        for b, k in zip(ran, kinds)
-        if k == "caught" or k.startswith("caught once")
-    ]
-    times = [s for s in caught if s is not None]
+    caught_rows = [b for b, k in zip(ran, kinds) if _caught(k)]
+    sides = [results[b.name]["buggy"] for b in caught_rows]
+    times = [x["seconds_to_failure"] for x in sides if x.get("seconds_to_failure") is not None]
     median = f"{statistics.median(times):g} s" if times else "n/a"
-    caught_rows = [b for b, k in zip(ran, kinds) if k == "caught" or k.startswith("caught once")]
-    bounded = [  # a timeout counted at its run's wall time, an upper bound
-        results[b.name]["buggy"].get("seconds_to_failure")
-        if results[b.name]["buggy"].get("seconds_to_failure") is not None
-        else results[b.name]["buggy"].get("seconds")
-        for b in caught_rows
+    bounded = [  # a result without a stamp counted at its run's wall time, an upper bound
+        x["seconds_to_failure"] if x.get("seconds_to_failure") is not None else x.get("seconds")
+        for x in sides
     ]
     bounded = [x for x in bounded if x is not None]
     median_bounded = f"{statistics.median(bounded):g} s" if bounded else "n/a"
-    examples = [
-        results[b.name]["buggy"].get("examples_to_failure")
-        for b, k in zip(ran, kinds)
-        if k == "caught" or k.startswith("caught once")
-    ]
-    counted = [e for e in examples if e is not None]
+    counted = [x["examples_to_failure"] for x in sides if x.get("examples_to_failure") is not None]
     median_examples = f"{statistics.median(counted):g}" if counted else "n/a"
+    n_missed = sum(k.startswith("missed") for k in kinds)
     public = [b for b in bugs if b.engine != OURS]
     engines = sorted({b.engine for b in public})
+    unmeasured = (
+        f"over {len(times)} of {len(sides)}: the other {len(sides) - len(times)} ran before the "
+        "plugin stamped its first failure, and a timeout or a last scenario ended their test "
+        "before a progress line counted it; counting those at their run's wall time (an upper "
+        f"bound): {median_bounded} over {len(bounded)}"
+        if len(times) < len(sides)
+        else f"measured on every one of the {len(sides)}"
+    )
+    by_stamp = sum(x.get("timed_by") == "stamp" for x in sides)
+    if by_stamp:
+        unmeasured += (
+            f"; {by_stamp} by the plugin's stamp, {len(times) - by_stamp} by an older run's first "
+            "failing progress line"
+        )
     return [
         f"- catalogued: {len({b.reference for b in public})} public bugs across {len(engines)} "
         f"engines ({', '.join(engines)}) in {len(public)} entries (a bug run in several "
@@ -134,16 +208,15 @@ def summary(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> list[str
         f"versions seen installable; and {len(bugs) - len(public)} regression rows of this "
         "repository",
         f"- run: {len(ran)}; caught by the expected check with the fix passing: "
-        f"{len(caught)}, of which {len(caught) - kinds.count('caught')} unconfirmed (the saved "
-        f"stream did not fail again alone); missed: {kinds.count('missed')}; other: "
-        f"{len(ran) - len(caught) - kinds.count('missed')}; distinct public bugs caught in at "
+        f"{len(caught_rows)}, of which {len(caught_rows) - kinds.count('caught')} unconfirmed "
+        f"(the saved stream did not fail again alone); missed: {n_missed}; other: "
+        f"{len(ran) - len(caught_rows) - n_missed}; distinct public bugs caught in at "
         f"least one configuration: {len({b.reference for b in caught_rows if b.engine != OURS})}",
-        f"- median seconds to the first failure over the caught rows: {median} (over "
-        f"{len(times)} of {len(caught)}: a timeout ends its test before any progress line "
-        "counts it, so only the run's wall time bounds it); median examples (generated "
-        f"streams, corpus scenarios included) run by then: {median_examples} (over "
-        f"{len(counted)} of {len(caught)}); counting each timeout at its run's wall time (an "
-        f"upper bound): {median_bounded} over {len(bounded)}",
+        misses(bugs, results),
+        slowest(bugs, results),
+        f"- median seconds to the first failure over the caught rows: {median} ({unmeasured}); "
+        "median examples (generated streams, corpus scenarios included) run by then: "
+        f"{median_examples} (over {len(counted)} of {len(sides)})",
     ]
 
 
@@ -157,16 +230,19 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "on the version with the fix (`engines/history/run.sh NAME`), seed 1, a bounded example",
         "budget, stopping at the first failing test; the command of every run is in its",
         "results file (run from the checkout's root with `PYTHONPATH=.`, as run.sh does).",
-        "Seconds to the first failure: the plugin's first progress line (one a second) that",
-        "counts a failing example, from the session's start (servers included), installs",
-        "excluded; on a shared 2-core machine at a load average of 6-11. In brackets: the",
-        "examples (streams, corpus scenarios included) that line counts.",
+        "Seconds to the first failure: the moment the plugin stamped its first failure of any",
+        "kind (report.json's first_failure: a check's problem, a timeout as it fired, a test's",
+        "error), from the session's start (servers included), installs excluded; a result",
+        "from before that stamp: the first progress line (one a second) that counts a failing",
+        "example. On a shared 2-core machine at a load average of 4-11. In brackets: the",
+        "examples (streams, corpus scenarios included) run by then and, where recorded, the",
+        "5-minute load average as the run ended.",
         "",
         *summary(bugs, results),
         "",
         HEADER,
         "|" + "---|" * 9,
-        *(row(b, results.get(b.name)) for b in bugs),
+        *(row(b, results.get(b.name), {x.name: x for x in bugs}) for b in bugs),
         "",
         "## Notes on the runs",
         "",

@@ -148,6 +148,9 @@ def test_the_command_runs_the_stock_preset_with_the_entrys_budget(tmp_path: Path
     assert "--prefixcache-examples=7" in words and "--prefixcache-seed=1" in words
     assert f"--prefixcache-model={ROOT / 'fixtures' / 'tiny-llama'}" in words
     assert "-x" in words and "--prefixcache-progress=1" in words
+    assert "--prefixcache-timeout=30" in words  # history_runner.TIMEOUTS says why
+    seed = command(stub_bug(runner="rapid-mlx", concurrency=1), "buggy", Path("p"), tmp_path)
+    assert not any(w.startswith("--prefixcache-timeout") for w in seed.argv)  # the default
     assert run.env == {"PREFIXCACHE_CONCURRENCY": "8"}
     assert run.shell().startswith("PREFIXCACHE_CONCURRENCY=8 /v/bin/python -m pytest")
     whole = command(stub_bug(select="", examples=12), "fixed", Path("p"), tmp_path)
@@ -312,7 +315,7 @@ def _result(buggy: str, check: str | None, fixed: str) -> dict[str, object]:
 def test_the_outcome_names_catches_misses_and_false_alarms() -> None:
     bug = stub_bug()
     assert outcome(bug, _result("FAIL", "equivalence", "PASS")) == "caught"
-    assert outcome(bug, _result("PASS", None, "PASS")) == "missed"
+    assert outcome(bug, _result("PASS", None, "PASS")) == "missed"  # no turned_into, no why
     assert outcome(bug, _result("INCONCLUSIVE", None, "PASS")).startswith("inconclusive")
     unclean = _result("FAIL", "equivalence", "INCONCLUSIVE")  # no clean fixed side: no catch
     assert outcome(bug, unclean) == "the fixed version is inconclusive"
@@ -404,3 +407,100 @@ def test_an_entry_runs() -> None:
 def test_the_run_words_are_shell_quoted() -> None:
     run = Run(["p", "-k", "a or b"], {"X": "1 2"}, Path("."))
     assert run.shell() == "X='1 2' p -k 'a or b'"
+
+
+def test_the_seconds_to_the_first_failure_are_the_reports_own_stamp() -> None:
+    quiet = LOG.splitlines()[0]  # a timeout ended the test before any line counted it
+    failed = {"verdict": "FAIL", "requests": 2, "failures": [{"check": "timeout"}]}
+    assert parse(failed, quiet, 1)["seconds_to_failure"] is None  # the control: no stamp
+    stamp = {"seconds": 61.3, "check": "timeout", "streams": 2, "requests": 1}
+    got = parse({**failed, "first_failure": stamp, "slowest_call": 0.8}, quiet, 1)
+    assert (got["seconds_to_failure"], got["examples_to_failure"]) == (61.3, 2)
+    assert got["timed_by"] == "stamp" and parse(failed, LOG, 1)["timed_by"] == "progress line"
+    assert got["slowest_call"] == 0.8
+    # the stamp wins over a later progress line; an older report falls back to the line
+    assert parse({**failed, "first_failure": stamp}, LOG, 1)["seconds_to_failure"] == 61.3
+    assert parse(failed, LOG, 1)["seconds_to_failure"] == 69
+
+
+def test_a_miss_names_the_entry_it_was_turned_into_and_the_summary_counts_it() -> None:
+    miss = stub_bug(name="x-1-miss", turned_into="x-1-thing")
+    catch = stub_bug(corpus="next_turn_while_decoding.json", tap=False)
+    other = stub_bug(name="x-2-miss", reference="o/r#2", why="it needs a GPU kernel")
+    bugs = [catch, miss, other]
+    results = {
+        catch.name: _result("FAIL", "equivalence", "PASS"),
+        miss.name: _result("PASS", None, "PASS"),
+        other.name: _result("PASS", None, "PASS"),
+    }
+    by_name = {b.name: b for b in bugs}
+    assert outcome(miss, results[miss.name], by_name) == (
+        "missed; turned into x-1-thing by a new capability: no tap, "
+        "scenario next_turn_while_decoding"
+    )
+    assert outcome(other, results[other.name], by_name) == "missed: it needs a GPU kernel"
+    page = render(bugs, results)
+    assert (
+        "- misses: 2, of which 1 turned into catches by a new capability: x-1-miss by x-1-thing "
+        "(no tap, scenario next_turn_while_decoding); still missed, each with its reason in its "
+        "row: x-2-miss" in page
+    )
+    # the control: a miss turned into an entry that is not caught is not counted as turned
+    results[catch.name] = _result("FAIL", "equivalence", "FAIL")
+    assert "- misses: 2, of which 0 turned into catches" in render(bugs, results)
+
+
+@pytest.mark.parametrize("into", ["x-1-again", "x-9-nowhere", "x-2-other"])
+def test_turned_into_names_another_entry_of_the_same_bug(into: str) -> None:
+    second = GOOD.replace('name = "x-1-thing"', 'name = "x-1-again"')
+    other = GOOD.replace('name = "x-1-thing"', 'name = "x-2-other"').replace("#1", "#2")
+    text = GOOD + second.replace("runner", f'turned_into = "{into}"\nrunner') + other
+    with pytest.raises(CatalogueError, match=re.escape(f"'x-1-again'.turned_into: '{into}'")):
+        loads(CHECKS, text)
+    fine = GOOD + second.replace("runner", 'turned_into = "x-1-thing"\nrunner') + other
+    assert loads(CHECKS, fine)[1].turned_into == "x-1-thing"  # the control
+
+
+def test_every_miss_on_the_page_says_what_it_became_or_why() -> None:
+    from history_runner import RESULTS
+
+    bugs, results = load(CHECKS), load_results(RESULTS)
+    by_name = {b.name: b for b in bugs}
+    bare = [b.name for b in bugs if outcome(b, results.get(b.name), by_name) == "missed"]
+    assert not bare, f"misses without turned_into or why: {bare}"
+
+
+def test_a_stamped_row_shows_its_seconds_examples_and_load() -> None:
+    stamped: dict[str, Any] = _result("FAIL", "timeout", "PASS")
+    stamped["buggy"].update(seconds_to_failure=61.3, examples_to_failure=2, load=9.6)
+    assert "| 61.3 (2; load 9.6) |" in row(stub_bug(), stamped)
+    older: dict[str, Any] = _result("FAIL", "timeout", "PASS")  # the control: an older result
+    older["buggy"].update(seconds_to_failure=None, seconds=90.0)
+    assert "| <= 90.0 (the run's wall time) |" in row(stub_bug(), older)
+
+
+def test_the_median_says_how_each_time_was_measured() -> None:
+    one, two = stub_bug(), stub_bug(name="x-2-two", reference="o/r#2")
+    new: dict[str, Any] = _result("FAIL", "equivalence", "PASS")
+    new["buggy"].update(seconds_to_failure=30.0, examples_to_failure=2, timed_by="stamp")
+    old = _result("FAIL", "equivalence", "PASS")  # seconds_to_failure 5, from a progress line
+    page = render([one, two], {one.name: new, two.name: old})
+    assert "over the caught rows: 17.5 s (measured on every one of the 2; 1 by the plugin" in page
+    assert "one of the 2; 1 by the plugin's stamp, 1 by an older run's first failing" in page
+
+
+def test_the_slowest_answer_of_a_fixed_side_is_shown_by_runner() -> None:
+    from history_table import slowest
+
+    fast, slow = stub_bug(), stub_bug(name="x-2-slow", reference="o/r#2")
+    seed = stub_bug(name="x-3-seed", reference="o/r#3", runner="rapid-mlx", concurrency=1)
+    results: dict[str, dict[str, Any]] = {
+        b.name: _result("FAIL", "equivalence", "PASS") for b in (fast, slow, seed)
+    }
+    results[fast.name]["fixed"]["slowest_call"] = 1.5
+    results[slow.name]["fixed"]["slowest_call"] = 4.25
+    results[seed.name]["fixed"]["slowest_call"] = 41.8
+    line = slowest([fast, slow, seed], results)
+    assert "mlx-lm 4.25 s (x-2-slow, timeout 30 s); " in line
+    assert "rapid-mlx 41.80 s (x-3-seed, timeout 60 s)" in line
+    assert slowest([fast], {}).endswith("none recorded")  # the control: nothing recorded

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..checks.oracle import over_bound
 
-__all__ = ["FailureRecord", "RequestRecord"]
+__all__ = ["FailureRecord", "FirstFailure", "RequestRecord"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,19 @@ class FailureRecord:
     stream_dir: str | None = None
     request_index: int | None = None
     worker: str = ""
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The moment of a session's first failure of any kind: a check's problem, a timeout as it
+    fired, a test's error. ``seconds`` count from the session's start (its servers' starts
+    included); ``streams`` and ``requests`` are the examples and requests run by then (a
+    parallel lane's own; ``None``: a test's error, counted when its report came in)."""
+
+    seconds: float
+    check: str
+    streams: int | None = None
+    requests: int | None = None
 
 
 @dataclass(frozen=True)

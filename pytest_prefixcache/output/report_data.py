@@ -14,7 +14,7 @@ from typing import Any
 from ..checks.coverage import gap_lines, missing
 from ..checks.timing import FIRST_TOKEN, WHOLE_CALLS
 from .matrix import config_lines, worst
-from .records import FailureRecord, RequestRecord
+from .records import FailureRecord, FirstFailure, RequestRecord
 from .reuse import MIXED, efficiency_label, judged, totals
 
 __all__ = ["INCONCLUSIVE", "MAX_MESSAGE", "MAX_RECORDS", "ReportData"]
@@ -106,6 +106,12 @@ class ReportData:
     """Why no warm/cold time was compared (the engine's ``uncached_times_skewed``: e.g. its
     uncached runs restart a server), else empty."""
     failures: list[FailureRecord] = field(default_factory=list)
+    first_failure: FirstFailure | None = None
+    """When the first failure of any kind happened (:meth:`mark_failure`; the earliest of the
+    workers' and configurations')."""
+    slowest_call: float = 0.0
+    """The longest an engine call took to answer (a wave's requests: from its last arrival):
+    what ``--prefixcache-timeout`` bounds, so a timeout can be set from it."""
     records: list[RequestRecord] = field(default_factory=list)
     records_dropped: int = 0
     workers: int = 0
@@ -143,6 +149,13 @@ class ReportData:
         self.findings[check] = self.findings.get(check, 0) + 1
         if len(self.finding_examples) < MAX_FINDING_EXAMPLES:
             self.finding_examples.append(f"{check}: {line}")
+
+    def mark_failure(self, check: str, seconds: float, *, counted: bool = True) -> None:
+        """A failure of ``check`` happened ``seconds`` after the session's start: kept when it
+        is the first (``counted``: with the streams and requests run by then)."""
+        if self.first_failure is None or seconds < self.first_failure.seconds:
+            streams, requests = (self.streams, self.requests) if counted else (None, None)
+            self.first_failure = FirstFailure(round(seconds, 1), check, streams, requests)
 
     def count(self, check: str, outcome: str, n: int = 1) -> None:
         """One request (``n`` of them, or of a row's units) that ``check`` applied to
@@ -256,6 +269,12 @@ class ReportData:
         where = f"{worker}: {other.worst_diff_where}" if worker else other.worst_diff_where
         self.add_diff(other.worst_diff, where)
         self.worst_kl = max(self.worst_kl, other.worst_kl)
+        self.slowest_call = max(self.slowest_call, other.slowest_call)
+        first = other.first_failure
+        if first is not None and (
+            self.first_failure is None or first.seconds < self.first_failure.seconds
+        ):
+            self.first_failure = first
         self.failures.extend(f if f.worker else replace(f, worker=worker) for f in other.failures)
         for r in other.records:
             self.add_record(r if r.worker else replace(r, worker=worker))

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, fields
 from typing import Any, TypeVar
 
-from .records import FailureRecord, RequestRecord
+from .records import FailureRecord, FirstFailure, RequestRecord
 from .report_data import ReportData
 from .reuse import FIELDS
 
@@ -77,6 +77,8 @@ def report_to_json(report: ReportData) -> dict[str, Any]:
         **({"configs": report.configs} if report.configs else {}),
         "run": report.run,
         "run_file": report.run_file,
+        "first_failure": None if report.first_failure is None else asdict(report.first_failure),
+        "slowest_call": report.slowest_call,
         "failures": [asdict(f) for f in report.failures],
         "records_dropped": report.records_dropped,
         "records": [
@@ -91,8 +93,12 @@ def report_from_json(cls: type[R], data: dict[str, Any]) -> R:
     ValueError when ``data`` is not a report."""
     if not isinstance(data, dict) or "requests" not in data:
         raise ValueError("not a pytest-prefixcache report (no 'requests' field)")
-    scalars = {f.name for f in fields(cls)} - {"failures", "records"}
+    scalars = {f.name for f in fields(cls)} - {"failures", "records", "first_failure"}
     out = cls(**{k: data[k] for k in scalars if k in data})
+    first = data.get("first_failure")
+    if isinstance(first, dict):
+        keys = {f.name for f in fields(FirstFailure)}
+        out.first_failure = FirstFailure(**{k: v for k, v in first.items() if k in keys})
     for name in ("worst_diff", "worst_kl"):
         setattr(out, name, _number(getattr(out, name)))
     fail_keys = {f.name for f in fields(FailureRecord)}

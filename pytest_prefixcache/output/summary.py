@@ -170,6 +170,16 @@ def _failures(report: ReportData) -> list[Line]:
         Line("failures", f"failures by check: {counts}", "bad"),
         *(Line("replay", f"replay: {f.replay}", sub=True) for f in report.failures if f.replay),
     ]
+    first = report.first_failure
+    if first is not None:
+        ran = "" if first.streams is None else f", after {first.streams} stream(s) and "
+        ran += "" if first.requests is None else f"{first.requests} request(s)"
+        out.append(
+            Line(
+                "first-failure",
+                f"first failure: {first.check}, {first.seconds:g} s after the session's start{ran}",
+            )
+        )
     if report.shrink_examples or report.shrink_skipped:
         out.append(
             Line(

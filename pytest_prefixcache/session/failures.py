@@ -5,13 +5,15 @@ that the report, the terminal and the exit code tell one verdict."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
 import pytest
 
 from ..errors import VerificationFailure
-from ..output.report import MAX_MESSAGE, FailureRecord
+from ..output.report import MAX_MESSAGE, FailureRecord, Report
 from ..output.streams import save_stream
 from ..types import Request
 from .slots import CONFIG_PARAM, slot_of
@@ -100,6 +102,8 @@ class FailedTests:
         """nodeid -> the failure's full text (its traceback)."""
         self.configs: dict[str, str] = {}
         """nodeid -> the matrix configuration of the failed test."""
+        self.when: dict[str, float] = {}
+        """nodeid -> the ``time.monotonic()`` its failed report came in."""
         self._engine_errors: set[str] = set()
 
     @pytest.hookimpl(tryfirst=True)
@@ -121,7 +125,22 @@ class FailedTests:
         text = getattr(crash, "message", None) or str(report.longrepr).strip()
         line = (text.splitlines() or [""])[-1 if crash is None else 0][:300]
         self.lines.setdefault(report.nodeid, f"{report.when}: {line}")
+        self.when.setdefault(report.nodeid, time.monotonic())
         self.texts.setdefault(report.nodeid, report.longreprtext[:MAX_MESSAGE])
+
+    def record_errors(self, session: Report, configs: Mapping[str, Report], start: float) -> None:
+        """Every failed test without a recorded verification failure as an "error" record of
+        its configuration's report (``configs``, by name) or the ``session``'s, its moment
+        (seconds after ``start``) a candidate for the report's first failure."""
+        recorded = {f.test for report in configs.values() for f in report.failures}
+        recorded |= {f.test for f in session.failures}
+        for nodeid, line in self.lines.items():
+            if nodeid in recorded:
+                continue
+            name = self.configs.get(nodeid, "")
+            into = configs[name] if name in configs else session
+            into.failures.append(FailureRecord("error", nodeid, line, message=self.texts[nodeid]))
+            into.mark_failure("error", self.when[nodeid] - start, counted=False)
 
 
 def _as_skip(report: pytest.TestReport, reason: str) -> None:

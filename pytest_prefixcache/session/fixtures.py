@@ -17,6 +17,7 @@ import functools
 import importlib
 import inspect
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from ..verify.worker import CallTimedOut
 from .run_record import RunRecord
 from .settings import DEFAULT_ENGINE, Settings
 from .slots import Slot, slots_of
-from .stash import PROGRESS_KEY
+from .stash import PROGRESS_KEY, START_KEY
 
 __all__ = [
     "VerifyFunction",
@@ -283,6 +284,7 @@ def make_verifier(config: pytest.Config, engine: Engine, slot: Slot | None = Non
         strict_render=s.strict_render,
         failures_dir=s.failures_dir,
         replay_command=slot.run.replay_command,
+        started=config.stash.get(START_KEY, time.monotonic()),  # a first failure's clock
     )
     if audit is None or conftest:  # a conftest.py override of prefixcache_engine
         audit = Audit(None, "engine from a conftest.py fixture")

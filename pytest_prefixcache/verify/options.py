@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,9 @@ class VerifyOptions:
     decode rule); None: the engine's own ``decode_atol`` (absent: exact like the rest)."""
     failures_dir: Path = FAILURES_DIR
     replay_command: Callable[[str], str] = default_replay_command
+    started: float = field(default_factory=time.monotonic)
+    """The ``time.monotonic()`` a first failure's seconds count from: the session's start in a
+    pytest session (its servers' starts included), else when the options were made."""
 
 
 @dataclass

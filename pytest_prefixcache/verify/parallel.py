@@ -159,6 +159,7 @@ class _Group:
         """The lane's failure, saved with every lane's requests sent so far (see the module
         docstring)."""
         self.stop.set()
+        lane.mark_failure(problem.check)
         streams: list[tuple[Request, ...]] = []
         offset = 0
         for other in self.lanes:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -134,8 +135,10 @@ class Verifier(ShortRepr):
         others: Sequence[Problem] = (),
         meta: dict[str, object] | None = None,
     ) -> errors.VerificationFailure:
-        """The exception for ``problem``, with the full message and the replay command."""
+        """The exception for ``problem``, with the full message and the replay command; its
+        moment is the report's first failure when none came before (a timeout's: as it fired)."""
         self.failing_examples += 1
+        self.mark_failure(problem.check)
         stream = tuple(ctx.stream)
         path = self.replay_path(stream)
         ctx = Context(stream, ctx.index, ctx.cached, ctx.match, self.options.replay_command(path))
@@ -147,6 +150,10 @@ class Verifier(ShortRepr):
             replay_path=path,
             meta=meta,
         )
+
+    def mark_failure(self, check: str) -> None:
+        """A failure of ``check`` happens now (:meth:`.ReportData.mark_failure`)."""
+        self.report.mark_failure(check, time.monotonic() - self.options.started)
 
     def fail(
         self,
@@ -173,6 +180,7 @@ class Verifier(ShortRepr):
             name = type(res.error).__name__
             self.fail(Problem("fault", f"{what} raised {name}: {res.error}", tuple(tb)), ctx)
         self._seconds = res.seconds
+        self.report.slowest_call = max(self.report.slowest_call, res.seconds)
         return res.value
 
     def reset(self) -> None:
