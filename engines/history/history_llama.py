@@ -132,3 +132,55 @@ def environment(binary: Path) -> dict[str, str]:
 #: What a run puts first on ``PYTHONPATH``, as engines/llama/run.sh does: ``llama_lab`` (the
 #: matrix's engine) and the modules it imports.
 PATHS = [str(MAIN / p) for p in ("engines/llama", "engines", "tests")]
+
+
+USAGE = "usage: history_llama.py VERSION MODEL [FLAGS] [EXAMPLES]"
+
+
+def probe_bug(version: str, model: str, flags: str = "") -> Bug:
+    """An uncatalogued run of one build on one fixture (``flags``: the server's): what the
+    engines/llama/NOTES.md table of builds was measured with."""
+    if model not in MODELS:
+        raise ValueError(f"model {model!r} is not one of {sorted(MODELS)}")
+    if not re.fullmatch(r"0\.\d+\.\d+", version):
+        raise ValueError(f"version {version!r} is not a {PACKAGE} version (0.<build>.<rev>)")
+    slug = re.sub(r"[^A-Za-z0-9.-]+", "_", f"{version}-{model}-{flags}".strip("-"))
+    return Bug(
+        name=f"llama-probe-{slug}".rstrip("_"),
+        engine="llama.cpp",
+        reference="ggml-org/llama.cpp#0",
+        source="a probe of one build",
+        description="no bug: one build on one fixture",
+        bug_class=1,
+        buggy=version,
+        fixed=version,
+        installable=True,
+        model=model,
+        flags=flags,
+        concurrency=1,
+        select="",
+        check="equivalence",
+        runner="llama",
+    )
+
+
+def main(argv: list[str]) -> int:
+    """Run one build on one fixture (history_runner.run_side) and print its outcome as JSON;
+    exit 2 naming a bad argument."""
+    if not 2 <= len(argv) <= 4 or (len(argv) == 4 and not argv[3].isdigit()):
+        print(USAGE, file=sys.stderr)
+        return 2
+    try:
+        bug = probe_bug(argv[0], argv[1], argv[2] if len(argv) > 2 else "")
+    except ValueError as exc:
+        print(f"{USAGE}\n{exc}", file=sys.stderr)
+        return 2
+    import history_runner  # here: it imports this module
+
+    result = history_runner.run_side(bug, "buggy", int(argv[3]) if len(argv) == 4 else 0)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

