@@ -322,6 +322,22 @@ def test_an_optional_stats_field_that_is_absent_claims_nothing() -> None:
         engine.run(TEXT, use_cache=True)
 
 
+def test_a_metric_the_server_does_not_export_claims_nothing() -> None:
+    """A counter with no sample in ``/metrics`` (llama.cpp build 10068 has no
+    ``llamacpp:prompt_tokens_cached_total``) says nothing: read as 0, it contradicted the API's
+    cached tokens on every hit (a false claims failure). The exported one still claims."""
+    absent = MetricDelta("stub_absent_tokens_total", "tokens")
+    with stub_engine(sources=(ApiField(), absent, SOURCES[3])) as engine:
+        engine.run(TEXT, use_cache=True)
+        out = engine.run(TEXT, use_cache=True)
+        assert out.claims is not None
+        [api, silent, metric] = out.claims.reuse
+        assert silent.value is None
+        assert silent.raw.startswith("no metric stub_absent_tokens_total (delta): no ")
+        assert api.value == metric.value and metric.value is not None and metric.value > 0
+        assert not reuse_claim_problems(out.claims)
+
+
 def test_sources_from_json_as_from_env_reads_them() -> None:
     text = (
         '[{"api": "timings.cache_n"}, {"stats": "/v1/cache/stats", "field": "hits"},'

