@@ -27,7 +27,10 @@ servers (``"2 of 3"``): a catch whose stream never fails again is reported as un
 suite's corpus (``test_corpus``): the request shape a bug needs that neither the built-in
 scenarios nor the generated streams send;
 ``served_as``: a hub repository id the seed engines' servers load the fixture under
-(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases).
+(adapters/hub_alias.py), for a bug behind a name-keyed profile (rapid-mlx's aliases);
+``min_efficiency``: the run's ``--prefixcache-min-efficiency`` (a fraction in (0, 1]), for a
+bug that only loses reuse where the positive control does not look (not an identical repeat,
+not an append-only next turn): missed reuse fails only when asked (the verdict's third rule).
 """
 
 from __future__ import annotations
@@ -115,6 +118,7 @@ OPTIONAL = {
     "replays": str,
     "corpus": str,
     "served_as": str,
+    "min_efficiency": float,
 }
 
 
@@ -151,6 +155,7 @@ class Bug:
     replays: str = ""
     corpus: str = ""
     served_as: str = ""
+    min_efficiency: float = 0.0
 
     @property
     def runs(self) -> bool:
@@ -203,6 +208,10 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.corpus: no scenario {raw['corpus']!r} in {CORPUS}")
     if raw.get("served_as") and raw["runner"] not in ("vllm-mlx", "rapid-mlx"):
         raise CatalogueError(f"{where}.served_as: only the seed engines' runners take it")
+    if "min_efficiency" in raw and not 0 < raw["min_efficiency"] <= 1:
+        raise CatalogueError(
+            f"{where}.min_efficiency: {raw['min_efficiency']} is not a fraction in (0, 1]"
+        )
     if raw["concurrency"] < 1:
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}

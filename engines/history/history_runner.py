@@ -257,6 +257,8 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     ]
     argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
     argv += ["--prefixcache-timeout=600"] if bug.runner == "vllm" else []  # engines/vllm's
+    if bug.min_efficiency:  # missed reuse the positive control does not judge
+        argv.append(f"--prefixcache-min-efficiency={bug.min_efficiency:g}")
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
