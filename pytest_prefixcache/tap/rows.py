@@ -10,7 +10,7 @@ import numpy as np
 
 from . import TapRow
 
-__all__ = ["Found", "Track", "answer", "padding_only", "past_the_prompt", "shown"]
+__all__ = ["Found", "Track", "answer", "in_order", "padding_only", "past_the_prompt", "shown"]
 
 
 @dataclass(eq=False)
@@ -81,6 +81,38 @@ class Track:
             and row.ids is not None
             and int(row.ids[-1]) == int(np.argmax(real.logprobs))
         )
+
+
+def in_order(
+    tracks: Sequence[Track], rows: Sequence[TapRow], n: int, at: Sequence[int]
+) -> dict[int, Track]:
+    """The rows of a call (``n`` input positions) that the tracks last run on its batch take,
+    as ``{at[k]: track}`` for ``rows[k]``: a batch keeps its rows' order when it filters
+    finished ones out or extends with others, so the tracks (in their last row order) take
+    rows in that order, as many as can continue a track (:meth:`Track.follows`); among
+    assignments of that size, each track its earliest row. A first fit in order is not enough:
+    a twin that finished (two requests with the same prompt, one filtered out after its last
+    step) still follows its twin's row, and taking it leaves every track after it without its
+    own (measured on mlx_lm.server 0.31.2, tiny-gemma3-text waves: 3 extra prefills counted
+    for 140 requests)."""
+    fits = [[t.follows(r, n) for r in rows] for t in tracks]
+    # most[a][b]: the most pairs the tracks from a on can take among the rows from b on
+    most = [[0] * (len(rows) + 1) for _ in range(len(tracks) + 1)]
+    for a in range(len(tracks) - 1, -1, -1):
+        for b in range(len(rows) - 1, -1, -1):
+            take = most[a + 1][b + 1] + 1 if fits[a][b] else 0
+            most[a][b] = max(take, most[a + 1][b], most[a][b + 1])
+    out: dict[int, Track] = {}
+    a = b = 0
+    while a < len(tracks) and b < len(rows) and most[a][b]:
+        if fits[a][b] and most[a + 1][b + 1] + 1 == most[a][b]:
+            out[at[b]] = tracks[a]
+            a, b = a + 1, b + 1
+        elif most[a][b + 1] == most[a][b]:
+            b += 1  # this track's row is a later one
+        else:
+            a += 1  # this track takes no row of the call
+    return out
 
 
 @dataclass(frozen=True)

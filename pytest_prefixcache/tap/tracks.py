@@ -39,7 +39,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from . import TapReader, TapRecord
-from .rows import Found, Track, answer, padding_only, past_the_prompt, shown
+from .rows import Found, Track, answer, in_order, padding_only, past_the_prompt, shown
 
 __all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
 
@@ -165,16 +165,11 @@ class TapLedger:
             owner[i] = t
         # the tracks live on this batch take its rows in order (filtering keeps the order)
         here = sorted(
-            (t for t in self._by_key.get(rec.cache, ()) if self._live(t)), key=lambda t: t.row
+            (t for t in self._by_key.get(rec.cache, ()) if self._live(t) and t.label is None),
+            key=lambda t: t.row,
         )
-        j = 0
-        for t in here:
-            if t.label is not None:
-                continue
-            for i in range(j, len(rows)):
-                if i not in owner and rows[i].label is None and t.follows(rows[i], n):
-                    owner[i], j = t, i + 1
-                    break
+        free = [i for i, row in enumerate(rows) if i not in owner and row.label is None]
+        owner.update(in_order(here, [rows[i] for i in free], n, free))
         # rows moved from another batch (split off, or extended into this one), in order
         taken = {id(t) for t in owner.values()}
         for i, row in enumerate(rows):
