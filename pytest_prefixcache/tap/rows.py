@@ -32,6 +32,10 @@ class Track:
     interleaved: bool = False
     """Another request's rows ran in the same call as this track's, or between two of its
     calls: an inferred attribution of it is a guess, not a sequence."""
+    _greedy_of: TapRow | None = field(default=None, repr=False)
+    _greedy_token: int | None = field(default=None, repr=False)
+    """The greedy token after the row ``_greedy_of`` (the track's last): an argmax over the
+    vocabulary, read once per row, not once per row of every call it might continue."""
 
     kinds: list[str] = field(default_factory=list)
     """Per row: ``prefill`` (the track's first row, a padded or several-position row, or a
@@ -75,11 +79,15 @@ class Track:
     def _greedy(self, row: TapRow) -> bool:
         """Whether ``row`` is fed the greedy token of the track's last real position (a
         padded row's logits are padding's)."""
-        real = next((r for _, r in reversed(self.rows) if not r.padded), None)
+        last = self.rows[-1][1] if self.rows else None
+        if last is None or self._greedy_of is not last:
+            real = next((r for _, r in reversed(self.rows) if not r.padded), None)
+            self._greedy_token = None if real is None else int(np.argmax(real.logprobs))
+            self._greedy_of = last
         return (
-            real is not None
+            self._greedy_token is not None
             and row.ids is not None
-            and int(row.ids[-1]) == int(np.argmax(real.logprobs))
+            and int(row.ids[-1]) == self._greedy_token
         )
 
 
