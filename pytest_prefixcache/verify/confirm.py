@@ -82,10 +82,10 @@ def confirm_count(
     """The request-count faults a wave may fail with (:mod:`.request_count`): as they are when
     the tap counted the prefills by the scheduler's labels; when it inferred some of them among
     the requests in flight (:data:`~pytest_prefixcache.tap.tracks.INFERRED_COUNT`), the cache
-    is emptied and the stream through the wave replayed one request at a time, cached and cold
-    (nothing in flight, nothing inferred): a count that is wrong again stands, saying so; one that fits is
-    recorded as :data:`INCONCLUSIVE` (a wrong guess of which rows continue which request reads
-    exactly like a prefill too many)."""
+    is emptied and the stream through the wave replayed one request at a time, cached and
+    cold (nothing in flight, nothing inferred): a count that is wrong again stands, saying
+    so; one that fits is recorded as :data:`INCONCLUSIVE` (a wrong guess of which rows
+    continue which request reads exactly like a prefill too many)."""
     __tracebackhide__ = True
     if not any(INFERRED_COUNT in p.headline for p in problems):
         return list(problems)
