@@ -35,6 +35,7 @@ from ._labels import local as _local
 from ._labels import row_label as _row_label
 from ._labels import serial as _serial
 from ._labels import serials as _serials
+from .identity_lm030 import old_batch_generator_hooks
 from .identity_vllm import REQUEST_HEADER, VLLM_MLX_MODULES, vllm_mlx_hooks
 
 __all__ = ["FAMILIES", "REQUEST_HEADER", "Family", "current_labels", "install"]
@@ -173,11 +174,17 @@ def _mlx_lm(sink: _Writer) -> list[str]:
     )
 
 
+def _mlx_lm_any(sink: _Writer) -> list[str]:
+    """mlx-lm 0.31.2 on (:func:`_mlx_lm`), or its first BatchGenerator (0.30.x to 0.31.1:
+    :mod:`.identity_lm030`)."""
+    return old_batch_generator_hooks(_admitting(sink)) + _mlx_lm(sink)
+
+
 #: Per server family: the modules its hooks patch, and the function that installs them on
 #: those imported (returns what it patched; patching twice is a no-op).
 Family = tuple[tuple[str, ...], Callable[[_Writer], list[str]]]
 FAMILIES: Sequence[Family] = (
-    (("mlx_lm.generate", "mlx_lm.server"), _mlx_lm),
+    (("mlx_lm.generate", "mlx_lm.server"), _mlx_lm_any),
     (VLLM_MLX_MODULES, vllm_mlx_hooks),
 )
 

@@ -39,9 +39,14 @@ import threading
 from collections.abc import Callable, Sequence
 
 from . import TapReader, TapRecord
-from .rows import Found, Track, answer, padding_only, past_the_prompt, shown
+from .rows import Found, Track, answer, in_order, padding_only, past_the_prompt, shown
 
-__all__ = ["Found", "TapLedger", "Track"]  # Found and Track live in .rows
+__all__ = ["INFERRED_COUNT", "Found", "TapLedger", "Track"]  # Found and Track live in .rows
+
+#: What a count mismatch says when some of the prefills it counted are inferred tracks of
+#: requests that ran interleaved with others (no scheduler label): the count is a guess then,
+#: to be confirmed one request at a time before it may fail (DESIGN.md, rule 5).
+INFERRED_COUNT = "inferred among requests in flight"
 
 #: Records kept for the message naming why no record matched.
 _RECENT = 256
@@ -68,6 +73,7 @@ class TapLedger:
         self.excused = 0
         """Prefills a reported mismatch left over (negative: missing ones)."""
         self.reported = 0
+        self._judged = 0  # the tracks the latest count_problem judged
         self._order = 0
         self._by_key: dict[str, list[Track]] = {}
         self._key_last: dict[str, int] = {}
@@ -123,11 +129,14 @@ class TapLedger:
         """Why the prefills counted do not fit the requests ('' when they do): fewer than
         the requests answered, or more than those and every unanswered one together. A
         mismatch is reported once: the next call judges only what came after it (a wave
-        after a faulty one, e.g. Hypothesis shrinking on the same server, is judged alone)."""
+        after a faulty one, e.g. Hypothesis shrinking on the same server, is judged alone).
+        When some of the tracks counted since the last call were inferred among requests in
+        flight, the message says so (:data:`INFERRED_COUNT`): a guess, not a count."""
         with self.lock:
             self._ingest()
             got = self.received - self.excused
             low, high = self.sent, self.sent + self.unanswered
+            new, self._judged = self.tracks[self._judged :], len(self.tracks)
             if low <= got <= high:
                 return ""
             self.excused += got - min(max(got, low), high)
@@ -136,7 +145,9 @@ class TapLedger:
             told += f" (and left {high - low} unanswered, which may or may not have run)"
         since = " since the last mismatch reported" if self.reported else ""
         self.reported += 1
-        return f"{told} but its model ran {got} prefill(s){since} (the logit tap's count)"
+        guessed = sum(t.label is None and t.interleaved for t in new)
+        how = f"; {guessed} of them {INFERRED_COUNT}, no scheduler label" if guessed else ""
+        return f"{told} but its model ran {got} prefill(s){since} (the logit tap's count{how})"
 
     def _ingest(self) -> None:
         for rec in self.reader.read_new():
@@ -166,16 +177,11 @@ class TapLedger:
             owner[i] = t
         # the tracks live on this batch take its rows in order (filtering keeps the order)
         here = sorted(
-            (t for t in self._by_key.get(rec.cache, ()) if self._live(t)), key=lambda t: t.row
+            (t for t in self._by_key.get(rec.cache, ()) if self._live(t) and t.label is None),
+            key=lambda t: t.row,
         )
-        j = 0
-        for t in here:
-            if t.label is not None:
-                continue
-            for i in range(j, len(rows)):
-                if i not in owner and rows[i].label is None and t.follows(rows[i], n):
-                    owner[i], j = t, i + 1
-                    break
+        free = [i for i, row in enumerate(rows) if i not in owner and row.label is None]
+        owner.update(in_order(here, [rows[i] for i in free], n, free))
         # rows moved from another batch (split off, or extended into this one), in order
         taken = {id(t) for t in owner.values()}
         for i, row in enumerate(rows):

@@ -55,7 +55,7 @@ from ..checks.oracle import Match
 from ..output.streams import waves_to_json
 from ..traits import optional_method, traits_of
 from ..types import Outcome, Request, Wave
-from .confirm import confirm_guessed
+from .confirm import confirm_count, confirm_guessed
 from .decode_kv import decoded_tokens
 from .request_count import REQUEST_COUNT, request_count_problems
 from .view import VerifierView
@@ -309,6 +309,7 @@ def _serve(verifier: VerifierView, wave: Wave, ctx: WaveContext) -> list[WaveSte
         verifier.report.add_diff(comparison.worst_diff, f"request {ctx.first + i} (wave)")
         steps.append(WaveStep(request, c, a, noise[i], m, comparison))
     # every reply of the wave is in: nothing in flight
-    for problem in request_count_problems(verifier, wave_context(ctx, 0)):
+    counted = request_count_problems(verifier, wave_context(ctx, 0))
+    for problem in confirm_count(verifier, ctx, counted):  # an inferred count: replayed first
         fail_wave(verifier, problem, ctx, len(wave) - 1)
     return steps

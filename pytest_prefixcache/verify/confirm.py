@@ -20,11 +20,13 @@ from collections.abc import Sequence
 from ..checks import Problem, compare, reuse_problems
 from ..checks.oracle import Match
 from ..output.report import INCONCLUSIVE
+from ..tap.tracks import INFERRED_COUNT
 from ..types import Outcome
+from .request_count import request_count_problems
 from .view import VerifierView
 from .wave_messages import WaveContext, wave_context
 
-__all__ = ["INCONCLUSIVE", "confirm_guessed"]
+__all__ = ["INCONCLUSIVE", "confirm_count", "confirm_guessed"]
 
 
 def confirm_guessed(
@@ -70,5 +72,42 @@ def confirm_guessed(
         "which rows were this request's among the requests in flight, and the stream replayed "
         f"one request at a time on an emptied cache (attribution {how}) does not fail: the "
         "failure may be the guess's, not the engine's",
+    )
+    return []
+
+
+def confirm_count(
+    verifier: VerifierView, ctx: WaveContext, problems: Sequence[Problem]
+) -> list[Problem]:
+    """The request-count faults a wave may fail with (:mod:`.request_count`): as they are when
+    the tap counted the prefills by the scheduler's labels; when it inferred some of them among
+    the requests in flight (:data:`~pytest_prefixcache.tap.tracks.INFERRED_COUNT`), the cache
+    is emptied and the stream through the wave replayed one request at a time, cached and
+    cold (nothing in flight, nothing inferred): a count that is wrong again stands, saying
+    so; one that fits is recorded as :data:`INCONCLUSIVE` (a wrong guess of which rows
+    continue which request reads exactly like a prefill too many)."""
+    __tracebackhide__ = True
+    if not any(INFERRED_COUNT in p.headline for p in problems):
+        return list(problems)
+    engine = verifier.engine
+    where = wave_context(ctx, 0)
+    verifier._call("reset() before the sequential replay", engine.reset, where)
+    for k, request in enumerate(ctx.stream):
+        for use_cache in (True, False):  # either server may have miscounted
+            what = f"run(request {k}, use_cache={use_cache}) in the sequential replay"
+            run = functools.partial(engine.run, request, use_cache=use_cache)
+            verifier._call(what, run, where)
+    again = request_count_problems(verifier, where)
+    if again:
+        note = (
+            "confirmed one request at a time: the stream replayed sequentially on an emptied "
+            f"cache counts wrong too: {again[0].headline}"
+        )
+        return [Problem(p.check, p.headline, (*p.details, note), p.position) for p in problems]
+    verifier.report.add_finding(
+        INCONCLUSIVE,
+        f"wave {ctx.number}: {problems[0].headline}; the stream replayed one request at a time "
+        "on an emptied cache counts one prefill per request: the count may be the guess's, not "
+        "the engine's",
     )
     return []
