@@ -31,6 +31,7 @@ from pytest_prefixcache.adapters.http.replies import (
 )
 from pytest_prefixcache.checks.coverage import BOTH_STOPPED, missing
 from pytest_prefixcache.errors import EngineFault, EquivalenceFailure
+from pytest_prefixcache.types import Wave
 from pytest_prefixcache.verify.verifier import Verifier
 
 ASK = req(SYSTEM, user("Tell me about cats."), max_new_tokens=3)
@@ -102,9 +103,11 @@ def stub(mode: str) -> Iterator[str]:
 
 
 @contextmanager
-def engine(cached_mode: str, cold_mode: str) -> Iterator[OpenAIEngine]:
+def engine(cached_mode: str, cold_mode: str, concurrency: int = 1) -> Iterator[OpenAIEngine]:
     with stub(cached_mode) as warm, stub(cold_mode) as cold:
-        eng = OpenAIEngine(url=warm, cold="server", cold_url=cold, top_logprobs=6)
+        eng = OpenAIEngine(
+            url=warm, cold="server", cold_url=cold, top_logprobs=6, concurrency=concurrency
+        )
         try:
             yield eng
         finally:
@@ -141,6 +144,21 @@ def test_both_sides_stopping_at_once_pass_and_the_coverage_names_it() -> None:
     assert row == {"applied": 2, BOTH_STOPPED: 2}
     assert "equivalence" not in missing(verifier.report.coverage)  # shown, not a gap
     assert verifier.report.failures_by_check == {}
+
+
+def test_waves_judge_an_unreported_stop_the_same_way() -> None:
+    """The mlx-lm-1093 row's shape: a wave in which one request stops at once."""
+    waves = (Wave((ASK, STOP, ASK)), Wave((STOP, ASK, STOP)))
+    with engine("stop", "stop", concurrency=3) as eng:
+        verifier = Verifier(eng)
+        verifier.run_waves(waves)
+    assert verifier.report.coverage["equivalence"] == {"applied": 3, BOTH_STOPPED: 3}
+    assert "equivalence" not in missing(verifier.report.coverage)
+    with (  # negative control: the cached side alone stops
+        engine("stop", "answer", concurrency=3) as eng,
+        pytest.raises(EquivalenceFailure, match="greedy tokens differ at new token 0"),
+    ):
+        Verifier(eng).run_waves(waves)
 
 
 def test_the_cached_side_stopping_alone_fails_equivalence_at_token_0() -> None:
