@@ -310,6 +310,9 @@ class Outcome(ShortRepr):
             request field returns them; position 0 (nothing before it) is None. None when
             the engine does not report them. The prompt-logprobs check compares the cached
             positions' values with the cold run's (:mod:`.checks.prompt_logprobs`).
+        unreported_stop: the engine stopped before its first new token and did not report
+            that token (a server's ``finish_reason "stop"`` with 0 completion tokens and no
+            logprobs): its greedy first token was a stop token; no tokens, no logits.
     """
 
     logits: np.ndarray | None = None
@@ -330,6 +333,7 @@ class Outcome(ShortRepr):
     attribution: str | None = None
     speculated: bool | None = None
     prompt_logprobs: tuple[Mapping[int, float] | None, ...] | None = None
+    unreported_stop: bool = False
 
     def __repr__(self) -> str:
         shape = None if self.logits is None else self.logits.shape

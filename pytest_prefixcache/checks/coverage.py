@@ -27,6 +27,7 @@ __all__ = [
     "APPLIED",
     "ATTRIBUTION",
     "ATTRIBUTION_REASONS",
+    "BOTH_STOPPED",
     "DECLARED",
     "HINTS",
     "NOTHING_CLAIMED",
@@ -83,6 +84,10 @@ NOTHING_CLAIMED = "no source gave a figure"
 NO_LOGPROBS = "no per-step logprobs in the reply"
 #: Reasons of the claims rows that are not gaps: nothing was claimed.
 UNCLAIMED = frozenset({NOT_DECLARED, NOTHING_CLAIMED, NO_LOGPROBS})
+#: The equivalence row's reason for a request whose runs both stopped before their first
+#: token without reporting it (``Outcome.unreported_stop``): the same greedy first token (a
+#: stop token) on both sides, no logprob to compare. Shown, not a gap.
+BOTH_STOPPED = "both runs stopped before their first token (stop token not reported)"
 #: The cold baseline's reason for a request the audit did not sample: not a gap (the audit is
 #: a sample by design), shown so that the row reads audited / all requests.
 NOT_SAMPLED = "not in the audit's sample"
@@ -162,7 +167,8 @@ def coverage_of(
     request. A check that does not concern it (shapes on a text-only request, decode steps of
     a one-token answer) yields nothing. ``compared``: the steps the comparison compared;
     ``prompt_logprobs``: the engine declares ``returns_prompt_logprobs``."""
-    yield "equivalence", APPLIED if compared else "nothing compared"
+    stopped = cached.unreported_stop and uncached.unreported_stop
+    yield "equivalence", APPLIED if compared else BOTH_STOPPED if stopped else "nothing compared"
     if max(len(cached.tokens), len(uncached.tokens)) > 1:
         c = bool(cached.step_logits or cached.step_top_logprobs)
         u = bool(uncached.step_logits or uncached.step_top_logprobs)
@@ -239,6 +245,8 @@ def missing(coverage: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, in
             skip = frozenset({NO_REUSED_POSITION})
         if check == "cold baseline":
             skip = frozenset({NOT_SAMPLED})
+        if check == "equivalence":
+            skip = frozenset({BOTH_STOPPED})
         reasons = {
             k: v for k, v in coverage.get(check, {}).items() if k != APPLIED and k not in skip and v
         }

@@ -172,6 +172,16 @@ def _near_tie(logits: object, a: int, b: int, tol: Tolerance) -> bool:
     return abs(where[a] - where[b]) <= tol.atol + tol.rtol * abs(where[b]) + 1e-6
 
 
+def _stop_notes(cached: Outcome, uncached: Outcome) -> tuple[str, ...]:
+    """What a side that stopped before its first token (``unreported_stop``) means."""
+    return tuple(
+        f"the {side} run stopped before its first token without reporting it (finish_reason "
+        "stop, 0 completion tokens): its greedy first token was a stop token"
+        for side, o in (("cached", cached), ("uncached", uncached))
+        if o.unreported_stop
+    )
+
+
 def compare(cached: Outcome, uncached: Outcome, tol: Tolerance) -> Comparison:
     """Compare every step's logits and the greedy tokens; keep going after a difference."""
     out = Comparison()
@@ -200,6 +210,7 @@ def compare(cached: Outcome, uncached: Outcome, tol: Tolerance) -> Comparison:
                 Problem(
                     "equivalence",
                     f"greedy tokens differ at new token {split}: cached {ct} vs uncached {ut}",
+                    _stop_notes(cached, uncached),
                 )
             )
     if out.first_bad is not None:

@@ -46,7 +46,14 @@ def fault_problems(o: object, request: Request) -> list[Problem]:
     if not isinstance(o, Outcome):
         return [Problem("fault", f"run() returned a {type(o).__name__}, not an Outcome")]
     msgs: list[str] = []
-    if o.logits is None and o.top_logprobs is None:
+    if o.unreported_stop:  # stopped before its first token, which it did not report
+        if o.tokens or o.logits is not None or o.top_logprobs is not None:
+            msgs.append(
+                f"unreported_stop (no first token reported) but {len(o.tokens)} new tokens, "
+                f"logits {'given' if o.logits is not None else 'None'}, top_logprobs "
+                f"{'given' if o.top_logprobs is not None else 'None'}"
+            )
+    elif o.logits is None and o.top_logprobs is None:
         msgs.append("the Outcome has neither logits nor top_logprobs")
     if o.logits is not None:
         msgs.append(_finite("logits", o.logits) or "")

@@ -30,6 +30,7 @@ __all__ = [
     "byte_decoder",
     "logprob_problems",
     "parse_reply",
+    "stopped_unreported",
     "token_id",
     "with_extension",
 ]
@@ -180,6 +181,8 @@ class Reply:
     prompt_seconds: float | None = None
     """The prompt-processing seconds the server reports (llama-server's
     ``timings.prompt_ms``), or None."""
+    finish_reason: str | None = None
+    """The choice's ``finish_reason`` (``"stop"``, ``"length"`` ...), or None."""
 
 
 def _content(choice: Any) -> str | None:
@@ -252,6 +255,7 @@ def parse_reply(reply: Any, vocab: Vocabulary | None = None) -> Reply:
             completion_token_ids=_ids(choice.get("token_ids", choice.get("response_token_ids"))),
             text=_content(choice),
             prompt_seconds=None if prompt_ms is None else float(prompt_ms) / 1000,
+            finish_reason=choice.get("finish_reason"),
         )
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
         raise EngineError(
@@ -264,12 +268,30 @@ def _short(value: Any) -> str:
     return str(value)[:200]
 
 
+def stopped_unreported(parsed: Reply, max_new_tokens: int) -> bool:
+    """Whether the reply stopped before its first token and left that token out: asked for
+    at least one token, it reports ``finish_reason "stop"``, ``usage.completion_tokens`` 0
+    and no logprobs entry. The greedy first token was a stop token the server did not report
+    (an OpenAI-style server may leave a stop token out: mlx_lm.server 0.31.2 drops a matched
+    stop sequence, <eos> included, from its token stream); there is no logprob to read."""
+    return (
+        max_new_tokens > 0
+        and parsed.finish_reason == "stop"
+        and parsed.reported_completion == 0
+        and not parsed.raw_steps
+        and not parsed.completion_token_ids
+    )
+
+
 def logprob_problems(parsed: Reply, max_new_tokens: int, *, labels: bool = True) -> list[str]:
     """What is wrong with the reply's logprobs, each naming the decode step and what came
     back: missing, fewer or more entries than ``usage.completion_tokens``, a step without
     top_logprobs, entries that name no token id, and (``labels``, or when the reply carries
     the completion's token ids) a step whose sampled token is not its greedy one - the mark
-    of logprobs shifted against the tokens."""
+    of logprobs shifted against the tokens. A reply that stopped before its first token
+    (:func:`stopped_unreported`) has none to check."""
+    if stopped_unreported(parsed, max_new_tokens):
+        return []
     if not parsed.has_logprobs:
         return ["the reply has no logprobs (logprobs: null) although logprobs were requested"]
     out: list[str] = []

@@ -20,7 +20,7 @@ from .claims import Pending
 from .engine_settings import EngineSettings
 from .prompt_ids import prompt_count
 from .prompt_logprobs import read_prompt_logprobs
-from .replies import Reply, logprob_problems, parse_reply, with_extension
+from .replies import Reply, logprob_problems, parse_reply, stopped_unreported, with_extension
 from .server import ServerProcess, connection_problem, http_json
 from .tapped import log_tap, tapped_outcome
 
@@ -148,6 +148,9 @@ class RequestPath(EngineSettings):
             text=parsed.text if request.max_new_tokens else "",
             first_token_seconds=parsed.prompt_seconds,
             prompt_logprobs=read_prompt_logprobs(reply) if self.readout.prompt_logprobs else None,
+            # without the tap nothing else tells what the first token was
+            unreported_stop=not self.readout.tap
+            and stopped_unreported(parsed, request.max_new_tokens),
         )
         if self.readout.extensions:
             return with_extension(out, reply, request.max_new_tokens)
