@@ -36,8 +36,17 @@ LAYERS = (
 ENGINE_LAYERS = (
     (
         "foundations",
-        {"tokens", "positions", "cpu", "recurrent", "compiled_layers", "blocks", "fixtures",
-         "identity", "chunks"},  # fmt: skip
+        {
+            "tokens",
+            "positions",
+            "cpu",
+            "recurrent",
+            "compiled_layers",
+            "blocks",
+            "fixtures",
+            "identity",
+            "chunks",
+        },
     ),
     (
         "inputs and stores",
