@@ -105,18 +105,19 @@ def _plain(cache: Any) -> bool:
         and getattr(cache, "lengths", 0) is None
         and getattr(cache, "left_padding", 0) is None
         and all(a is None or a.shape[0] == 1 for a in state)
+        and (state[0] is None) == (state[1] is None)  # a fresh cache, or both states carried
     )
 
 
 def _run(layer: Any, original: Callable[..., Any], x: mx.array, cache: Any) -> mx.array:
-    conv, state = cache.cache
-    first = conv is None and state is None
+    conv, state = cache[0], cache[1]
+    first = conv is None
     key = (ADAPTER.get(), choice(), first)
     traces: dict[Any, Callable[..., Any]] = layer.__dict__[_TRACES]
     fn = traces.get(key)
     if fn is None:
         fn = traces[key] = mx.compile(_pure(layer, original, type(cache), first))
-    h, cache.cache[0], cache.cache[1] = fn(x) if first else fn(x, conv, state)
+    h, cache[0], cache[1] = fn(x) if first else fn(x, conv, state)
     return h  # type: ignore[no-any-return]
 
 
