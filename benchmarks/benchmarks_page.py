@@ -147,6 +147,8 @@ def families_speed() -> str:
         "families/speed/families.json",
         "families/speed2/families.json",
         "families/speed_nodb/families.json",
+        "families/speed_compiled/families.json",
+        "families/speed_compiled2/families.json",
     )
     return families_verify.markdown([row for run in runs for row in _json(run)])
 

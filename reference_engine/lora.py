@@ -22,7 +22,6 @@ model's own fixture adapter, ``fixtures/adapters/<model>-lora``), loads them; ``
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
 import json
 import os
@@ -36,6 +35,7 @@ import mlx.nn as nn
 
 from pytest_prefixcache.errors import EngineError
 
+from .compiled_layers import ADAPTER
 from .cpu import TransposedLinear
 from .model import LoadedModel
 
@@ -55,7 +55,7 @@ __all__ = [
 ADAPTERS_ENV = "PREFIXCACHE_REFERENCE_ADAPTERS"
 #: The folder value naming the model's own fixture adapter (``fixtures/adapters/<model>-lora``).
 FIXTURE = "fixture"
-_ACTIVE: contextvars.ContextVar[str | None] = contextvars.ContextVar("lora", default=None)
+_ACTIVE = ADAPTER  # compiled layers keep a trace per adapter (compiled_layers.py)
 _FILES = ("adapter_config.json", "adapters.safetensors")
 
 

@@ -25,6 +25,8 @@ from pytest_prefixcache.errors import EngineError, PrefixCacheError
 from pytest_prefixcache.package_data import fixture_model
 from pytest_prefixcache.types import Message, Request
 
+from .compiled_layers import compiled_layers
+from .compiled_layers import install as install_compiled_layers
 from .cpu import kv_cache_class, transpose_linears
 from .families import FULL, RECURRENT, Family, family_for, layer_kinds
 from .fixtures.qwen2_vl import QWEN2_VL_DIR
@@ -73,6 +75,9 @@ class LoadedModel:
         #: Recurrent layers run short prefill pieces through the sequential kernel (the same
         #: choice on cold and warm runs: ``recurrent.py``), where mlx-vlm's module allows it.
         self.piece_kernels = RECURRENT in self.kinds and install_piece_kernels()
+        #: Recurrent decoder layers run as one compiled call each in the engine's forward, cold
+        #: and warm alike (``compiled_layers.py``).
+        self.compile_layers = RECURRENT in self.kinds and install_compiled_layers(lm)
 
     @property
     def tokenizer(self) -> Any:
@@ -203,7 +208,7 @@ class LoadedModel:
 
         def step(s: int, e: int) -> Any:
             extra = {} if position_ids is None else {"position_ids": position_ids[:, :, s:e]}
-            with sequential_pieces(*self.piece_choice):
+            with sequential_pieces(*self.piece_choice), compiled_layers(self.compile_layers):
                 return lm(
                     self.family.language_ids(mx.array([list(token_ids[s:e])])),
                     inputs_embeds=embeds[None, s:e],

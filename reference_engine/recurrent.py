@@ -46,6 +46,7 @@ import mlx.core as mx
 __all__ = [
     "PIECE_CHUNK",
     "SEQUENTIAL_UP_TO",
+    "choice",
     "install",
     "original_chunked",
     "scan",
@@ -115,6 +116,11 @@ def sequential_pieces(limit: int = SEQUENTIAL_UP_TO, chunk: int = PIECE_CHUNK) -
         yield
     finally:
         _CHOICE.reset(token)
+
+
+def choice() -> tuple[int, int]:
+    """The calling thread's (longest sequential piece, chunk of the scan); (0, 0): mlx-vlm's."""
+    return _CHOICE.get()
 
 
 def scan(

@@ -36,7 +36,17 @@ LAYERS = (
 ENGINE_LAYERS = (
     (
         "foundations",
-        {"tokens", "positions", "cpu", "recurrent", "blocks", "fixtures", "identity", "chunks"},
+        {
+            "tokens",
+            "positions",
+            "cpu",
+            "recurrent",
+            "compiled_layers",
+            "blocks",
+            "fixtures",
+            "identity",
+            "chunks",
+        },
     ),
     (
         "inputs and stores",
