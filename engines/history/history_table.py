@@ -234,7 +234,7 @@ def render(bugs: Sequence[Bug], results: dict[str, dict[str, Any]]) -> str:
         "kind (report.json's first_failure: a check's problem, a timeout as it fired, a test's",
         "error), from the session's start (servers included), installs excluded; a result",
         "from before that stamp: the first progress line (one a second) that counts a failing",
-        "example. On a shared 2-core machine at a load average of 4-11. In brackets: the",
+        "example. On a shared 2-core machine at a load average of 2.5-11. In brackets: the",
         "examples (streams, corpus scenarios included) run by then and, where recorded, the",
         "5-minute load average as the run ended.",
         "",
