@@ -196,7 +196,7 @@ verify() {
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
   # shellcheck disable=SC2046 # version(): the engine and its version, two words
-  "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" $(version) "$mode"
+  LLAMA_VERSION="$(version)" "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" $(version) "$mode"
 }
 
 # probes: the slot save/restore API across restarts, per-request LoRA scales, speculative
