@@ -87,15 +87,14 @@ SHIFT = (
     "tokens (a valid amount) and answers 0.064 away from a cold prefill"
 )
 RAM_CKPT = (
-    f"{VERSION} on a sliding-window model (Gemma 3, flash attention off, f32 KV) with context "
-    "checkpoints and the RAM prompt cache (the defaults): requests that resume a prompt the RAM "
-    "cache brought back (37, 76 or 77 tokens reused) answer 0.10-0.36 away from a cold run, "
-    "10x the gemma3 rule (1e-2) and 80x the worst decode-time noise measured (0.0044); with "
-    "--cache-ram 0 the same requests resume at the slot's checkpoint (39 reused) and agree "
-    "within 8e-6, with -ctxcp 0 nothing is reused (exact). The RAM cache saves a sequence "
-    "without its SWA-masked cells (src/llama-kv-cache.cpp state_write) and the server's "
-    "checkpoints carry a range their SWA data does not cover (server-context.cpp "
-    "create_checkpoint, TAG_CHECKPOINTS_FIX_POS_MIN): which one, not traced"
+    f"{VERSION} on a sliding-window model (Gemma 3, window 32, flash attention off, f32 KV) with "
+    "context checkpoints: a checkpoint taken after positions 0-37 holds the SWA cells 7-37 "
+    "(cell 6 was freed, masked for position 38), is accepted against a threshold computed for "
+    "the longer shared prefix (server-context.cpp update_slots: cur.pos_min < pos_min_thold, "
+    "7 < 11) and resumed one token early (pos_next = max(pos_min + 1, pos_max) = 37), whose "
+    "window needs cell 6: 37 of 54 tokens reused, 0.36 from a cold run (traced in the server's "
+    "-lv 4 log). Reached with the RAM prompt cache on (the slot's history); with --cache-ram 0 "
+    "the same requests resume at another checkpoint, within 8e-6"
 )
 ADJACENT = (
     f"{VERSION}: an image that directly follows another in a message is left out of "
